@@ -1,0 +1,52 @@
+// Package fencelock provides PostgreSQL-native locks with fencing tokens, for Go services whose
+// protected data lives in the same Postgres.
+//
+// # Why fencing
+//
+// A lock alone does not make a write safe: a holder can pause (GC, CPU throttling, SIGSTOP)
+// past its lease, wake up, and write while believing it still holds the lock. Every grant
+// therefore carries a fencing token ([Token], an int64 > 0) larger than that of any earlier
+// grant of the name, and the protected write is rejected, atomically, when a larger token has
+// been seen. Because the fence and the data share a database, the check and the write commit
+// in one transaction. This is the scheme of Kleppmann (2016), "How to do distributed locking".
+//
+// # Leases
+//
+// A [Lessor] grants named leases, rows of fencelock.leases:
+//
+//	l, _ := fencelock.NewLessor(pool)
+//	lease, err := l.TryAcquire(ctx, "payment:42", 10*time.Second) // ErrNotAcquired if held
+//	defer lease.Release(ctx)
+//	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+//		if err := fencelock.FenceTx(ctx, tx, "payment:42", lease.Token()); err != nil {
+//			return err // *StaleTokenError: a newer holder has written
+//		}
+//		_, err := tx.Exec(ctx, `UPDATE payments SET status = 'captured' WHERE id = 42`)
+//		return err
+//	})
+//
+// The grant is one statement. TTLs run on the database clock. A heartbeat renews held leases,
+// all that are due in one statement. The holder trusts a lease only inside its trust window:
+//
+//	 grant sent        heartbeat renewals ...       last renewal sent
+//	     |----------------|------------------------------|------------------------|
+//	                                                     |<------ TTL - margin -->|
+//	                                                                  Done() closes here
+//
+// [Lease.Done] closes, and [Lease.Err] says why, when the trust window ends without a
+// successful renewal, when a renewal finds the lease gone, or on [Lease.Release].
+//
+// # Fences
+//
+// [FenceTx] advances a resource's high-water mark inside the caller's transaction.
+// [Lease.GuardTx] checks the lease itself inside the caller's transaction and holds its row
+// FOR SHARE until commit. [UpdateFencedTx] fences an update of the caller's own table that
+// carries a token column. [Lessor.RunLocked] holds a lease row FOR UPDATE for the length of a
+// transaction, with a fresh token and no TTL.
+//
+// # Durability
+//
+// Statements that grant or renew force synchronous_commit on for themselves, so tokens never
+// repeat after a crash even where the server's default is off. Migrations ship in package
+// [github.com/fencelock/fencelock/migrations] and are applied by [Migrate].
+package fencelock

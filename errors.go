@@ -1,0 +1,121 @@
+package fencelock
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Sentinel errors. Each names a state; the typed errors below carry detail and match them
+// under [errors.Is]. Postgres and network errors are wrapped with %w, so [pgconn.PgError] and
+// context errors stay reachable through [errors.As] and [errors.Is].
+var (
+	// ErrInvalidArgument matches every [*ArgumentError]: bad input refused before any SQL ran.
+	ErrInvalidArgument = errors.New("fencelock: invalid argument")
+
+	// ErrNotAcquired is returned by the try variants when another holder has the lease (or
+	// holds its row in a transaction) right now.
+	ErrNotAcquired = errors.New("fencelock: not acquired: held by another holder")
+
+	// ErrNotHeld is returned by Release and Renew when the database no longer has this grant:
+	// its TTL ran out or a newer grant took the name over. Nothing was changed.
+	ErrNotHeld = errors.New("fencelock: not held")
+
+	// ErrLeaseLost matches every [*LeaseLostError]: the holder must stop acting on the lease.
+	ErrLeaseLost = errors.New("fencelock: lease lost")
+
+	// ErrTrustWindowExpired is the cause inside a [*LeaseLostError] when no renewal succeeded
+	// before the holder's trust window ended, whatever the database may still say.
+	ErrTrustWindowExpired = errors.New("fencelock: trust window expired")
+
+	// ErrReleased is what Lease.Err reports after the holder released the lease itself.
+	ErrReleased = errors.New("fencelock: lease released")
+
+	// ErrStaleToken matches every [*StaleTokenError]: a newer fencing token has been seen for
+	// the resource, so the write carrying the older one was rejected.
+	ErrStaleToken = errors.New("fencelock: stale fencing token")
+
+	// ErrNoRow is returned by [UpdateFencedTx] when no row matches the key at all, which is
+	// not the same as a stale token.
+	ErrNoRow = errors.New("fencelock: no row matches the key")
+
+	// ErrReadOnly is returned when the server refuses writes: a hot standby, or
+	// default_transaction_read_only. A lock taken on a replica would not exclude anyone on the
+	// primary, so fencelock refuses instead. It wraps the server's error (SQLSTATE 25006).
+	ErrReadOnly = errors.New("fencelock: server is read-only (hot standby?); locks must be taken on the primary")
+)
+
+// ArgumentError reports bad input, found before any SQL ran. It matches
+// [ErrInvalidArgument] under [errors.Is].
+type ArgumentError struct {
+	Arg    string // the parameter or option, e.g. "name", "ttl", "WithHeartbeatInterval"
+	Reason string // what is wrong with it
+}
+
+func (e *ArgumentError) Error() string {
+	return "fencelock: invalid " + e.Arg + ": " + e.Reason
+}
+
+// Is reports whether target is [ErrInvalidArgument].
+func (e *ArgumentError) Is(target error) bool { return target == ErrInvalidArgument }
+
+func argError(arg, format string, a ...any) error {
+	return &ArgumentError{Arg: arg, Reason: fmt.Sprintf(format, a...)}
+}
+
+// StaleTokenError reports a fenced write rejected because Resource has already seen fencing
+// token Current, newer than the writer's Token. It matches [ErrStaleToken] under [errors.Is].
+// The caller's transaction has changed nothing through the rejected call; roll it back.
+type StaleTokenError struct {
+	Resource string
+	Token    Token // the writer's token
+	Current  Token // the resource's high-water mark when the write was rejected
+}
+
+func (e *StaleTokenError) Error() string {
+	return fmt.Sprintf("fencelock: stale fencing token %d for %q: high-water mark is %d", e.Token, e.Resource, e.Current)
+}
+
+// Is reports whether target is [ErrStaleToken].
+func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken }
+
+// LeaseLostError reports that a lease can no longer be trusted: a renewal found it expired or
+// taken over on the server, or its trust window ended before a renewal succeeded (Cause is
+// then [ErrTrustWindowExpired], wrapping the last renewal error if there was one). It matches
+// [ErrLeaseLost] under [errors.Is] and unwraps to Cause.
+type LeaseLostError struct {
+	Name  string
+	Token Token
+	Cause error
+}
+
+func (e *LeaseLostError) Error() string {
+	return fmt.Sprintf("fencelock: lease %q (token %d) lost: %v", e.Name, e.Token, e.Cause)
+}
+
+// Is reports whether target is [ErrLeaseLost].
+func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+
+// Unwrap returns Cause.
+func (e *LeaseLostError) Unwrap() error { return e.Cause }
+
+// errGoneOnServer is the cause of a loss the database reported.
+var errGoneOnServer = errors.New("the database no longer has this grant (expired or taken over)")
+
+// wrapPg wraps err from a statement with what, mapping the server's read-only refusal to
+// [ErrReadOnly].
+func wrapPg(what string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "25006" { // read_only_sql_transaction
+		return fmt.Errorf("%s: %w: %w", what, ErrReadOnly, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// isLockNotAvailable reports whether err is Postgres's lock_not_available (55P03), raised
+// when lock_timeout fires while a grant waits for a lease row.
+func isLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}

@@ -1,0 +1,200 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// Token is a fencing token: an int64 > 0 that a grant carries, larger than the token of every
+// earlier grant of the same lease name (and unique across all names). A write guarded by a
+// token is rejected once a larger token has been seen for the resource. Zero is never a valid
+// token. This is the fencing-token scheme of Kleppmann (2016), "How to do distributed
+// locking".
+type Token int64
+
+// FenceTx advances the high-water mark of resource to token inside tx, the caller's
+// transaction, in one statement; the caller's writes in tx then commit only together with it.
+// Equal tokens pass, so a holder may make several fenced writes with one grant. The fence row
+// stays locked until tx ends, so fenced writes to one resource commit in token order.
+//
+// resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name); token is
+// > 0. Errors: an [*ArgumentError] before any SQL; a [*StaleTokenError] (matching
+// [ErrStaleToken]) when a larger token has been seen: tx is still usable but the caller should
+// roll it back; otherwise the pgx error, wrapped. Safe for concurrent use on different
+// transactions (a pgx.Tx itself is not).
+func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error {
+	if tx == nil {
+		return argError("tx", "must not be nil")
+	}
+	if err := validateName("resource", resource); err != nil {
+		return err
+	}
+	if err := validateToken(token); err != nil {
+		return err
+	}
+	q := db.New()
+	n, err := q.FenceAdvance(ctx, tx, db.FenceAdvanceParams{Resource: resource, Token: int64(token)})
+	if err != nil {
+		return wrapPg(fmt.Sprintf("fence %q", resource), err)
+	}
+	if n == 1 {
+		return nil
+	}
+	cur, err := q.FenceCurrent(ctx, tx, resource)
+	if err != nil {
+		return wrapPg(fmt.Sprintf("fence %q: read high-water mark", resource), err)
+	}
+	return &StaleTokenError{Resource: resource, Token: token, Current: Token(cur)}
+}
+
+// GuardTx checks, inside tx, that this grant is still current on the database: the lease row
+// still has this holder and token and has not expired on the database clock. It holds the row
+// FOR SHARE until tx ends, so no takeover can commit before tx does: a write in tx after a
+// successful GuardTx commits only while the lease is held. One statement.
+//
+// Keep guarded transactions shorter than the TTL: while tx holds the row, the heartbeat cannot
+// renew this lease (it skips it and retries), and the trust window keeps running.
+//
+// Errors: [Lease.Err] when the lease has already ended locally (no SQL runs); a
+// [*LeaseLostError] when the database no longer has this grant (Done then closes); an
+// [*ArgumentError] for a nil tx; otherwise the pgx error, wrapped.
+func (lease *Lease) GuardTx(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return argError("tx", "must not be nil")
+	}
+	if err := lease.Err(); err != nil {
+		return err
+	}
+	l := lease.lessor
+	_, err := l.q.LeaseGuard(ctx, tx, db.LeaseGuardParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token)})
+	if errors.Is(err, pgx.ErrNoRows) {
+		l.remove(lease)
+		lease.lost(errGoneOnServer)
+		return lease.Err()
+	}
+	if err != nil {
+		return wrapPg(fmt.Sprintf("guard lease %q", lease.name), err)
+	}
+	return nil
+}
+
+// Column is a column name and the value to compare it with or set it to, for [UpdateFencedTx].
+type Column struct {
+	Name  string // a column name: 1 to 63 bytes of UTF-8 without NUL; quoted, never pasted
+	Value any    // any value pgx can encode for the column
+}
+
+// UpdateFencedTx updates the rows of table that match key, setting set and tokenColumn =
+// token, provided the rows' tokenColumn is NULL or <= token:
+//
+//	UPDATE table SET set..., tokenColumn = $token
+//	WHERE key... AND (tokenColumn IS NULL OR tokenColumn <= $token)
+//
+// This fences writes with a token column kept on the caller's own table, with no fences row.
+// It runs inside tx, the caller's transaction. table is one identifier or schema-qualified
+// (pgx.Identifier{"public", "payments"}); every identifier is validated and quoted, never
+// pasted. key and set are matched and assigned in the order given; key must not be empty (an
+// unkeyed fenced update is almost surely a mistake), and set may be.
+//
+// It returns the number of rows updated (>= 1) or: an [*ArgumentError] before any SQL; a
+// [*StaleTokenError] (matching [ErrStaleToken], Resource the table name) when rows match key
+// but carry a larger token; an error wrapping [ErrNoRow] when no row matches key; otherwise the
+// pgx error, wrapped. The success path is one statement; telling stale from missing costs a
+// second only on failure.
+func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenColumn string, token Token, set []Column, key []Column) (int64, error) {
+	if tx == nil {
+		return 0, argError("tx", "must not be nil")
+	}
+	if len(table) == 0 || len(table) > 2 {
+		return 0, argError("table", "must be a name or schema.name, got %d parts", len(table))
+	}
+	for _, part := range table {
+		if err := validateIdent("table", part); err != nil {
+			return 0, err
+		}
+	}
+	if err := validateIdent("tokenColumn", tokenColumn); err != nil {
+		return 0, err
+	}
+	if err := validateToken(token); err != nil {
+		return 0, err
+	}
+	if len(key) == 0 {
+		return 0, argError("key", "must name at least one column")
+	}
+	for _, c := range append(slices.Clip(set), key...) {
+		if err := validateIdent("column", c.Name); err != nil {
+			return 0, err
+		}
+		if c.Name == tokenColumn {
+			return 0, argError("column", "%q is the token column; it is set and compared by UpdateFencedTx itself", c.Name)
+		}
+	}
+	tbl := table.Sanitize()
+	tok := pgx.Identifier{tokenColumn}.Sanitize()
+	args := []any{int64(token)}
+	var sets, where []string
+	for _, c := range set {
+		args = append(args, c.Value)
+		sets = append(sets, fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), len(args)))
+	}
+	sets = append(sets, tok+" = $1")
+	for _, c := range key {
+		args = append(args, c.Value)
+		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), len(args)))
+	}
+	keySQL := strings.Join(where, " AND ")
+	sql := fmt.Sprintf("UPDATE %s SET %s WHERE %s AND (%s IS NULL OR %s <= $1)", tbl, strings.Join(sets, ", "), keySQL, tok, tok)
+	tag, err := tx.Exec(ctx, sql, args...)
+	if err != nil {
+		return 0, wrapPg("fenced update of "+tbl, err)
+	}
+	if n := tag.RowsAffected(); n > 0 {
+		return n, nil
+	}
+	// Nothing updated: stale, or no such row? The key arguments follow the token and sets.
+	keyArgs := args[1+len(set):]
+	var rows int64
+	var current *int64
+	probe := fmt.Sprintf("SELECT count(*), max(%s) FROM %s WHERE %s", tok, tbl, renumber(key, 1))
+	if err := tx.QueryRow(ctx, probe, keyArgs...).Scan(&rows, &current); err != nil {
+		return 0, wrapPg("fenced update of "+tbl+": probe", err)
+	}
+	if rows == 0 || current == nil {
+		return 0, fmt.Errorf("fenced update of %s: %w", tbl, ErrNoRow)
+	}
+	return 0, &StaleTokenError{Resource: tbl, Token: token, Current: Token(*current)}
+}
+
+// renumber renders key as "col = $first AND ...".
+func renumber(key []Column, first int) string {
+	parts := make([]string, len(key))
+	for i, c := range key {
+		parts[i] = fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), first+i)
+	}
+	return strings.Join(parts, " AND ")
+}
+
+// validateIdent checks a SQL identifier before it is quoted: 1 to 63 bytes (Postgres would
+// silently truncate a longer one to another name), valid UTF-8, no NUL.
+func validateIdent(arg, id string) error {
+	switch {
+	case id == "":
+		return argError(arg, "identifier must not be empty")
+	case len(id) > 63:
+		return argError(arg, "identifier %q is %d bytes; Postgres truncates identifiers past 63", id, len(id))
+	case !utf8.ValidString(id):
+		return argError(arg, "identifier is not valid UTF-8")
+	case strings.IndexByte(id, 0) >= 0:
+		return argError(arg, "identifier contains a NUL byte")
+	}
+	return nil
+}

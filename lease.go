@@ -1,0 +1,169 @@
+package fencelock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// Lease is one grant of a named lease to a [Lessor]'s holder, with its fencing token. While it
+// is held the lessor's heartbeat renews it. The holder trusts it only inside its trust window,
+// which ends at (send time of the last successful grant or renewal, on the local monotonic
+// clock) + TTL - safety margin; at that moment, or as soon as a renewal finds the lease gone,
+// Done closes and Err says why. Acting on a lease whose Done has closed is unsafe; fence every
+// write with [FenceTx] or [Lease.GuardTx] all the same, since a process can pause between a
+// check and a write.
+//
+// A Lease is safe for concurrent use.
+type Lease struct {
+	lessor *Lessor
+	name   string
+	token  Token
+	times  leaseTimes
+	done   chan struct{}
+
+	mu         sync.Mutex
+	err        error     // set once, when done closes
+	trustUntil time.Time // local monotonic
+	nextRenew  time.Time // local monotonic; zero without heartbeat
+	expiresAt  time.Time // database clock, as of the last grant or renewal
+	lastErr    error     // last renewal failure since the last success
+}
+
+func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresAt time.Time) *Lease {
+	lease := &Lease{lessor: l, name: name, token: token, times: lt, done: make(chan struct{})}
+	lease.renewed(sent, expiresAt)
+	return lease
+}
+
+// renewed records a successful grant or renewal sent at sent.
+func (lease *Lease) renewed(sent, expiresAt time.Time) {
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	lease.trustUntil = sent.Add(lease.times.ttl - lease.times.margin)
+	if lease.times.heartbeat > 0 {
+		lease.nextRenew = sent.Add(lease.times.heartbeat)
+	}
+	lease.expiresAt = expiresAt
+	lease.lastErr = nil
+}
+
+// finish closes Done with err, once; later calls change nothing. It reports whether this
+// call closed it.
+func (lease *Lease) finish(err error) bool {
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	if lease.err != nil {
+		return false
+	}
+	lease.err = err
+	close(lease.done)
+	return true
+}
+
+// lost marks the lease lost with cause, and logs it.
+func (lease *Lease) lost(cause error) {
+	if lease.finish(&LeaseLostError{Name: lease.name, Token: lease.token, Cause: cause}) {
+		lease.lessor.log.Error("fencelock: lease lost", "lease", lease.name, "token", int64(lease.token), "cause", cause)
+	}
+}
+
+// Name returns the lease name.
+func (lease *Lease) Name() string { return lease.name }
+
+// Token returns the fencing token of this grant, an int64 > 0 larger than that of every
+// earlier grant of the name. Renewals keep it.
+func (lease *Lease) Token() Token { return lease.token }
+
+// Holder returns the holder id of the lessor that holds the lease.
+func (lease *Lease) Holder() string { return lease.lessor.holder }
+
+// TTL returns the lease's TTL, as passed to the acquire call.
+func (lease *Lease) TTL() time.Duration { return lease.times.ttl }
+
+// ExpiresAt returns the lease's expiry on the database clock as of its last successful grant
+// or renewal. Compare it only with database time; the holder's own deadline is
+// [Lease.TrustedUntil].
+func (lease *Lease) ExpiresAt() time.Time {
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	return lease.expiresAt
+}
+
+// TrustedUntil returns the end of the trust window on the local clock (it carries a monotonic
+// reading): the send time of the last successful grant or renewal + TTL - safety margin.
+func (lease *Lease) TrustedUntil() time.Time {
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	return lease.trustUntil
+}
+
+// Done returns a channel that is closed when the lease ends: released, lost on the server, or
+// past its trust window. It never reopens.
+func (lease *Lease) Done() <-chan struct{} { return lease.done }
+
+// Err returns nil while the lease is held. After Done has closed it returns [ErrReleased] if
+// the holder released it, or a [*LeaseLostError] (matching [ErrLeaseLost]) whose Cause is
+// [ErrTrustWindowExpired] or the server's verdict.
+func (lease *Lease) Err() error {
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	return lease.err
+}
+
+// Renew extends the lease by its TTL now, in one statement, and restarts its trust window.
+// The heartbeat does this on its own; call Renew for leases taken with [WithoutHeartbeat].
+//
+// Errors: Err() when the lease has already ended (no SQL runs); a [*LeaseLostError] when the
+// database no longer has this grant (Done then closes); otherwise the pgx error, wrapped, and
+// the lease stays held until its trust window ends.
+func (lease *Lease) Renew(ctx context.Context) error {
+	if err := lease.Err(); err != nil {
+		return err
+	}
+	l := lease.lessor
+	sent := time.Now()
+	rows, err := l.q.LeaseRenew(ctx, l.pool, db.LeaseRenewParams{
+		Holder: l.holder,
+		Names:  []string{lease.name},
+		Tokens: []int64{int64(lease.token)},
+		TtlsUs: []int64{lease.times.ttl.Microseconds()},
+	})
+	if err != nil {
+		return wrapPg(fmt.Sprintf("renew lease %q", lease.name), err)
+	}
+	if len(rows) == 0 {
+		l.remove(lease)
+		lease.lost(errGoneOnServer)
+		return lease.Err()
+	}
+	if !rows[0].Renewed {
+		return fmt.Errorf("renew lease %q: its row is locked by a transaction (a GuardTx of this holder?); try again", lease.name)
+	}
+	lease.renewed(sent, rows[0].ExpiresAt)
+	return nil
+}
+
+// Release ends the lease on the server now, scoped to (name, holder, token), so it never
+// frees a newer grant; then Done closes and Err reports [ErrReleased] (unless the lease had
+// already been lost). The heartbeat stops renewing it even when the statement fails, so a
+// failed release leaves the lease to expire within its TTL.
+//
+// Errors: an error wrapping [ErrNotHeld] when the grant had already expired or been taken over
+// (nothing changed); otherwise the pgx error, wrapped.
+func (lease *Lease) Release(ctx context.Context) error {
+	l := lease.lessor
+	l.remove(lease)
+	n, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token)})
+	lease.finish(ErrReleased)
+	if err != nil {
+		return wrapPg(fmt.Sprintf("release lease %q", lease.name), err)
+	}
+	if n == 0 {
+		return fmt.Errorf("release lease %q (token %d): %w", lease.name, lease.token, ErrNotHeld)
+	}
+	return nil
+}

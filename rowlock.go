@@ -1,0 +1,300 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// tryLockTimeout bounds how long a try-grant waits for a lease row that another transaction
+// holds FOR UPDATE (a transaction-scoped holder, see [Lessor.RunLocked]). Grants, renewals and
+// releases hold the row for one statement only, far less than this.
+const tryLockTimeout = "10ms"
+
+// cleanupTimeout bounds the statement that ends a grant whose outcome the client could not
+// learn (its acquire was cancelled mid-flight). Past it the grant expires by its TTL.
+const cleanupTimeout = 5 * time.Second
+
+// Lessor grants named leases, rows of fencelock.leases, to one holder id. Each grant carries a
+// fencing token, an int64 > 0 drawn from a sequence under the row lock, so tokens for a name
+// rise strictly in grant order. TTLs are measured on the database clock. Held leases are
+// renewed by a heartbeat: one goroutine per lessor, running only while it holds leases, renews
+// all that are due in one statement.
+//
+// A Lessor is safe for concurrent use. Attempts by one lessor on one name are serialised
+// locally, so goroutines that share a lessor queue for a name instead of racing each other.
+// It needs no Close: with no lease held it owns no goroutine.
+//
+// The scheme is the fencing-token lease of Gray and Cheriton (1989) and Kleppmann (2016),
+// with Postgres as the lock service and the fence in the same database as the guarded data.
+type Lessor struct {
+	pool    *pgxpool.Pool
+	q       *db.Queries
+	cfg     config
+	holder  string
+	backoff Backoff
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	active  map[*Lease]struct{} // held leases, watched by run
+	running bool                // run is live; it exits when active is empty
+	wake    chan struct{}       // cap 1: poke run after active changed
+	gates   map[string]*gate    // per-name serialisation of attempts
+}
+
+type gate struct {
+	ch   chan struct{} // cap 1: a token to hold while attempting
+	refs int
+}
+
+// NewLessor returns a lessor on pool, which must reach a primary where [Migrate] has run.
+// Errors: an [*ArgumentError] for a nil pool or a bad option. No SQL runs.
+//
+// Defaults:
+//   - holder: "<hostname>:<pid>:<random hex>" ([WithHolder])
+//   - heartbeat: a third of each lease's TTL ([WithHeartbeatInterval], [WithoutHeartbeat])
+//   - safety margin: a tenth of each lease's TTL ([WithSafetyMargin])
+//   - backoff: ExponentialBackoff(5ms, 250ms) ([WithBackoff])
+//   - logger: discards ([WithLogger])
+func NewLessor(pool *pgxpool.Pool, opts ...Option) (*Lessor, error) {
+	if pool == nil {
+		return nil, argError("pool", "must not be nil")
+	}
+	cfg := config{margin: -1}
+	for _, o := range opts {
+		if o == nil {
+			return nil, argError("option", "must not be nil")
+		}
+		if err := o(&cfg); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.noHeartbeat && cfg.heartbeat > 0 {
+		return nil, argError("WithoutHeartbeat", "conflicts with WithHeartbeatInterval")
+	}
+	l := &Lessor{
+		pool:    pool,
+		q:       db.New(),
+		cfg:     cfg,
+		holder:  cfg.holder,
+		backoff: cfg.backoff,
+		log:     cfg.logger,
+		active:  make(map[*Lease]struct{}),
+		wake:    make(chan struct{}, 1),
+		gates:   make(map[string]*gate),
+	}
+	if l.holder == "" {
+		l.holder = defaultHolder()
+	}
+	if l.backoff == nil {
+		l.backoff = ExponentialBackoff(5*time.Millisecond, 250*time.Millisecond)
+	}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	return l, nil
+}
+
+// Holder returns the holder id stored with this lessor's grants.
+func (l *Lessor) Holder() string { return l.holder }
+
+// leaseTimes are the per-lease durations derived from a TTL and the lessor's options.
+type leaseTimes struct {
+	ttl, heartbeat, margin time.Duration
+}
+
+func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
+	if err := validateTTL(ttl); err != nil {
+		return leaseTimes{}, err
+	}
+	t := leaseTimes{ttl: ttl, heartbeat: l.cfg.heartbeat, margin: l.cfg.margin}
+	if t.margin < 0 {
+		t.margin = ttl / 10
+	}
+	if t.margin >= ttl {
+		return leaseTimes{}, argError("WithSafetyMargin", "is %v; it must be shorter than the ttl %v", t.margin, ttl)
+	}
+	switch {
+	case l.cfg.noHeartbeat:
+		t.heartbeat = 0
+	case t.heartbeat == 0:
+		t.heartbeat = ttl / 3
+	case t.heartbeat >= ttl-t.margin:
+		return leaseTimes{}, argError("WithHeartbeatInterval", "is %v; it must be shorter than the ttl %v less the safety margin %v", t.heartbeat, ttl, t.margin)
+	}
+	return t, nil
+}
+
+// TryAcquire grants the lease name for ttl to this lessor if nobody holds it, in one
+// statement. name is 1 to [MaxNameLength] bytes of UTF-8 without NUL; ttl is a time.Duration
+// between [MinTTL] and [MaxTTL], measured on the database clock (Postgres rounds it to
+// microseconds). The lease is renewed by the heartbeat until released or lost.
+//
+// Errors: [ErrNotAcquired] if another holder has it; an [*ArgumentError] before any SQL; an
+// error wrapping [ErrReadOnly] on a hot standby; otherwise the pgx error, wrapped. If ctx ends
+// while the grant is in flight, the grant may have happened on the server: TryAcquire then
+// ends it (scoped to this holder) before it returns, so nothing is left held.
+func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	if err := validateName("name", name); err != nil {
+		return nil, err
+	}
+	lt, err := l.times(ttl)
+	if err != nil {
+		return nil, err
+	}
+	lease, _, err := l.tryAcquire(ctx, name, lt)
+	return lease, err
+}
+
+// Acquire grants the lease name for ttl to this lessor, waiting while someone else holds it,
+// until it is granted or ctx ends. Arguments are as for [Lessor.TryAcquire]. Between attempts
+// it waits the lessor's [Backoff], capped by the current holder's remaining TTL on the database
+// clock, so an expiring lease is retried as it expires; never a fixed sleep of a whole TTL.
+//
+// Errors: ctx's error (wrapped) when ctx ends first, with nothing left held; otherwise as for
+// [Lessor.TryAcquire], except that [ErrNotAcquired] is never returned.
+func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	if err := validateName("name", name); err != nil {
+		return nil, err
+	}
+	lt, err := l.times(ttl)
+	if err != nil {
+		return nil, err
+	}
+	var lease *Lease
+	err = l.retry(ctx, "acquire lease "+strconv.Quote(name), func() (remaining time.Duration, err error) {
+		lease, remaining, err = l.tryAcquire(ctx, name, lt)
+		return remaining, err
+	})
+	return lease, err
+}
+
+// retry calls attempt until it returns anything but ErrNotAcquired, or ctx ends (then it
+// returns ctx's cause, wrapped with what). Between attempts it waits the lessor's backoff, capped by the
+// holder's remaining TTL that attempt reported (0 when unknown) plus a little jitter.
+func (l *Lessor) retry(ctx context.Context, what string, attempt func() (time.Duration, error)) error {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for n := 0; ; n++ {
+		remaining, err := attempt()
+		if !errors.Is(err, ErrNotAcquired) {
+			return err
+		}
+		wait := l.backoff(n)
+		if remaining > 0 && remaining < wait {
+			// The holder's grant expires before the backoff would end: come back just
+			// after, with a little jitter so waiters do not all arrive at once.
+			wait = remaining + l.backoff(0)/4
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w", what, context.Cause(ctx))
+		case <-timer.C:
+		}
+	}
+}
+
+// tryAcquire makes one attempt. It returns the lease, or ErrNotAcquired with the holder's
+// remaining TTL when known (0 otherwise), or another error.
+func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, time.Duration, error) {
+	exit, err := l.enter(ctx, name)
+	if err != nil {
+		return nil, 0, fmt.Errorf("acquire lease %q: %w", name, err)
+	}
+	defer exit()
+	sent := time.Now()
+	row, err := l.q.LeaseGrant(ctx, l.pool, db.LeaseGrantParams{
+		LockTimeout: pgtype.Text{String: tryLockTimeout, Valid: true},
+		Name:        name,
+		Holder:      l.holder,
+		TtlUs:       lt.ttl.Microseconds(),
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), isLockNotAvailable(err):
+		// No row visible to our snapshot (a concurrent first grant) or the row is held in a
+		// transaction: someone else has it.
+		return nil, 0, ErrNotAcquired
+	case err != nil:
+		return nil, 0, l.grantFailed(ctx, name, err)
+	case row.Token == 0:
+		return nil, time.Duration(row.RemainingUs) * time.Microsecond, ErrNotAcquired
+	}
+	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
+	l.add(lease)
+	return lease, 0, nil
+}
+
+// grantFailed handles a grant statement that returned err. A server error means the statement
+// failed and granted nothing; an error before anything was sent granted nothing either. Any
+// other failure (ctx ended, connection broke) leaves the outcome unknown: the server may have
+// committed the grant just as the client gave up. Then the grant, if any, is ended before
+// returning, scoped to this holder and sparing the lessor's own current grant of the name.
+func (l *Lessor) grantFailed(ctx context.Context, name string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
+		return wrapPg(fmt.Sprintf("acquire lease %q", name), err)
+	}
+	var keep int64
+	l.mu.Lock()
+	for lease := range l.active {
+		if lease.name == name {
+			keep = int64(lease.token)
+		}
+	}
+	l.mu.Unlock()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, cerr := l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.holder, KeepToken: keep})
+	if cerr != nil {
+		l.log.Error("fencelock: could not end a grant of unknown outcome; it expires by its TTL",
+			"lease", name, "holder", l.holder, "error", cerr)
+		return fmt.Errorf("acquire lease %q: %w (ending the possible grant failed too, it expires by its TTL: %w)", name, err, cerr)
+	}
+	return fmt.Errorf("acquire lease %q: %w", name, err)
+}
+
+// enter serialises this lessor's attempts on name; the returned func ends the turn.
+func (l *Lessor) enter(ctx context.Context, name string) (exit func(), err error) {
+	l.mu.Lock()
+	g := l.gates[name]
+	if g == nil {
+		g = &gate{ch: make(chan struct{}, 1)}
+		l.gates[name] = g
+	}
+	g.refs++
+	l.mu.Unlock()
+	leave := func() {
+		l.mu.Lock()
+		if g.refs--; g.refs == 0 {
+			delete(l.gates, name)
+		}
+		l.mu.Unlock()
+	}
+	select {
+	case g.ch <- struct{}{}:
+		return func() { <-g.ch; leave() }, nil
+	case <-ctx.Done():
+		leave()
+		return nil, context.Cause(ctx)
+	}
+}

@@ -1,0 +1,98 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// TxFunc is the caller's work under a transaction-scoped lease: it runs inside tx, which holds
+// the lease row FOR UPDATE, and gets the grant's fencing token (an int64 > 0). Returning an
+// error rolls tx back; returning nil commits it. It must not commit or roll back tx itself.
+type TxFunc func(ctx context.Context, tx pgx.Tx, token Token) error
+
+// TryRunLocked runs fn inside a new transaction that holds the lease row of name FOR UPDATE
+// for its whole length, with a fresh fencing token: no TTL, no heartbeat, released by commit
+// or rollback, and exclusive with TTL leases of the same name (theirs wait or fail while the
+// transaction runs; it is refused while a TTL lease is held). The grant is one statement
+// after BEGIN; it forces synchronous_commit on for the transaction, so its token is durable
+// when the commit returns.
+//
+// It does not wait: [ErrNotAcquired] if a TTL holder has the lease or another transaction holds
+// the row. name is as for [Lessor.TryAcquire]. Errors: an [*ArgumentError] for a bad name or
+// nil fn (no SQL runs); fn's error, returned as is, after rollback; an error wrapping
+// [ErrReadOnly] on a hot standby; otherwise the pgx error, wrapped.
+//
+// Because it needs one transaction only, this mode works behind PgBouncer transaction pooling.
+func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error {
+	if err := validateRunLocked(name, fn); err != nil {
+		return err
+	}
+	_, err := l.runLockedOnce(ctx, name, fn, true)
+	return err
+}
+
+// RunLocked is [Lessor.TryRunLocked] that waits until the lease is free or ctx ends. While
+// another transaction holds the row it waits on the server's row lock, in the server's queue;
+// while a TTL holder has the lease it rolls back, waits as [Lessor.Acquire] does, and tries
+// again in a new transaction, so it never holds the row locked against the holder's renewals.
+//
+// Errors: as for TryRunLocked, never [ErrNotAcquired]; ctx's error (wrapped) when ctx ends
+// first, with nothing held.
+func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
+	if err := validateRunLocked(name, fn); err != nil {
+		return err
+	}
+	return l.retry(ctx, "run locked "+strconv.Quote(name), func() (time.Duration, error) {
+		return l.runLockedOnce(ctx, name, fn, false)
+	})
+}
+
+func validateRunLocked(name string, fn TxFunc) error {
+	if err := validateName("name", name); err != nil {
+		return err
+	}
+	if fn == nil {
+		return argError("fn", "must not be nil")
+	}
+	return nil
+}
+
+// runLockedOnce makes one attempt; on ErrNotAcquired it also returns the TTL holder's
+// remaining time when known.
+func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try bool) (time.Duration, error) {
+	tx, err := l.pool.Begin(ctx)
+	if err != nil {
+		return 0, wrapPg(fmt.Sprintf("run locked %q: begin", name), err)
+	}
+	// After Commit this is a no-op. Without ctx's cancellation, so a cancelled ctx still rolls
+	// back (pgx closes the connection when even that fails).
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	p := db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0}
+	if try {
+		p.LockTimeout = pgtype.Text{String: tryLockTimeout, Valid: true}
+	}
+	row, err := l.q.LeaseGrant(ctx, tx, p)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), try && isLockNotAvailable(err):
+		return 0, ErrNotAcquired
+	case err != nil:
+		return 0, wrapPg(fmt.Sprintf("run locked %q", name), err)
+	case row.Token == 0:
+		return time.Duration(row.RemainingUs) * time.Microsecond, ErrNotAcquired
+	}
+	if err := fn(ctx, tx, Token(row.Token)); err != nil {
+		return 0, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return 0, wrapPg(fmt.Sprintf("run locked %q: commit", name), err)
+	}
+	return 0, nil
+}
