@@ -28,10 +28,10 @@
 // The grant is one statement. TTLs run on the database clock. A heartbeat renews held leases,
 // all that are due in one statement. The holder trusts a lease only inside its trust window:
 //
-//	 grant sent        heartbeat renewals ...       last renewal sent
-//	     |----------------|------------------------------|------------------------|
-//	                                                     |<------ TTL - margin -->|
-//	                                                                  Done() closes here
+//	grant sent        heartbeat renewals ...       last renewal sent
+//	    |----------------|------------------------------|------------------------|
+//	                                                    |<------ TTL - margin -->|
+//	                                                                 Done() closes here
 //
 // [Lease.Done] closes, and [Lease.Err] says why, when the trust window ends without a
 // successful renewal, when a renewal finds the lease gone, or on [Lease.Release].

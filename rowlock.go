@@ -130,6 +130,9 @@ func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
 		t.heartbeat = 0
 	case t.heartbeat == 0:
 		t.heartbeat = ttl / 3
+		if t.heartbeat >= ttl-t.margin {
+			return leaseTimes{}, argError("WithSafetyMargin", "is %v; with the default heartbeat of ttl/3 it must be under 2/3 of the ttl %v", t.margin, ttl)
+		}
 	case t.heartbeat >= ttl-t.margin:
 		return leaseTimes{}, argError("WithHeartbeatInterval", "is %v; it must be shorter than the ttl %v less the safety margin %v", t.heartbeat, ttl, t.margin)
 	}

@@ -83,9 +83,11 @@ WHERE l.holder = sqlc.arg(holder)::text AND l.expires_at > clock_timestamp()
 -- Ends a grant now by moving its expiry to the current time. Scoped to (name, holder, token),
 -- so a late release from an old holder never frees a newer grant; 0 rows means the grant had
 -- already expired or been taken over. The row stays (tokens come from the sequence, not the
--- row), so the next grant of the name is a HOT update.
+-- row), so the next grant of the name is a HOT update. synchronous_commit is forced on, so an
+-- acknowledged release is not undone by a crash (which would keep the name held for a TTL).
 UPDATE fencelock.leases
 SET expires_at = clock_timestamp()
+FROM (SELECT set_config('synchronous_commit', 'on', true)) AS cfg
 WHERE name = sqlc.arg(name)::text AND holder = sqlc.arg(holder)::text AND token = sqlc.arg(token)::bigint
   AND expires_at > clock_timestamp();
 

@@ -1,0 +1,170 @@
+package fencelock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// Each benchmark times an operation and its floor in the same loop, alternating them, on the
+// same server and pool, and reports:
+//   - op-us: the operation, microseconds per call;
+//   - floor-us: the floor, microseconds per call;
+//   - x-floor: op / floor, the figure the targets are stated in.
+// Floors: a one-row autocommit UPDATE (fillfactor 70, HOT), a SELECT 1 round trip, or the bare
+// write transaction (BEGIN; one-row UPDATE; COMMIT).
+
+type benchEnv struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+}
+
+func benchSetup(b *testing.B) *benchEnv {
+	b.Helper()
+	srv := pgtest.NewServer(b)
+	db := srv.NewDB(b)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE bench (id int PRIMARY KEY, v bigint NOT NULL) WITH (fillfactor = 70);
+		INSERT INTO bench SELECT g, 0 FROM generate_series(1, 10) g`); err != nil {
+		b.Fatal(err)
+	}
+	return &benchEnv{ctx: ctx, pool: db.Pool}
+}
+
+func (e *benchEnv) update(id int) func() error {
+	return func() error {
+		_, err := e.pool.Exec(e.ctx, `UPDATE bench SET v = v + 1 WHERE id = $1`, id)
+		return err
+	}
+}
+
+func (e *benchEnv) selectOne() error {
+	var one int
+	return e.pool.QueryRow(e.ctx, `SELECT 1`).Scan(&one)
+}
+
+// ratio runs op and floor alternately, after a warm-up, and reports both and their ratio.
+func ratio(b *testing.B, op, floor func() error) {
+	b.Helper()
+	for range 200 { // warm the pool, the statement caches and the server's buffers
+		if err := floor(); err != nil {
+			b.Fatal(err)
+		}
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var tOp, tFloor time.Duration
+	n := 0
+	for b.Loop() {
+		t0 := time.Now()
+		if err := floor(); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		if err := op(); err != nil {
+			b.Fatal(err)
+		}
+		tOp += time.Since(t1)
+		tFloor += t1.Sub(t0)
+		n++
+	}
+	b.ReportMetric(float64(tOp.Microseconds())/float64(n), "op-us")
+	b.ReportMetric(float64(tFloor.Microseconds())/float64(n), "floor-us")
+	b.ReportMetric(float64(tOp)/float64(tFloor), "x-floor")
+}
+
+func twice(f func() error) func() error {
+	return func() error {
+		if err := f(); err != nil {
+			return err
+		}
+		return f()
+	}
+}
+
+// BenchmarkTryAcquireRelease: an uncontended grant and its release, beside two one-row
+// UPDATEs (target: within 1.15x).
+func BenchmarkTryAcquireRelease(b *testing.B) {
+	e := benchSetup(b)
+	l, err := fencelock.NewLessor(e.pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ratio(b, func() error {
+		lease, err := l.TryAcquire(e.ctx, "bench", time.Minute)
+		if err != nil {
+			return err
+		}
+		return lease.Release(e.ctx)
+	}, twice(e.update(1)))
+}
+
+// BenchmarkRenew: one renewal beside one one-row UPDATE.
+func BenchmarkRenew(b *testing.B) {
+	e := benchSetup(b)
+	l, err := fencelock.NewLessor(e.pool, fencelock.WithoutHeartbeat())
+	if err != nil {
+		b.Fatal(err)
+	}
+	lease, err := l.TryAcquire(e.ctx, "bench", time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lease.Release(e.ctx)
+	ratio(b, func() error { return lease.Renew(e.ctx) }, e.update(1))
+}
+
+// BenchmarkFenceTx: a write transaction with the fence check, beside the same transaction
+// without it (the fence adds one statement).
+func BenchmarkFenceTx(b *testing.B) {
+	e := benchSetup(b)
+	write := func(fence bool) func() error {
+		return func() error {
+			return pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+				if fence {
+					if err := fencelock.FenceTx(e.ctx, tx, "bench", 1); err != nil {
+						return err
+					}
+				}
+				_, err := tx.Exec(e.ctx, `UPDATE bench SET v = v + 1 WHERE id = 2`)
+				return err
+			})
+		}
+	}
+	ratio(b, write(true), write(false))
+}
+
+// BenchmarkRunLocked: the transaction-scoped row lock around a one-row write, beside the bare
+// write transaction (target: within 1.3x).
+func BenchmarkRunLocked(b *testing.B) {
+	e := benchSetup(b)
+	l, err := fencelock.NewLessor(e.pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const write = `UPDATE bench SET v = v + 1 WHERE id = 3`
+	ratio(b, func() error {
+		return l.TryRunLocked(e.ctx, "bench", func(ctx context.Context, tx pgx.Tx, _ fencelock.Token) error {
+			_, err := tx.Exec(ctx, write)
+			return err
+		})
+	}, func() error {
+		return pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := tx.Exec(e.ctx, write)
+			return err
+		})
+	})
+}
+
+// BenchmarkSelectOneVsUpdate: the two floors side by side, for the table in docs.
+func BenchmarkSelectOneVsUpdate(b *testing.B) {
+	e := benchSetup(b)
+	ratio(b, e.update(1), e.selectOne)
+}

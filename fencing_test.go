@@ -1,0 +1,140 @@
+package fencelock_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+func TestFenceTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	createWrites(t, b)
+	for _, step := range []struct {
+		token   fencelock.Token
+		current fencelock.Token // 0: accepted
+	}{
+		{token: 5},
+		{token: 5}, // equal tokens pass: one grant, several writes
+		{token: 3, current: 5},
+		{token: 7},
+		{token: 6, current: 7},
+	} {
+		err := fencedWrite(b.ctx, b.pool, "r", step.token)
+		if step.current == 0 {
+			require.NoError(t, err, "token %d", step.token)
+			continue
+		}
+		require.Equal(t, &fencelock.StaleTokenError{Resource: "r", Token: step.token, Current: step.current}, errorsAsStale(t, err))
+	}
+	require.Equal(t, []int64{5, 5, 7}, writtenTokens(t, b, "r"))
+}
+
+func errorsAsStale(t *testing.T, err error) *fencelock.StaleTokenError {
+	t.Helper()
+	var stale *fencelock.StaleTokenError
+	require.ErrorAs(t, err, &stale)
+	require.ErrorIs(t, err, fencelock.ErrStaleToken)
+	return stale
+}
+
+// GuardTx holds the lease row FOR SHARE: even once the lease has expired on the database
+// clock, no takeover commits before the guarded transaction ends.
+func TestGuardTxBlocksTakeoverUntilCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
+	c := newLessor(t, b.pool, "c")
+	la, err := a.TryAcquire(b.ctx, "job", 300*time.Millisecond)
+	require.NoError(t, err)
+
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	require.NoError(t, la.GuardTx(b.ctx, tx))
+	// Wait, on the database, until the lease has expired there.
+	_, err = b.pool.Exec(b.ctx, `SELECT pg_sleep_until(expires_at + interval '10 milliseconds') FROM fencelock.leases WHERE name = 'job'`)
+	require.NoError(t, err)
+	require.True(t, readLease(t, b.ctx, b.pool, "job").Expired)
+	_, err = c.TryAcquire(b.ctx, "job", time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "takeover while a guarded transaction is open")
+
+	require.NoError(t, tx.Commit(b.ctx))
+	lc, err := c.TryAcquire(b.ctx, "job", time.Second)
+	require.NoError(t, err)
+	require.Greater(t, lc.Token(), la.Token())
+
+	// The old lease is now lost: GuardTx refuses (locally, or on the server).
+	tx2, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx2.Rollback(b.ctx) }()
+	require.ErrorIs(t, la.GuardTx(b.ctx, tx2), fencelock.ErrLeaseLost)
+	require.NoError(t, lc.Release(b.ctx))
+}
+
+func TestGuardTxDetectsLossOnServer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := newLessor(t, b.pool, "a")
+	la, err := a.TryAcquire(b.ctx, "job", time.Minute)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+	require.NoError(t, err)
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return la.GuardTx(b.ctx, tx) })
+	var lost *fencelock.LeaseLostError
+	require.ErrorAs(t, err, &lost)
+	require.Equal(t, la.Token(), lost.Token)
+	waitDone(t, la, time.Second)
+}
+
+func TestUpdateFencedTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Identifiers that need quoting: they are quoted, never pasted.
+	_, err := b.pool.Exec(b.ctx, `CREATE SCHEMA "odd schema";
+		CREATE TABLE "odd schema"."pay""ments" (id int PRIMARY KEY, "Status" text, "fence token" bigint);
+		INSERT INTO "odd schema"."pay""ments" VALUES (1, 'pending', NULL), (2, 'pending', 9)`)
+	require.NoError(t, err)
+	table := pgx.Identifier{"odd schema", `pay"ments`}
+	update := func(id int, token fencelock.Token, status string) (int64, error) {
+		var n int64
+		err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+			var err error
+			n, err = fencelock.UpdateFencedTx(b.ctx, tx, table, "fence token", token,
+				[]fencelock.Column{{Name: "Status", Value: status}}, []fencelock.Column{{Name: "id", Value: id}})
+			return err
+		})
+		return n, err
+	}
+	status := func(id int) (string, *int64) {
+		var s string
+		var tok *int64
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT "Status", "fence token" FROM "odd schema"."pay""ments" WHERE id = $1`, id).Scan(&s, &tok))
+		return s, tok
+	}
+
+	n, err := update(1, 4, "captured") // NULL token column: never fenced before
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+	s, tok := status(1)
+	require.Equal(t, "captured", s)
+	require.EqualValues(t, 4, *tok)
+
+	_, err = update(2, 8, "refunded") // row carries 9
+	require.Equal(t, &fencelock.StaleTokenError{Resource: `"odd schema"."pay""ments"`, Token: 8, Current: 9}, errorsAsStale(t, err))
+	s, tok = status(2)
+	require.Equal(t, "pending", s)
+	require.EqualValues(t, 9, *tok)
+
+	_, err = update(3, 100, "captured")
+	require.ErrorIs(t, err, fencelock.ErrNoRow)
+	require.NotErrorIs(t, err, fencelock.ErrStaleToken)
+
+	n, err = update(2, 9, "captured") // equal token passes
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n)
+}

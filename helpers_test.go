@@ -1,0 +1,107 @@
+package fencelock_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// holderChildEnv, when set to a database URL, turns the test binary into the holder process
+// of TestStoppedProcessIsFenced instead of running tests.
+const holderChildEnv = "FENCELOCK_TEST_HOLDER_CHILD"
+
+func TestMain(m *testing.M) {
+	if url := os.Getenv(holderChildEnv); url != "" {
+		os.Exit(runHolderChild(url))
+	}
+	pgtest.Main(m)
+}
+
+// bundle is what most tests need: a fresh migrated database and a context bounded so that a
+// hung test fails instead of stalling the suite.
+type bundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	db   *pgtest.DB
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return &bundle{ctx: ctx, pool: db.Pool, db: db}
+}
+
+// fastBackoff keeps waits short in tests where many waiters contend.
+var fastBackoff = fencelock.WithBackoff(fencelock.ExponentialBackoff(200*time.Microsecond, 5*time.Millisecond))
+
+func newLessor(t *testing.T, pool *pgxpool.Pool, holder string, opts ...fencelock.Option) *fencelock.Lessor {
+	t.Helper()
+	l, err := fencelock.NewLessor(pool, append([]fencelock.Option{fencelock.WithHolder(holder)}, opts...)...)
+	require.NoError(t, err)
+	return l
+}
+
+// leaseRow reads a lease row as the database has it.
+type leaseRow struct {
+	Holder  string
+	Token   int64
+	Expired bool
+}
+
+func readLease(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) leaseRow {
+	t.Helper()
+	var r leaseRow
+	err := pool.QueryRow(ctx, `SELECT holder, token, expires_at <= clock_timestamp() FROM fencelock.leases WHERE name = $1`, name).
+		Scan(&r.Holder, &r.Token, &r.Expired)
+	require.NoError(t, err)
+	return r
+}
+
+// waitDone waits for a lease's Done channel, failing the test after limit.
+func waitDone(t *testing.T, lease *fencelock.Lease, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-lease.Done():
+	case <-time.After(limit):
+		t.Fatalf("lease %q: Done not closed within %v", lease.Name(), limit)
+	}
+}
+
+// fencedWrite is the protected write of the tests: in one transaction, advance the fence of
+// resource to token and bump a counter row keyed by resource.
+func fencedWrite(ctx context.Context, pool *pgxpool.Pool, resource string, token fencelock.Token) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := fencelock.FenceTx(ctx, tx, resource, token); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, resource, int64(token))
+		return err
+	})
+}
+
+func createWrites(t *testing.T, b *bundle) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `CREATE TABLE writes (resource text NOT NULL, token bigint NOT NULL)`)
+	require.NoError(t, err)
+}
+
+func writtenTokens(t *testing.T, b *bundle, resource string) []int64 {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT token FROM writes WHERE resource = $1 ORDER BY token`, resource)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	return got
+}
+
+type pgxTx = pgx.Tx

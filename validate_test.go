@@ -1,0 +1,172 @@
+package fencelock_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// unreachablePool is a pool whose every connection attempt fails: pgxpool connects lazily, so a
+// call that returns an *ArgumentError through it provably ran no SQL.
+func unreachablePool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// noSQLTx is a pgx.Tx that fails the test if any statement is sent through it.
+type noSQLTx struct {
+	pgx.Tx
+	t *testing.T
+}
+
+func (x noSQLTx) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	x.t.Error("SQL ran on bad input")
+	return pgconn.CommandTag{}, errors.New("no SQL expected")
+}
+
+func (x noSQLTx) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	x.t.Error("SQL ran on bad input")
+	return nil, errors.New("no SQL expected")
+}
+
+func (x noSQLTx) QueryRow(context.Context, string, ...any) pgx.Row {
+	x.t.Error("SQL ran on bad input")
+	return nil
+}
+
+func requireArgError(t *testing.T, err error, arg string) {
+	t.Helper()
+	var ae *fencelock.ArgumentError
+	require.ErrorAs(t, err, &ae)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	require.Equal(t, arg, ae.Arg)
+}
+
+func TestBadInputIsRefusedBeforeSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := unreachablePool(t)
+	l, err := fencelock.NewLessor(pool)
+	require.NoError(t, err)
+	okFn := func(context.Context, pgx.Tx, fencelock.Token) error { return nil }
+
+	t.Run("Names", func(t *testing.T) {
+		for _, tc := range []struct{ desc, name string }{
+			{"Empty", ""},
+			{"OverLong", strings.Repeat("n", fencelock.MaxNameLength+1)},
+			{"NUL", "pay\x00ment"},
+			{"InvalidUTF8", "pay\xffment"},
+		} {
+			t.Run(tc.desc, func(t *testing.T) {
+				_, err := l.TryAcquire(ctx, tc.name, time.Second)
+				requireArgError(t, err, "name")
+				_, err = l.Acquire(ctx, tc.name, time.Second)
+				requireArgError(t, err, "name")
+				requireArgError(t, l.TryRunLocked(ctx, tc.name, okFn), "name")
+				requireArgError(t, l.RunLocked(ctx, tc.name, okFn), "name")
+				requireArgError(t, fencelock.FenceTx(ctx, noSQLTx{t: t}, tc.name, 1), "resource")
+			})
+		}
+		_, err := l.TryAcquire(ctx, strings.Repeat("n", fencelock.MaxNameLength), time.Second)
+		require.NotErrorIs(t, err, fencelock.ErrInvalidArgument, "a name of exactly MaxNameLength bytes is valid")
+	})
+
+	t.Run("TTL", func(t *testing.T) {
+		for _, ttl := range []time.Duration{0, -time.Second, fencelock.MinTTL - 1, fencelock.MaxTTL + 1, 1<<63 - 1} {
+			_, err := l.TryAcquire(ctx, "job", ttl)
+			requireArgError(t, err, "ttl")
+			_, err = l.Acquire(ctx, "job", ttl)
+			requireArgError(t, err, "ttl")
+		}
+	})
+
+	t.Run("HeartbeatNotShorterThanTTL", func(t *testing.T) {
+		lh, err := fencelock.NewLessor(pool, fencelock.WithHeartbeatInterval(time.Second))
+		require.NoError(t, err)
+		for _, ttl := range []time.Duration{time.Second, 500 * time.Millisecond, 1050 * time.Millisecond} {
+			_, err = lh.TryAcquire(ctx, "job", ttl) // 1050ms less the 105ms margin is < 1s
+			requireArgError(t, err, "WithHeartbeatInterval")
+		}
+		lm, err := fencelock.NewLessor(pool, fencelock.WithSafetyMargin(time.Second))
+		require.NoError(t, err)
+		_, err = lm.TryAcquire(ctx, "job", time.Second)
+		requireArgError(t, err, "WithSafetyMargin")
+	})
+
+	t.Run("Options", func(t *testing.T) {
+		for _, tc := range []struct {
+			arg string
+			opt fencelock.Option
+		}{
+			{"WithHolder", fencelock.WithHolder("")},
+			{"WithHolder", fencelock.WithHolder("a\x00b")},
+			{"WithHeartbeatInterval", fencelock.WithHeartbeatInterval(0)},
+			{"WithHeartbeatInterval", fencelock.WithHeartbeatInterval(-time.Second)},
+			{"WithSafetyMargin", fencelock.WithSafetyMargin(-1)},
+			{"WithBackoff", fencelock.WithBackoff(nil)},
+			{"WithLogger", fencelock.WithLogger((*slog.Logger)(nil))},
+			{"option", nil},
+		} {
+			_, err := fencelock.NewLessor(pool, tc.opt)
+			requireArgError(t, err, tc.arg)
+		}
+		_, err := fencelock.NewLessor(pool, fencelock.WithoutHeartbeat(), fencelock.WithHeartbeatInterval(time.Second))
+		requireArgError(t, err, "WithoutHeartbeat")
+		_, err = fencelock.NewLessor(nil)
+		requireArgError(t, err, "pool")
+		requireArgError(t, fencelock.Migrate(ctx, nil), "pool")
+	})
+
+	t.Run("Tokens", func(t *testing.T) {
+		for _, tok := range []fencelock.Token{0, -1, -1 << 63} {
+			requireArgError(t, fencelock.FenceTx(ctx, noSQLTx{t: t}, "r", tok), "token")
+			_, err := fencelock.UpdateFencedTx(ctx, noSQLTx{t: t}, pgx.Identifier{"t"}, "tok", tok, nil, []fencelock.Column{{Name: "id", Value: 1}})
+			requireArgError(t, err, "token")
+		}
+	})
+
+	t.Run("NilTxAndFn", func(t *testing.T) {
+		requireArgError(t, fencelock.FenceTx(ctx, nil, "r", 1), "tx")
+		_, err := fencelock.UpdateFencedTx(ctx, nil, pgx.Identifier{"t"}, "tok", 1, nil, []fencelock.Column{{Name: "id", Value: 1}})
+		requireArgError(t, err, "tx")
+		requireArgError(t, l.TryRunLocked(ctx, "job", nil), "fn")
+		requireArgError(t, l.RunLocked(ctx, "job", nil), "fn")
+	})
+
+	t.Run("Identifiers", func(t *testing.T) {
+		key := []fencelock.Column{{Name: "id", Value: 1}}
+		for _, tc := range []struct {
+			desc, arg string
+			table     pgx.Identifier
+			tokenCol  string
+			set, key  []fencelock.Column
+		}{
+			{"EmptyTable", "table", pgx.Identifier{}, "tok", nil, key},
+			{"ThreePartTable", "table", pgx.Identifier{"a", "b", "c"}, "tok", nil, key},
+			{"EmptyTablePart", "table", pgx.Identifier{"public", ""}, "tok", nil, key},
+			{"OverLongTable", "table", pgx.Identifier{strings.Repeat("t", 64)}, "tok", nil, key},
+			{"NULColumn", "tokenColumn", pgx.Identifier{"t"}, "to\x00k", nil, key},
+			{"InvalidUTF8Column", "column", pgx.Identifier{"t"}, "tok", []fencelock.Column{{Name: "\xff"}}, key},
+			{"NoKey", "key", pgx.Identifier{"t"}, "tok", nil, nil},
+			{"TokenColumnInSet", "column", pgx.Identifier{"t"}, "tok", []fencelock.Column{{Name: "tok"}}, key},
+		} {
+			t.Run(tc.desc, func(t *testing.T) {
+				_, err := fencelock.UpdateFencedTx(ctx, noSQLTx{t: t}, tc.table, tc.tokenCol, 1, tc.set, tc.key)
+				requireArgError(t, err, tc.arg)
+			})
+		}
+	})
+}
