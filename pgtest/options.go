@@ -1,0 +1,83 @@
+package pgtest
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+)
+
+// Option configures a server started by [Start] or [NewServer]. Options are validated when
+// they are applied: an invalid option makes Start return an error (and NewServer fail the
+// test) before anything is started.
+type Option func(*config)
+
+// config is what the options of one [Start] call build.
+type config struct {
+	settings []setting
+	errs     []error
+}
+
+// setting is one postgresql.conf parameter passed on the server's command line.
+type setting struct {
+	name, value string
+}
+
+// settingName matches a configuration parameter name, including the two-part names of
+// extension ("custom") parameters such as auto_explain.log_min_duration.
+var settingName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
+
+// managedSettings are the parameters pgtest sets itself to find and reach the server; changing
+// them would break the harness.
+var managedSettings = map[string]bool{
+	"listen_addresses":        true,
+	"port":                    true,
+	"unix_socket_directories": true,
+	"data_directory":          true,
+	"config_file":             true,
+	"hba_file":                true,
+	"ident_file":              true,
+}
+
+// WithSetting sets the postgresql.conf parameter name to value when the server starts, as
+// `postgres -c name=value` for a local server and the same flag on the container's command
+// line. Settings are applied after pgtest's defaults (fsync=off, full_page_writes=off,
+// max_connections=300, shared_buffers=64MB) and in the order given, so a later setting wins,
+// e.g. WithSetting("synchronous_commit", "off") or WithSetting("fsync", "on").
+//
+// The name must be a parameter name (letters, digits, underscores, at most one dot); the
+// value must not contain a NUL byte. The parameters pgtest manages itself (listen_addresses,
+// port, unix_socket_directories, data_directory, config_file, hba_file, ident_file) are
+// refused. A refused setting makes [Start] return an error.
+func WithSetting(name, value string) Option {
+	return func(c *config) {
+		switch {
+		case !settingName.MatchString(name):
+			c.errs = append(c.errs, fmt.Errorf("pgtest: WithSetting: invalid parameter name %q", name))
+		case managedSettings[strings.ToLower(name)]:
+			c.errs = append(c.errs, fmt.Errorf("pgtest: WithSetting: parameter %q is managed by pgtest", name))
+		case strings.ContainsRune(value, 0):
+			c.errs = append(c.errs, fmt.Errorf("pgtest: WithSetting: value of %q contains a NUL byte", name))
+		default:
+			c.settings = append(c.settings, setting{name: name, value: value})
+		}
+	}
+}
+
+// defaultSettings are passed to every server pgtest starts, before the caller's settings.
+// They trade durability against an OS crash (which a test never survives anyway) for speed;
+// a server process crash loses nothing, as WAL still reaches the kernel at commit.
+var defaultSettings = []setting{
+	{"fsync", "off"},
+	{"full_page_writes", "off"},
+	{"max_connections", "300"},
+	{"shared_buffers", "64MB"},
+}
+
+// commandFlags returns settings as postgres command-line flags: "-c", "name=value", ...
+func commandFlags(settings []setting) []string {
+	flags := make([]string, 0, 2*len(settings))
+	for _, s := range settings {
+		flags = append(flags, "-c", s.name+"="+s.value)
+	}
+	return flags
+}
