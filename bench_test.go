@@ -2,6 +2,7 @@ package fencelock_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -25,9 +26,16 @@ type benchEnv struct {
 	pool *pgxpool.Pool
 }
 
+// benchSetup starts a dedicated server. pgtest runs servers with fsync=off; set
+// FENCELOCK_BENCH_FSYNC=on to measure with WAL flushed to disk at every commit, as in
+// production, where the commit's flush weighs on the floor as much as on the operation.
 func benchSetup(b *testing.B) *benchEnv {
 	b.Helper()
-	srv := pgtest.NewServer(b)
+	var opts []pgtest.Option
+	if os.Getenv("FENCELOCK_BENCH_FSYNC") == "on" {
+		opts = append(opts, pgtest.WithSetting("fsync", "on"), pgtest.WithSetting("full_page_writes", "on"))
+	}
+	srv := pgtest.NewServer(b, opts...)
 	db := srv.NewDB(b)
 	ctx := context.Background()
 	if _, err := db.Pool.Exec(ctx, `CREATE TABLE bench (id int PRIMARY KEY, v bigint NOT NULL) WITH (fillfactor = 70);
@@ -167,4 +175,29 @@ func BenchmarkRunLocked(b *testing.B) {
 func BenchmarkSelectOneVsUpdate(b *testing.B) {
 	e := benchSetup(b)
 	ratio(b, e.update(1), e.selectOne)
+}
+
+// BenchmarkTryAcquireReleaseVsLeaseRowUpdate: the grant and release beside two one-row
+// UPDATEs of a fencelock.leases row (text key, the lease's own columns): the structural floor
+// of any lease table, which the int-keyed floor above does not carry.
+func BenchmarkTryAcquireReleaseVsLeaseRowUpdate(b *testing.B) {
+	e := benchSetup(b)
+	l, err := fencelock.NewLessor(e.pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+		VALUES ('floor', 'floor', now(), now())`); err != nil {
+		b.Fatal(err)
+	}
+	ratio(b, func() error {
+		lease, err := l.TryAcquire(e.ctx, "bench", time.Minute)
+		if err != nil {
+			return err
+		}
+		return lease.Release(e.ctx)
+	}, twice(func() error {
+		_, err := e.pool.Exec(e.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = $1`, "floor")
+		return err
+	}))
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
 
@@ -156,8 +155,7 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	lease, _, err := l.tryAcquire(ctx, name, lt)
-	return lease, err
+	return l.tryAcquire(ctx, name, lt)
 }
 
 // Acquire grants the lease name for ttl to this lessor, waiting while someone else holds it,
@@ -176,17 +174,18 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 		return nil, err
 	}
 	var lease *Lease
-	err = l.retry(ctx, "acquire lease "+strconv.Quote(name), func() (remaining time.Duration, err error) {
-		lease, remaining, err = l.tryAcquire(ctx, name, lt)
-		return remaining, err
+	err = l.retry(ctx, "acquire lease", name, func() (err error) {
+		lease, err = l.tryAcquire(ctx, name, lt)
+		return err
 	})
 	return lease, err
 }
 
 // retry calls attempt until it returns anything but ErrNotAcquired, or ctx ends (then it
-// returns ctx's cause, wrapped with what). Between attempts it waits the lessor's backoff, capped by the
-// holder's remaining TTL that attempt reported (0 when unknown) plus a little jitter.
-func (l *Lessor) retry(ctx context.Context, what string, attempt func() (time.Duration, error)) error {
+// returns ctx's cause, wrapped with what and name). Between attempts it waits the lessor's
+// backoff, capped by the current grant's remaining TTL on the database clock (one more
+// statement, on this path only) plus a little jitter.
+func (l *Lessor) retry(ctx context.Context, what, name string, attempt func() error) error {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -194,12 +193,14 @@ func (l *Lessor) retry(ctx context.Context, what string, attempt func() (time.Du
 		}
 	}()
 	for n := 0; ; n++ {
-		remaining, err := attempt()
+		err := attempt()
 		if !errors.Is(err, ErrNotAcquired) {
 			return err
 		}
 		wait := l.backoff(n)
-		if remaining > 0 && remaining < wait {
+		// An error here (or no row: the holder was a transaction) leaves remaining 0.
+		remainingUs, _ := l.q.LeaseRemaining(ctx, l.pool, name)
+		if remaining := time.Duration(remainingUs) * time.Microsecond; remaining > 0 && remaining < wait {
 			// The holder's grant expires before the backoff would end: come back just
 			// after, with a little jitter so waiters do not all arrive at once.
 			wait = remaining + l.backoff(0)/4
@@ -211,18 +212,17 @@ func (l *Lessor) retry(ctx context.Context, what string, attempt func() (time.Du
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s: %w", what, context.Cause(ctx))
+			return fmt.Errorf("%s %q: %w", what, name, context.Cause(ctx))
 		case <-timer.C:
 		}
 	}
 }
 
-// tryAcquire makes one attempt. It returns the lease, or ErrNotAcquired with the holder's
-// remaining TTL when known (0 otherwise), or another error.
-func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, time.Duration, error) {
+// tryAcquire makes one attempt: the lease, ErrNotAcquired, or another error.
+func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, error) {
 	exit, err := l.enter(ctx, name)
 	if err != nil {
-		return nil, 0, fmt.Errorf("acquire lease %q: %w", name, err)
+		return nil, fmt.Errorf("acquire lease %q: %w", name, err)
 	}
 	defer exit()
 	sent := time.Now()
@@ -234,17 +234,14 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), isLockNotAvailable(err):
-		// No row visible to our snapshot (a concurrent first grant) or the row is held in a
-		// transaction: someone else has it.
-		return nil, 0, ErrNotAcquired
+		// Held and unexpired, or the row is held by a transaction: someone else has it.
+		return nil, ErrNotAcquired
 	case err != nil:
-		return nil, 0, l.grantFailed(ctx, name, err)
-	case row.Token == 0:
-		return nil, time.Duration(row.RemainingUs) * time.Microsecond, ErrNotAcquired
+		return nil, l.grantFailed(ctx, name, err)
 	}
 	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
 	l.add(lease)
-	return lease, 0, nil
+	return lease, nil
 }
 
 // grantFailed handles a grant statement that returned err. A server error means the statement

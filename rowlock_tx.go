@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -35,8 +33,7 @@ func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	_, err := l.runLockedOnce(ctx, name, fn, true)
-	return err
+	return l.runLockedOnce(ctx, name, fn, true)
 }
 
 // RunLocked is [Lessor.TryRunLocked] that waits until the lease is free or ctx ends. While
@@ -50,7 +47,7 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	return l.retry(ctx, "run locked "+strconv.Quote(name), func() (time.Duration, error) {
+	return l.retry(ctx, "run locked", name, func() error {
 		return l.runLockedOnce(ctx, name, fn, false)
 	})
 }
@@ -65,12 +62,11 @@ func validateRunLocked(name string, fn TxFunc) error {
 	return nil
 }
 
-// runLockedOnce makes one attempt; on ErrNotAcquired it also returns the TTL holder's
-// remaining time when known.
-func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try bool) (time.Duration, error) {
+// runLockedOnce makes one attempt: fn's outcome, ErrNotAcquired, or another error.
+func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try bool) error {
 	tx, err := l.pool.Begin(ctx)
 	if err != nil {
-		return 0, wrapPg(fmt.Sprintf("run locked %q: begin", name), err)
+		return wrapPg(fmt.Sprintf("run locked %q: begin", name), err)
 	}
 	// After Commit this is a no-op. Without ctx's cancellation, so a cancelled ctx still rolls
 	// back (pgx closes the connection when even that fails).
@@ -82,17 +78,15 @@ func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try 
 	row, err := l.q.LeaseGrant(ctx, tx, p)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), try && isLockNotAvailable(err):
-		return 0, ErrNotAcquired
+		return ErrNotAcquired
 	case err != nil:
-		return 0, wrapPg(fmt.Sprintf("run locked %q", name), err)
-	case row.Token == 0:
-		return time.Duration(row.RemainingUs) * time.Microsecond, ErrNotAcquired
+		return wrapPg(fmt.Sprintf("run locked %q", name), err)
 	}
 	if err := fn(ctx, tx, Token(row.Token)); err != nil {
-		return 0, err
+		return err
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return 0, wrapPg(fmt.Sprintf("run locked %q: commit", name), err)
+		return wrapPg(fmt.Sprintf("run locked %q: commit", name), err)
 	}
-	return 0, nil
+	return nil
 }

@@ -20,7 +20,7 @@ CREATE TABLE fencelock.leases (
 -- The high-water mark of fencing tokens per protected resource. A fenced write advances it
 -- to its own token inside the writer's transaction, or is rejected as stale.
 CREATE TABLE fencelock.fences (
-    resource text   PRIMARY KEY,
+    resource text   COLLATE "C" PRIMARY KEY,
     token    bigint NOT NULL,
     CONSTRAINT fences_resource_length CHECK (octet_length(resource) BETWEEN 1 AND 1024),
     CONSTRAINT fences_token_positive CHECK (token > 0)

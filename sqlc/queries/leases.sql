@@ -1,43 +1,41 @@
 -- name: LeaseGrant :one
 -- Grants the lease named @name to @holder when its row is absent or expired on the database
--- clock, in one statement, and otherwise reports the current holder's remaining time.
+-- clock, in one statement; returns no row when someone else holds it.
 --
 -- Why it is safe:
 --  * ON CONFLICT DO UPDATE locks the existing row before it evaluates the WHERE, so two grants
 --    of one name are serialised by the row lock and the second sees the first's expires_at.
 --  * token = DEFAULT draws nextval() under that row lock, after every earlier grant of the name
 --    committed, so tokens for a name rise strictly in grant order (and never repeat: one
---    sequence serves all names).
+--    sequence serves all names). The INSERT path draws one too; a refused grant burns it, so
+--    tokens are increasing but not consecutive.
 --  * synchronous_commit is forced on for this transaction: with the server default off, a
 --    crash could lose the commit and the sequence's WAL and hand the same token out again.
 --  * lock_timeout (@lock_timeout, e.g. '10ms'; NULL keeps the session's) bounds the wait for a
---    row held FOR UPDATE by a transaction-scoped holder; the old value is put back once the row
---    is granted, so a caller's transaction keeps its own setting.
+--    row held by another transaction (a transaction-scoped holder, a guarded transaction). The
+--    previous value is stashed in fencelock.prev_lock_timeout and put back by RETURNING once
+--    the row is granted, so a caller's transaction keeps its own setting. (The FROM list is
+--    evaluated left to right, before the conflict check takes the row lock.)
 --  * @ttl_us is the TTL in microseconds; 0 (transaction-scoped grants) makes the row expire at
 --    transaction start, so it is free again as soon as the holding transaction ends.
--- A row comes back in both cases: granted rows carry token > 0, refusals token = 0 and the
--- holder's remaining TTL in microseconds (from the statement's snapshot).
-WITH cfg AS MATERIALIZED (
-    SELECT current_setting('lock_timeout') AS prev_lock_timeout,
-           set_config('synchronous_commit', 'on', true) AS sync_commit,
-           set_config('lock_timeout', coalesce(sqlc.narg(lock_timeout)::text, current_setting('lock_timeout')), true) AS lock_timeout
-), granted AS (
-    INSERT INTO fencelock.leases AS l (name, holder, acquired_at, expires_at)
-    SELECT sqlc.arg(name)::text, sqlc.arg(holder)::text, now(), now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-    FROM cfg
-    ON CONFLICT (name) DO UPDATE
-        SET holder = excluded.holder, token = DEFAULT,
-            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
-        WHERE l.expires_at <= clock_timestamp()
-    RETURNING l.token, l.expires_at
-)
-SELECT g.token::bigint AS token, g.expires_at::timestamptz AS expires_at, 0::bigint AS remaining_us,
-       set_config('lock_timeout', cfg.prev_lock_timeout, true) AS restored
-FROM granted g, cfg
-UNION ALL
-SELECT 0::bigint, l.expires_at, greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint), ''
-FROM fencelock.leases l
-WHERE l.name = sqlc.arg(name)::text AND NOT EXISTS (SELECT 1 FROM granted);
+INSERT INTO fencelock.leases AS l (name, holder, acquired_at, expires_at)
+SELECT sqlc.arg(name)::text, sqlc.arg(holder)::text, now(), now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+FROM (SELECT set_config('fencelock.prev_lock_timeout', current_setting('lock_timeout'), true),
+             set_config('lock_timeout', coalesce(sqlc.narg(lock_timeout)::text, current_setting('lock_timeout')), true),
+             set_config('synchronous_commit', 'on', true)) AS cfg
+ON CONFLICT (name) DO UPDATE
+    SET holder = excluded.holder, token = DEFAULT,
+        acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+    WHERE l.expires_at <= clock_timestamp()
+RETURNING l.token, l.expires_at,
+          set_config('lock_timeout', current_setting('fencelock.prev_lock_timeout'), true) AS restored;
+
+-- name: LeaseRemaining :one
+-- The current grant's remaining TTL on the database clock, in microseconds (0 when expired).
+-- Read only after a refused grant, to time the next attempt.
+SELECT greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint)::bigint AS remaining_us
+FROM fencelock.leases AS l
+WHERE l.name = sqlc.arg(name)::text;
 
 -- name: LeaseRenew :many
 -- Extends each of @holder's leases given as parallel arrays (@names, @tokens, @ttls_us in
