@@ -1,0 +1,71 @@
+package fencelock_test
+
+import (
+	"context"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// An application that runs goose itself keeps its own version table untouched: fencelock's
+// migrations keep theirs in fencelock.goose_db_version. Migrate is idempotent and safe to run
+// from several processes at once.
+func TestMigrateKeepsApplicationGooseTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Start from a database without fencelock's schema.
+	_, err := b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	require.NoError(t, err)
+
+	// The application's own goose migrations, in its default table public.goose_db_version.
+	appFS := fstest.MapFS{
+		"00001_orders.sql": {Data: []byte("-- +goose Up\nCREATE TABLE orders (id int PRIMARY KEY);\n-- +goose Down\nDROP TABLE orders;\n")},
+		"00002_items.sql":  {Data: []byte("-- +goose Up\nCREATE TABLE items (id int PRIMARY KEY);\n-- +goose Down\nDROP TABLE items;\n")},
+	}
+	db := stdlib.OpenDBFromPool(b.pool)
+	defer db.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, db, appFS, goose.WithLogger(goose.NopLogger()))
+	require.NoError(t, err)
+	_, err = p.Up(b.ctx)
+	require.NoError(t, err)
+	appVersions := func() [][]any {
+		rows, err := b.pool.Query(b.ctx, `SELECT version_id, is_applied FROM public.goose_db_version ORDER BY id`)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
+		require.NoError(t, err)
+		return got
+	}
+	before := appVersions()
+	require.Len(t, before, 3) // goose's version 0 row, then 1 and 2
+
+	// Several processes migrate at once; all succeed.
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- fencelock.Migrate(context.WithoutCancel(b.ctx), b.pool) }()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	require.NoError(t, fencelock.Migrate(b.ctx, b.pool)) // and again: nothing pending
+
+	require.Equal(t, before, appVersions())
+	var fencelockVersion int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(version_id) FROM fencelock.goose_db_version`).Scan(&fencelockVersion))
+	require.EqualValues(t, 1, fencelockVersion)
+	cur, err := p.GetDBVersion(b.ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, cur)
+
+	// The schema works.
+	l := newLessor(t, b.pool, "a")
+	lease, err := l.TryAcquire(b.ctx, "job", 10*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(b.ctx))
+}
