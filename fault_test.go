@@ -119,7 +119,7 @@ func TestTokensAfterServerCrash(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			srv := pgtest.NewServer(t, tc.settings...)
+			srv := pgtest.NewServer(t, append(tc.settings, pgtest.Crashable())...)
 			db := srv.NewDB(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()

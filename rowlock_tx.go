@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -62,27 +63,38 @@ func validateRunLocked(name string, fn TxFunc) error {
 	return nil
 }
 
-// runLockedOnce makes one attempt: fn's outcome, ErrNotAcquired, or another error.
+// runLockedOnce makes one attempt: fn's outcome, ErrNotAcquired, or another error. BEGIN and
+// the grant travel in one batch, so the grant costs no round trip of its own.
 func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try bool) error {
-	tx, err := l.pool.Begin(ctx)
-	if err != nil {
-		return wrapPg(fmt.Sprintf("run locked %q: begin", name), err)
+	var lockTimeout pgtype.Text
+	if try {
+		lockTimeout = pgtype.Text{String: tryLockTimeout, Valid: true}
 	}
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0, LockTimeout: lockTimeout})
+	br := l.pool.SendBatch(ctx, b)
+	tx := br.Tx()
 	// After Commit this is a no-op. Without ctx's cancellation, so a cancelled ctx still rolls
 	// back (pgx closes the connection when even that fails).
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	p := db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0}
-	if try {
-		p.LockTimeout = pgtype.Text{String: tryLockTimeout, Valid: true}
-	}
-	row, err := l.q.LeaseGrant(ctx, tx, p)
+	_, beginErr := br.Exec()
+	var token int64
+	var expiresAt time.Time
+	var restored string
+	grantErr := br.QueryRow().Scan(&token, &expiresAt, &restored)
+	closeErr := br.Close() // repeats the first error, if any
 	switch {
-	case errors.Is(err, pgx.ErrNoRows), try && isLockNotAvailable(err):
+	case beginErr != nil:
+		return wrapPg(fmt.Sprintf("run locked %q: begin", name), beginErr)
+	case errors.Is(grantErr, pgx.ErrNoRows), try && isLockNotAvailable(grantErr):
 		return ErrNotAcquired
-	case err != nil:
-		return wrapPg(fmt.Sprintf("run locked %q", name), err)
+	case grantErr != nil:
+		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
+	case closeErr != nil:
+		return wrapPg(fmt.Sprintf("run locked %q", name), closeErr)
 	}
-	if err := fn(ctx, tx, Token(row.Token)); err != nil {
+	if err := fn(ctx, tx, Token(token)); err != nil {
 		return err
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -13,8 +13,16 @@ type Option func(*config)
 
 // config is what the options of one [Start] call build.
 type config struct {
-	settings []setting
-	errs     []error
+	settings  []setting
+	crashable bool
+	errs      []error
+}
+
+// Crashable asks for a server that [Server.Crash] and [Server.Restart] work on: one run from
+// local server binaries, even where a Docker daemon answers. With FENCELOCK_TEST_SERVER=docker
+// it makes [Start] fail. Fault tests that crash the server pass it.
+func Crashable() Option {
+	return func(c *config) { c.crashable = true }
 }
 
 // setting is one postgresql.conf parameter passed on the server's command line.

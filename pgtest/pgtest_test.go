@@ -108,7 +108,7 @@ func TestServer_TerminateBackend(t *testing.T) {
 func TestServer_CrashRestart(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	srv := pgtest.NewServer(t)
+	srv := pgtest.NewServer(t, pgtest.Crashable())
 	require.True(t, srv.CanCrash(), "fault tests need a server from local binaries")
 	db := srv.NewDB(t)
 

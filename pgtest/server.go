@@ -101,7 +101,7 @@ type Server struct {
 //     127.0.0.1 and a free port. When run as root the server runs as user postgres (else
 //     nobody), since initdb and postgres refuse to run as root.
 //
-// FENCELOCK_TEST_SERVER=docker or =local forces one path. The caller must [Server.Close]
+// FENCELOCK_TEST_SERVER=docker or =local forces one path; [Crashable] forces local binaries. The caller must [Server.Close]
 // the server; a local server is also killed (SIGKILL) if the process that started it dies.
 // ctx bounds the start (an image pull included). Errors: invalid options, or every path's
 // error, joined.
@@ -123,12 +123,14 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 	}
 	settings := append(slices.Clone(defaultSettings), c.settings...)
 
-	switch mode := os.Getenv(EnvServer); mode {
-	case "local":
+	switch mode := os.Getenv(EnvServer); {
+	case mode == "local", c.crashable && mode == "":
 		return startLocal(ctx, settings)
-	case "docker":
+	case mode == "docker" && c.crashable:
+		return nil, fmt.Errorf("pgtest: a Crashable server needs local binaries, but %s=docker", EnvServer)
+	case mode == "docker":
 		return startContainer(ctx, settings)
-	case "":
+	case mode == "":
 	default:
 		return nil, fmt.Errorf("pgtest: %s=%q: want \"docker\", \"local\" or empty", EnvServer, mode)
 	}
