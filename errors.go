@@ -119,3 +119,75 @@ func isLockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
+
+// Advisory-lock errors.
+var (
+	// ErrLockLost matches every [*SessionLostError]: the session that held an advisory lock
+	// ended (backend terminated, server restarted, connection broken), so the lock is gone.
+	ErrLockLost = errors.New("fencelock: advisory lock lost")
+
+	// ErrUnlocked is what AdvisoryLock.Err reports after the holder unlocked it itself.
+	ErrUnlocked = errors.New("fencelock: advisory lock unlocked")
+
+	// ErrAlreadyHeld is returned when an [AdvisoryLocker] is asked for a lock it already holds
+	// or is acquiring: advisory locks stack in Postgres, and a silent second level would outlive
+	// the first Unlock. See also [*KeyCollisionError].
+	ErrAlreadyHeld = errors.New("fencelock: advisory lock already held by this locker")
+
+	// ErrTooManyLocks is returned when an [AdvisoryLocker] already holds its cap of session
+	// locks ([WithMaxHeld]); each holds a pooled connection and a slot of the server's lock
+	// table.
+	ErrTooManyLocks = errors.New("fencelock: advisory locker holds too many locks")
+
+	// ErrConnectionPooler matches every [*PoolerError]: a session lock needs a server session of
+	// its own, and a connection pooler (PgBouncer, RDS Proxy, ...) sits between the client and the
+	// server. Use the transaction-scoped locks (TryLockTx, LockTx) or leases instead.
+	ErrConnectionPooler = errors.New("fencelock: connection goes through a pooler; session advisory locks need a direct connection: use transaction locks (LockTx) or leases")
+)
+
+// SessionLostError reports that the session holding an advisory lock ended. It matches
+// [ErrLockLost] under [errors.Is] and unwraps to Cause (the probe's error, or
+// [ErrConnectionPooler] when the backend changed under the connection).
+type SessionLostError struct {
+	Key   AdvisoryKey
+	Name  string // "" for a lock taken by key
+	Cause error
+}
+
+func (e *SessionLostError) Error() string {
+	return fmt.Sprintf("fencelock: advisory lock %s lost: %v", describeLock(e.Name, e.Key), e.Cause)
+}
+
+// Is reports whether target is [ErrLockLost].
+func (e *SessionLostError) Is(target error) bool { return target == ErrLockLost }
+
+// Unwrap returns Cause.
+func (e *SessionLostError) Unwrap() error { return e.Cause }
+
+// KeyCollisionError reports that two different names map to the same advisory key within one
+// [AdvisoryLocker] (a weak [KeyHash], or a namespace clash). It matches [ErrAlreadyHeld].
+type KeyCollisionError struct {
+	Key        AdvisoryKey
+	Name, Held string // the name asked for, and the name holding the key
+}
+
+func (e *KeyCollisionError) Error() string {
+	return fmt.Sprintf("fencelock: advisory key collision: %q and %q (held) both map to %v", e.Name, e.Held, e.Key)
+}
+
+// Is reports whether target is [ErrAlreadyHeld].
+func (e *KeyCollisionError) Is(target error) bool { return target == ErrAlreadyHeld }
+
+// PoolerError reports a session lock refused because the backend pid the server reports
+// differs from the one the connection was given at startup: a pooler answers for the server.
+// It matches [ErrConnectionPooler].
+type PoolerError struct {
+	StartupPID, BackendPID uint32
+}
+
+func (e *PoolerError) Error() string {
+	return fmt.Sprintf("%v (connection reported pid %d at startup, the server session is pid %d)", ErrConnectionPooler, e.StartupPID, e.BackendPID)
+}
+
+// Is reports whether target is [ErrConnectionPooler].
+func (e *PoolerError) Is(target error) bool { return target == ErrConnectionPooler }

@@ -9,17 +9,56 @@ import (
 	"time"
 )
 
-// Option configures a [Lessor]. Options are validated by [NewLessor], which fails with an
-// [*ArgumentError] on a bad one.
+// Option configures a [Lessor] or an [AdvisoryLocker]. Options are validated by the
+// constructor, which fails with an [*ArgumentError] on a bad one, or on one that does not
+// apply to what it builds (each option's doc says which it applies to).
 type Option func(*config) error
 
 type config struct {
+	set map[string]bool // options applied, by name, for the applicability check
+
+	// Lessor
 	holder      string
 	heartbeat   time.Duration // 0: ttl/3
 	noHeartbeat bool
 	margin      time.Duration // -1: ttl/10
 	backoff     Backoff
-	logger      *slog.Logger
+
+	// AdvisoryLocker
+	namespace string
+	keyHash   KeyHash
+	watchdog  time.Duration
+	maxHeld   int
+	tokens    bool
+
+	// both
+	logger *slog.Logger
+}
+
+// Which options apply to which constructor.
+var (
+	lessorOnly   = []string{"WithHolder", "WithHeartbeatInterval", "WithoutHeartbeat", "WithSafetyMargin", "WithBackoff"}
+	advisoryOnly = []string{"WithNamespace", "WithKeyHash", "WithWatchdogInterval", "WithMaxHeld", "WithFencingTokens"}
+)
+
+// apply runs opts on a fresh config and refuses the options named in notFor, which do not
+// apply to what forWhat is building.
+func applyOptions(forWhat string, notFor []string, opts []Option) (config, error) {
+	c := config{margin: -1, set: map[string]bool{}}
+	for _, o := range opts {
+		if o == nil {
+			return config{}, argError("option", "must not be nil")
+		}
+		if err := o(&c); err != nil {
+			return config{}, err
+		}
+	}
+	for _, name := range notFor {
+		if c.set[name] {
+			return config{}, argError(name, "does not apply to %s", forWhat)
+		}
+	}
+	return c, nil
 }
 
 // WithHolder sets the holder id stored with every grant of the lessor: 1 to [MaxNameLength]
@@ -27,9 +66,11 @@ type config struct {
 // scoped to (name, holder, token), and a holder id shared by two processes lets each release
 // the other's grants after a cancelled acquire.
 //
-// Default: "<hostname>:<pid>:<16 random hex digits>".
+// Default: "<hostname>:<pid>:<16 random hex digits>".//
+// Applies to [NewLessor] only.
 func WithHolder(id string) Option {
 	return func(c *config) error {
+		c.set["WithHolder"] = true
 		if err := validateName("WithHolder", id); err != nil {
 			return err
 		}
@@ -42,9 +83,11 @@ func WithHolder(id string) Option {
 // acquire checks it against its TTL: it must be shorter than the TTL less the safety margin,
 // or the acquire fails with an [*ArgumentError] before any SQL runs.
 //
-// Default: a third of each lease's TTL.
+// Default: a third of each lease's TTL.//
+// Applies to [NewLessor] only.
 func WithHeartbeatInterval(d time.Duration) Option {
 	return func(c *config) error {
+		c.set["WithHeartbeatInterval"] = true
 		if d <= 0 {
 			return argError("WithHeartbeatInterval", "is %v; it must be > 0", d)
 		}
@@ -56,9 +99,11 @@ func WithHeartbeatInterval(d time.Duration) Option {
 // WithoutHeartbeat turns automatic renewal off: leases are renewed only by [Lease.Renew], and
 // their Done channel still closes when the trust window ends.
 //
-// Default: renewal on (see [WithHeartbeatInterval]).
+// Default: renewal on (see [WithHeartbeatInterval]).//
+// Applies to [NewLessor] only.
 func WithoutHeartbeat() Option {
 	return func(c *config) error {
+		c.set["WithoutHeartbeat"] = true
 		c.noHeartbeat = true
 		return nil
 	}
@@ -70,9 +115,11 @@ func WithoutHeartbeat() Option {
 // trust check and the write it guards. It must be >= 0; each acquire checks that it is shorter
 // than its TTL.
 //
-// Default: a tenth of each lease's TTL.
+// Default: a tenth of each lease's TTL.//
+// Applies to [NewLessor] only.
 func WithSafetyMargin(d time.Duration) Option {
 	return func(c *config) error {
+		c.set["WithSafetyMargin"] = true
 		if d < 0 {
 			return argError("WithSafetyMargin", "is %v; it must be >= 0", d)
 		}
@@ -85,9 +132,11 @@ func WithSafetyMargin(d time.Duration) Option {
 // the lease is held by someone else. The wait is also capped by the current holder's remaining
 // TTL, so an expiring lease is retried when it expires. b must not be nil.
 //
-// Default: ExponentialBackoff(5*time.Millisecond, 250*time.Millisecond).
+// Default: ExponentialBackoff(5*time.Millisecond, 250*time.Millisecond).//
+// Applies to [NewLessor] only.
 func WithBackoff(b Backoff) Option {
 	return func(c *config) error {
+		c.set["WithBackoff"] = true
 		if b == nil {
 			return argError("WithBackoff", "must not be nil")
 		}
@@ -96,13 +145,14 @@ func WithBackoff(b Backoff) Option {
 	}
 }
 
-// WithLogger sets the logger for renewal failures (Warn) and lost leases (Error). Loss is also
-// always signalled through [Lease.Done] and [Lease.Err]; logging is never the only signal.
-// l must not be nil.
+// WithLogger sets the logger for renewal failures (Warn) and lost leases and locks (Error).
+// Loss is also always signalled through Done and Err; logging is never the only signal.
+// l must not be nil. Applies to [NewLessor] and [NewAdvisoryLocker].
 //
 // Default: a logger that discards everything.
 func WithLogger(l *slog.Logger) Option {
 	return func(c *config) error {
+		c.set["WithLogger"] = true
 		if l == nil {
 			return argError("WithLogger", "must not be nil")
 		}

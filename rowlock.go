@@ -70,14 +70,9 @@ func NewLessor(pool *pgxpool.Pool, opts ...Option) (*Lessor, error) {
 	if pool == nil {
 		return nil, argError("pool", "must not be nil")
 	}
-	cfg := config{margin: -1}
-	for _, o := range opts {
-		if o == nil {
-			return nil, argError("option", "must not be nil")
-		}
-		if err := o(&cfg); err != nil {
-			return nil, err
-		}
+	cfg, err := applyOptions("a Lessor", advisoryOnly, opts)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.noHeartbeat && cfg.heartbeat > 0 {
 		return nil, argError("WithoutHeartbeat", "conflicts with WithHeartbeatInterval")

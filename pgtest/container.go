@@ -92,7 +92,7 @@ func startContainer(ctx context.Context, settings []setting) (*Server, error) {
 	}
 	// The module's defaults: user postgres, password postgres, database postgres.
 	base := loopbackURL(host, int(port.Num()), url.UserPassword("postgres", "postgres"))
-	if err := waitAccepting(ctx, base.String(), time.Minute, nil); err != nil {
+	if err := waitAccepting(ctx, "postgres", base.String(), time.Minute, nil); err != nil {
 		return fail(err)
 	}
 	return &Server{kind: kindContainer, base: base, maintDB: "postgres", tplName: templateName, ctr: ctr}, nil

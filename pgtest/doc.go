@@ -39,11 +39,19 @@
 // FENCELOCK_TEST_SERVER=docker or =local forces one of the two (a fault test that crashes
 // its server needs local binaries, even on a machine with Docker).
 //
+// # Hot standby and PgBouncer
+//
+// [Server.NewStandby] (or [Server.StartStandby]) starts a streaming hot standby of a local
+// server, from a pg_basebackup of it; [Server.WaitReplay] waits until the standby has replayed
+// what the primary committed. [NewPgBouncer] (or [StartPgBouncer]) puts PgBouncer, in session,
+// transaction or statement pool mode, in front of a server; it needs the pgbouncer binary
+// (apt-get install pgbouncer) and fails the test without it.
+//
 // # Skipping
 //
-// With go test -short, NewDB and NewServer skip the test ("needs PostgreSQL"). Otherwise they
-// never skip: when no server can be had they fail the test, saying why, so that CI cannot
-// count an untested package as passing.
+// With go test -short, NewDB, NewServer, NewStandby and NewPgBouncer skip the test ("needs
+// PostgreSQL"). Otherwise they never skip: when no server (or no pgbouncer) can be had they
+// fail the test, saying why, so that CI cannot count an untested package as passing.
 //
 // # Requirements
 //

@@ -193,6 +193,10 @@ func acquirePristine(ctx context.Context, b binaries, cred *syscall.Credential) 
 			os.RemoveAll(dir)
 			return "", fmt.Errorf("pgtest: %s: %w\n%s", b.initdb, err, bytes.TrimSpace(out))
 		}
+		if err := allowReplication(filepath.Join(dir, "data", "pg_hba.conf")); err != nil {
+			os.RemoveAll(dir)
+			return "", err
+		}
 		pristine.dir = dir
 	}
 	pristine.refs++
@@ -235,8 +239,12 @@ type localServer struct {
 	cred    *syscall.Credential
 	dir     string // temp dir: data/ (PGDATA), log, and the Unix socket
 	logPath string
-	url     string // maintenance database URL, for readiness checks
-	args    []string
+	url     string   // maintenance database URL, for readiness checks
+	flags   []string // the settings' command-line flags ("-c", "name=value", ...)
+	args    []string // postgres's command line, flags included
+	// pristineRef is true when the server counts as a user of the pristine cluster (a copy of
+	// it), false for a standby (a base backup of its primary).
+	pristineRef bool
 
 	mu     sync.Mutex // guards run and closed
 	run    *run       // the current postmaster; nil when stopped
@@ -274,7 +282,7 @@ func startLocal(ctx context.Context, settings []setting) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &localServer{bins: b, cred: cred}
+	l := &localServer{bins: b, cred: cred, flags: commandFlags(settings), pristineRef: true}
 	fail := func(err error) (*Server, error) {
 		if l.dir != "" {
 			os.RemoveAll(l.dir)
@@ -291,33 +299,41 @@ func startLocal(ctx context.Context, settings []setting) (*Server, error) {
 	if out, err := command(ctx, cred, l.dir, "cp", "-a", pdata, data).CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("pgtest: copy cluster: %w\n%s", err, bytes.TrimSpace(out)))
 	}
-	l.logPath = filepath.Join(l.dir, "log")
+	base, err := l.startOnFreePort(ctx, data)
+	if err != nil {
+		return fail(err)
+	}
+	return &Server{kind: kindLocal, base: base, maintDB: "postgres", tplName: templateName, local: l}, nil
+}
 
-	var base *url.URL
+// startOnFreePort starts a postmaster on the data directory data (inside l.dir) on a free
+// port of 127.0.0.1 with l.flags, trying another port when one is taken between its choice
+// and the server's bind, and returns the URL of its postgres database. l.dir must exist.
+func (l *localServer) startOnFreePort(ctx context.Context, data string) (*url.URL, error) {
+	l.logPath = filepath.Join(l.dir, "log")
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
-			return fail(err)
+			return nil, err
 		}
-		base = loopbackURL("127.0.0.1", port, url.User("postgres"))
+		base := loopbackURL("127.0.0.1", port, url.User("postgres"))
 		l.url = base.String()
 		l.args = append([]string{
 			"-D", data,
 			"-c", "listen_addresses=127.0.0.1",
 			"-c", "port=" + strconv.Itoa(port),
 			"-c", "unix_socket_directories=" + l.dir,
-		}, commandFlags(settings)...)
+		}, l.flags...)
 		l.mu.Lock()
 		logStart, err := l.start(ctx)
 		l.mu.Unlock()
 		if err == nil {
-			break
+			return base, nil
 		}
 		if attempt == portAttempts || !isBindError(l.logSince(logStart)) {
-			return fail(err)
+			return nil, err
 		}
 	}
-	return &Server{kind: kindLocal, base: base, maintDB: "postgres", tplName: templateName, local: l}, nil
 }
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
@@ -348,23 +364,13 @@ func (l *localServer) start(ctx context.Context) (logStart int64, err error) {
 	// The postmaster outlives ctx, which only bounds the start.
 	cmd := command(context.Background(), l.cred, l.dir, l.bins.postgres, l.args...)
 	cmd.Stdout, cmd.Stderr = logf, logf // an *os.File goes to the child as is: no copying goroutine
-	// Pdeathsig fires when the forking thread ends. A caller's goroutine may be locked to a
-	// thread that ends with it; a new goroutine never is, and its thread lives as long as the
-	// process. This function waits for the goroutine, which owns nothing afterwards.
-	started := make(chan error, 1)
-	go func() { started <- cmd.Start() }()
-	err = <-started
+	r, err := startRun(cmd)
 	logf.Close()
 	if err != nil {
-		return logStart, fmt.Errorf("pgtest: start %s: %w", l.bins.postgres, err)
+		return logStart, err
 	}
-	r := &run{cmd: cmd, exited: make(chan struct{})}
-	go func() {
-		r.err = cmd.Wait()
-		close(r.exited)
-	}()
 	l.run = r
-	if err := waitAccepting(ctx, l.url, readyTimeout, r.exited); err != nil {
+	if err := waitAccepting(ctx, "postgres", l.url, readyTimeout, r.exited); err != nil {
 		if errors.Is(err, errExited) {
 			<-r.exited
 			err = fmt.Errorf("%w: %w", err, r.err)
@@ -374,6 +380,33 @@ func (l *localServer) start(ctx context.Context) (logStart int64, err error) {
 		return logStart, fmt.Errorf("%w\nserver log (%s):\n%s", err, l.logPath, l.logSince(logStart))
 	}
 	return logStart, nil
+}
+
+// startRun starts cmd and returns its run, whose goroutine waits for the process.
+func startRun(cmd *exec.Cmd) (*run, error) {
+	// Pdeathsig fires when the forking thread ends. A caller's goroutine may be locked to a
+	// thread that ends with it; a new goroutine never is, and its thread lives as long as the
+	// process. This function waits for the goroutine, which owns nothing afterwards.
+	started := make(chan error, 1)
+	go func() { started <- cmd.Start() }()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("pgtest: start %s: %w", cmd.Path, err)
+	}
+	r := &run{cmd: cmd, exited: make(chan struct{})}
+	go func() {
+		r.err = cmd.Wait()
+		close(r.exited)
+	}()
+	return r, nil
+}
+
+// kill sends SIGKILL to the process and waits until it has exited.
+func (r *run) kill() error {
+	if err := r.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("pgtest: kill %s: %w", filepath.Base(r.cmd.Path), err)
+	}
+	<-r.exited
+	return nil
 }
 
 // stop shuts the postmaster down immediately (SIGQUIT) and waits for it; after stopTimeout
@@ -454,14 +487,19 @@ func (l *localServer) close() error {
 	if err := os.RemoveAll(l.dir); err != nil {
 		errs = append(errs, fmt.Errorf("pgtest: remove server dir: %w", err))
 	}
-	errs = append(errs, releasePristine())
+	if l.pristineRef {
+		errs = append(errs, releasePristine())
+	}
 	return errors.Join(errs...)
 }
 
 // logSince returns the last lines of the server log written from offset on.
-func (l *localServer) logSince(offset int64) string {
+func (l *localServer) logSince(offset int64) string { return logTail(l.logPath, offset) }
+
+// logTail returns the last lines (at most 4 KiB) of the file at path written from offset on.
+func logTail(path string, offset int64) string {
 	const maxTail = 4 << 10
-	f, err := os.Open(l.logPath)
+	f, err := os.Open(path)
 	if err != nil {
 		return "(no log: " + err.Error() + ")"
 	}

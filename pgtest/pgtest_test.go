@@ -306,6 +306,8 @@ func TestServer_UnsupportedOnExisting(t *testing.T) {
 	require.False(t, db.Server.CanCrash())
 	require.ErrorIs(t, db.Server.Crash(testContext(t)), errors.ErrUnsupported)
 	require.ErrorIs(t, db.Server.Restart(testContext(t)), errors.ErrUnsupported)
+	_, err := db.Server.StartStandby(testContext(t))
+	require.ErrorIs(t, err, errors.ErrUnsupported)
 	require.NoError(t, db.Server.Close(), "Close leaves an existing server alone")
 	var one int
 	require.NoError(t, db.Pool.QueryRow(testContext(t), `SELECT 1`).Scan(&one))

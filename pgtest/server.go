@@ -80,6 +80,8 @@ type Server struct {
 
 	local *localServer                  // kindLocal only
 	ctr   *tcpostgres.PostgresContainer // kindContainer only
+	// primary is the server this one is a hot standby of (see StartStandby); nil otherwise.
+	primary *Server
 
 	tplMu    sync.Mutex // guards tplDone; held while the template is built
 	tplDone  bool
@@ -283,8 +285,12 @@ var dbCounter atomic.Uint64
 // cleanup. Safe for concurrent use (clones on one Server are serialised).
 //
 // Errors: connection and SQL errors, wrapped; for a role without CREATEDB, an error that
-// says so.
+// says so; on a hot standby ([Server.StartStandby]), an error saying to create the database
+// on the primary.
 func (s *Server) CreateDatabase(ctx context.Context) (name, url string, err error) {
+	if s.primary != nil {
+		return "", "", errors.New("pgtest: create database: this server is a read-only hot standby; create the database on its primary (then WaitReplay)")
+	}
 	if err := s.ensureTemplate(ctx); err != nil {
 		return "", "", err
 	}
@@ -418,13 +424,15 @@ func loopbackURL(host string, port int, user *url.Userinfo) *url.URL {
 	}
 }
 
-// errExited says the server process exited while pgtest waited for it to accept connections.
-var errExited = errors.New("pgtest: postgres exited while starting")
+// errExited says a child process (postgres, pgbouncer) exited while pgtest waited for it to
+// accept connections.
+var errExited = errors.New("exited while starting")
 
 // waitAccepting polls url until a connection succeeds (and closes it), backing off from 5 ms
 // to 100 ms between attempts. It gives up when ctx ends or timeout passes, returning the last
-// connection error too, or (errExited) when exited is closed; a nil exited never is.
-func waitAccepting(ctx context.Context, url string, timeout time.Duration, exited <-chan struct{}) error {
+// connection error too, or (errExited) when exited is closed; a nil exited never is. what
+// names the program listening at url in errors ("postgres", "pgbouncer").
+func waitAccepting(ctx context.Context, what, url string, timeout time.Duration, exited <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	delay := 5 * time.Millisecond
@@ -440,10 +448,10 @@ func waitAccepting(ctx context.Context, url string, timeout time.Duration, exite
 		select {
 		case <-exited:
 			timer.Stop()
-			return errExited
+			return fmt.Errorf("pgtest: %s %w", what, errExited)
 		case <-ctx.Done():
 			timer.Stop()
-			return fmt.Errorf("pgtest: postgres did not accept connections within %s: %w (last attempt: %w)", timeout, ctx.Err(), err)
+			return fmt.Errorf("pgtest: %s did not accept connections within %s: %w (last attempt: %w)", what, timeout, ctx.Err(), err)
 		case <-timer.C:
 		}
 		delay = min(2*delay, 100*time.Millisecond)

@@ -1,0 +1,427 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// LockMode is the mode of an advisory lock.
+type LockMode int
+
+const (
+	// Exclusive conflicts with every other holder of the key.
+	Exclusive LockMode = iota
+	// Shared conflicts only with Exclusive holders of the key.
+	Shared
+)
+
+func (m LockMode) String() string {
+	if m == Shared {
+		return "shared"
+	}
+	return "exclusive"
+}
+
+// closeTimeout bounds the cancel request and the close of a connection fencelock destroys
+// because it cannot tell what its session holds.
+const closeTimeout = 5 * time.Second
+
+// AdvisoryLocker takes Postgres advisory locks: session locks ([AdvisoryLocker.TryLock],
+// [AdvisoryLocker.Lock] and their shared and by-key variants), each held by a session of its
+// own on a connection taken from the pool, and transaction locks
+// ([AdvisoryLocker.TryLockTx], [AdvisoryLocker.LockTx]) held by the caller's transaction.
+//
+// Advisory locks are the cheapest locks Postgres has (no table, released by the server when
+// the session or transaction ends), good for efficiency: a job that runs once. A paused
+// holder still wakes up believing it holds one, so guard writes with fencing tokens
+// ([WithFencingTokens], [FenceTx]) where correctness depends on the lock.
+//
+// What it gets right:
+//   - a lock's connection never returns to the pool while it may still hold a lock: when the
+//     unlock cannot be confirmed, or an acquire fails in a way that leaves the grant in doubt
+//     (ctx ended mid-wait), the connection is closed instead (after a cancel request, so a
+//     grant racing the cancel is undone by the session's end);
+//   - a watchdog notices a lost session (backend terminated, server restart, broken
+//     connection) within twice [WithWatchdogInterval], and closes the lock's Done;
+//   - a hot standby is refused ([ErrReadOnly]): its locks exclude no one on the primary;
+//   - a connection pooler is detected and session locks refused ([ErrConnectionPooler]);
+//     transaction locks work behind PgBouncer's transaction pooling;
+//   - taking a lock the locker already holds is an error ([ErrAlreadyHeld]), never a silent
+//     second level; so is a name whose key collides with a held one ([*KeyCollisionError]);
+//   - a cap on held session locks ([WithMaxHeld], [ErrTooManyLocks]).
+//
+// Names map to int64 keys by [SHA256KeyHash] in the locker's namespace; the int64 and int32
+// pair forms are taken as they are with the *Key methods. A session holding a lock sets its
+// application_name to "fencelock <name>", so pg_stat_activity joined with pg_locks shows who
+// holds what.
+//
+// An AdvisoryLocker is safe for concurrent use. It needs no Close: with no session lock held
+// it owns no goroutine.
+type AdvisoryLocker struct {
+	pool      *pgxpool.Pool
+	q         *db.Queries
+	namespace string
+	hash      KeyHash
+	watchdog  time.Duration
+	maxHeld   int
+	tokens    bool
+	log       *slog.Logger
+
+	mu      sync.Mutex
+	held    map[AdvisoryKey]*heldEntry // held and being acquired session locks
+	running bool                       // the watchdog is live; it exits when held is empty
+	wake    chan struct{}              // cap 1
+}
+
+type heldEntry struct {
+	name string
+	lock *AdvisoryLock // nil while being acquired
+}
+
+// NewAdvisoryLocker returns a locker on pool, which must reach a primary directly (not through
+// a pooler, for session locks). Errors: an [*ArgumentError] for a nil pool or a bad option, or
+// one that applies to [NewLessor] only. No SQL runs.
+//
+// Defaults:
+//   - namespace: [DefaultNamespace] ([WithNamespace])
+//   - key hash: [SHA256KeyHash] ([WithKeyHash])
+//   - watchdog interval: [DefaultWatchdogInterval] ([WithWatchdogInterval])
+//   - cap on held session locks: [DefaultMaxHeld], or the pool's MaxConns - 1 if that is
+//     smaller (at least 1) ([WithMaxHeld])
+//   - fencing tokens: off ([WithFencingTokens])
+//   - logger: discards ([WithLogger])
+func NewAdvisoryLocker(pool *pgxpool.Pool, opts ...Option) (*AdvisoryLocker, error) {
+	if pool == nil {
+		return nil, argError("pool", "must not be nil")
+	}
+	cfg, err := applyOptions("an AdvisoryLocker", lessorOnly, opts)
+	if err != nil {
+		return nil, err
+	}
+	a := &AdvisoryLocker{
+		pool:      pool,
+		q:         db.New(),
+		namespace: cfg.namespace,
+		hash:      cfg.keyHash,
+		watchdog:  cfg.watchdog,
+		maxHeld:   cfg.maxHeld,
+		tokens:    cfg.tokens,
+		log:       cfg.logger,
+		held:      make(map[AdvisoryKey]*heldEntry),
+		wake:      make(chan struct{}, 1),
+	}
+	if a.namespace == "" {
+		a.namespace = DefaultNamespace
+	}
+	if a.hash == nil {
+		a.hash = SHA256KeyHash
+	}
+	if a.watchdog == 0 {
+		a.watchdog = DefaultWatchdogInterval
+	}
+	if a.maxHeld == 0 {
+		// Every session lock holds a pooled connection: leave at least one to the rest of the
+		// application.
+		a.maxHeld = max(1, min(DefaultMaxHeld, int(pool.Config().MaxConns)-1))
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	return a, nil
+}
+
+// Key returns the advisory key that name maps to in this locker's namespace. Errors: an
+// [*ArgumentError] for a name that is empty, longer than [MaxNameLength] bytes, not UTF-8, or
+// contains NUL.
+func (a *AdvisoryLocker) Key(name string) (AdvisoryKey, error) {
+	if err := validateName("name", name); err != nil {
+		return AdvisoryKey{}, err
+	}
+	return Int64Key(a.hash(a.namespace, name)), nil
+}
+
+// TryLock takes the exclusive session lock of name if it is free, in one statement, on a
+// connection of its own. Errors: [ErrNotAcquired] if it is held; an [*ArgumentError] (no SQL
+// runs); [ErrAlreadyHeld] or a [*KeyCollisionError] if this locker holds the key;
+// [ErrTooManyLocks]; an error wrapping [ErrReadOnly] on a hot standby; a [*PoolerError]
+// behind a pooler; otherwise pgx's error, wrapped.
+func (a *AdvisoryLocker) TryLock(ctx context.Context, name string) (*AdvisoryLock, error) {
+	return a.lockName(ctx, name, Exclusive, false)
+}
+
+// Lock takes the exclusive session lock of name, waiting on the server, in its queue (first
+// come, first served among conflicting requests), until granted or ctx ends. If ctx ends
+// first it returns ctx's error (wrapped) and holds nothing: the connection is closed after a
+// cancel request, so a grant that raced the cancellation ends with the session. Other errors
+// as for [AdvisoryLocker.TryLock], never [ErrNotAcquired].
+func (a *AdvisoryLocker) Lock(ctx context.Context, name string) (*AdvisoryLock, error) {
+	return a.lockName(ctx, name, Exclusive, true)
+}
+
+// TryLockShared is [AdvisoryLocker.TryLock] in [Shared] mode: it coexists with other shared
+// holders and excludes exclusive ones.
+func (a *AdvisoryLocker) TryLockShared(ctx context.Context, name string) (*AdvisoryLock, error) {
+	return a.lockName(ctx, name, Shared, false)
+}
+
+// LockShared is [AdvisoryLocker.Lock] in [Shared] mode.
+func (a *AdvisoryLocker) LockShared(ctx context.Context, name string) (*AdvisoryLock, error) {
+	return a.lockName(ctx, name, Shared, true)
+}
+
+// TryLockKey is [AdvisoryLocker.TryLock] for an explicit key (which no name maps from here),
+// in mode.
+func (a *AdvisoryLocker) TryLockKey(ctx context.Context, key AdvisoryKey, mode LockMode) (*AdvisoryLock, error) {
+	return a.lock(ctx, "", key, mode, false)
+}
+
+// LockKey is [AdvisoryLocker.Lock] for an explicit key, in mode.
+func (a *AdvisoryLocker) LockKey(ctx context.Context, key AdvisoryKey, mode LockMode) (*AdvisoryLock, error) {
+	return a.lock(ctx, "", key, mode, true)
+}
+
+func (a *AdvisoryLocker) lockName(ctx context.Context, name string, mode LockMode, wait bool) (*AdvisoryLock, error) {
+	key, err := a.Key(name)
+	if err != nil {
+		return nil, err
+	}
+	return a.lock(ctx, name, key, mode, wait)
+}
+
+func (a *AdvisoryLocker) lock(ctx context.Context, name string, key AdvisoryKey, mode LockMode, wait bool) (*AdvisoryLock, error) {
+	if mode != Exclusive && mode != Shared {
+		return nil, argError("mode", "is %d; want Exclusive or Shared", int(mode))
+	}
+	if err := a.reserve(name, key); err != nil {
+		return nil, err
+	}
+	lk, err := a.acquire(ctx, name, key, mode, wait)
+	if err != nil {
+		a.mu.Lock()
+		delete(a.held, key)
+		a.mu.Unlock()
+		return nil, err
+	}
+	a.register(lk)
+	return lk, nil
+}
+
+// reserve claims key for an acquire by this locker, or says why it cannot.
+func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if e, ok := a.held[key]; ok {
+		if e.name != name {
+			return &KeyCollisionError{Key: key, Name: name, Held: e.name}
+		}
+		return fmt.Errorf("lock %s: %w", describeLock(name, key), ErrAlreadyHeld)
+	}
+	if len(a.held) >= a.maxHeld {
+		return fmt.Errorf("lock %s: %w (cap %d, see WithMaxHeld)", describeLock(name, key), ErrTooManyLocks, a.maxHeld)
+	}
+	a.held[key] = &heldEntry{name: name}
+	return nil
+}
+
+// acquire takes the lock on a connection of its own and checks the session is one a session
+// lock can be trusted on.
+func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryKey, mode LockMode, wait bool) (*AdvisoryLock, error) {
+	what := fmt.Sprintf("lock %s", describeLock(name, key))
+	conn, err := a.pool.Acquire(ctx)
+	if err != nil {
+		return nil, wrapPg(what, err)
+	}
+	p := db.AdvisoryTryLockParams{
+		AppName: applicationName(name, key),
+		Tokens:  a.tokens,
+		Pair:    key.pair, K1: key.k1, K2: key.k2, Key: key.key,
+		Shared: mode == Shared,
+	}
+	var row db.AdvisoryTryLockRow
+	if wait {
+		var r db.AdvisoryLockRow
+		r, err = a.q.AdvisoryLock(ctx, conn, db.AdvisoryLockParams(p))
+		row = db.AdvisoryTryLockRow(r)
+	} else {
+		row, err = a.q.AdvisoryTryLock(ctx, conn, p)
+	}
+	if err != nil {
+		// A failed try holds nothing; a failed wait may have been granted as ctx ended.
+		destroySession(ctx, conn, wait)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%s: %w", what, context.Cause(ctx))
+		}
+		return nil, wrapPg(what, err)
+	}
+	startupPID := conn.Conn().PgConn().PID()
+	switch {
+	case row.InRecovery:
+		discard(ctx, conn, row.Granted)
+		return nil, fmt.Errorf("%s: %w", what, ErrReadOnly)
+	case uint32(row.BackendPid) != startupPID:
+		discard(ctx, conn, row.Granted)
+		return nil, fmt.Errorf("%s: %w", what, &PoolerError{StartupPID: startupPID, BackendPID: uint32(row.BackendPid)})
+	case !row.Granted:
+		conn.Release() // nothing taken, application_name untouched
+		return nil, ErrNotAcquired
+	}
+	return &AdvisoryLock{
+		locker:  a,
+		name:    name,
+		key:     key,
+		mode:    mode,
+		token:   Token(row.Token),
+		conn:    conn,
+		pid:     uint32(row.BackendPid),
+		prevApp: row.PrevApplicationName,
+		done:    make(chan struct{}),
+	}, nil
+}
+
+// discard gets rid of conn after a refused grant: closed if the lock was granted, pooled if
+// not (nothing was taken).
+func discard(ctx context.Context, conn *pgxpool.Conn, granted bool) {
+	if granted {
+		destroySession(ctx, conn, false)
+		return
+	}
+	conn.Release()
+}
+
+// destroySession closes conn instead of returning it to the pool, because its session may hold
+// a lock. With cancel, it first asks the server to cancel whatever the session runs (a lock
+// wait), so the session ends promptly rather than when it next writes to the closed socket.
+func destroySession(ctx context.Context, conn *pgxpool.Conn, cancel bool) {
+	c := conn.Hijack()
+	cctx, stop := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer stop()
+	if cancel {
+		_ = c.PgConn().CancelRequest(cctx) // best effort: closing ends the session anyway
+	}
+	_ = c.Close(cctx)
+}
+
+// AdvisoryLock is a session advisory lock held on a connection of its own. It is safe for
+// concurrent use.
+type AdvisoryLock struct {
+	locker  *AdvisoryLocker
+	name    string
+	key     AdvisoryKey
+	mode    LockMode
+	token   Token
+	pid     uint32
+	prevApp string
+	done    chan struct{}
+
+	connMu sync.Mutex    // serialises use of conn: the watchdog's probe, Unlock
+	conn   *pgxpool.Conn // nil once unlocked or lost
+
+	mu  sync.Mutex
+	err error
+}
+
+// Name returns the lock's name, or "" for a lock taken by key.
+func (lk *AdvisoryLock) Name() string { return lk.name }
+
+// Key returns the advisory key held.
+func (lk *AdvisoryLock) Key() AdvisoryKey { return lk.key }
+
+// Mode returns [Exclusive] or [Shared].
+func (lk *AdvisoryLock) Mode() LockMode { return lk.mode }
+
+// Token returns the grant's fencing token (an int64 > 0) when the locker was built with
+// [WithFencingTokens], else 0.
+func (lk *AdvisoryLock) Token() Token { return lk.token }
+
+// BackendPID returns the pid of the server session that holds the lock (pg_locks.pid).
+func (lk *AdvisoryLock) BackendPID() uint32 { return lk.pid }
+
+// Done returns a channel closed when the lock ends: unlocked, or its session lost.
+func (lk *AdvisoryLock) Done() <-chan struct{} { return lk.done }
+
+// Err returns nil while the lock is held; after Done has closed, [ErrUnlocked] or a
+// [*SessionLostError] (matching [ErrLockLost]).
+func (lk *AdvisoryLock) Err() error {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	return lk.err
+}
+
+func (lk *AdvisoryLock) finish(err error) bool {
+	lk.mu.Lock()
+	defer lk.mu.Unlock()
+	if lk.err != nil {
+		return false
+	}
+	lk.err = err
+	close(lk.done)
+	return true
+}
+
+// takeConn removes and returns the lock's connection, or nil if it is gone already.
+func (lk *AdvisoryLock) takeConn() *pgxpool.Conn {
+	lk.connMu.Lock()
+	defer lk.connMu.Unlock()
+	c := lk.conn
+	lk.conn = nil
+	return c
+}
+
+// Unlock releases the lock and puts the connection back in the pool, in one statement. When
+// the release cannot be confirmed (the statement failed, or the session did not hold the lock)
+// the connection is closed instead, which ends the session and any lock it held. Done closes
+// either way.
+//
+// Errors: an error wrapping [ErrNotHeld] if the lock had already ended (Err says why) or the
+// session no longer held it; otherwise pgx's error, wrapped (the session was closed, so
+// nothing is held).
+func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
+	what := fmt.Sprintf("unlock %s", describeLock(lk.name, lk.key))
+	lk.connMu.Lock()
+	conn := lk.conn
+	lk.conn = nil
+	if conn == nil {
+		lk.connMu.Unlock()
+		return fmt.Errorf("%s: %w: %w", what, ErrNotHeld, lk.Err())
+	}
+	row, err := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
+		Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
+		Shared:              lk.mode == Shared,
+		PrevApplicationName: lk.prevApp,
+	})
+	switch {
+	case err != nil:
+		destroySession(ctx, conn, false)
+		err = wrapPg(what, err)
+	case !row.Released:
+		destroySession(ctx, conn, false)
+		err = fmt.Errorf("%s: %w: the session did not hold it; connection closed", what, ErrNotHeld)
+	default:
+		conn.Release()
+	}
+	lk.connMu.Unlock()
+	lk.locker.unregister(lk)
+	lk.finish(ErrUnlocked)
+	return err
+}
+
+// lost ends a lock whose session failed the watchdog's probe.
+func (lk *AdvisoryLock) lost(cause error) {
+	if conn := lk.takeConn(); conn != nil {
+		destroySession(context.Background(), conn, false)
+	}
+	lk.locker.unregister(lk)
+	if lk.finish(&SessionLostError{Key: lk.key, Name: lk.name, Cause: cause}) {
+		lk.locker.log.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
+	}
+}
+
+var errPIDChanged = errors.New("the connection now reaches another backend")

@@ -1,0 +1,96 @@
+-- name: AdvisoryTryLock :one
+-- Tries to take a session advisory lock, exclusive or @shared, in one statement. The key is one
+-- bigint (@key, @pair false) or two integers (@k1, @k2, @pair true): Postgres keeps the two
+-- forms in separate key spaces; CASE evaluates only the branch it picks. It reports
+-- what the caller must check before trusting it: whether the server is in recovery (a lock
+-- taken on a hot standby excludes no one on the primary) and the backend pid (a pid other than
+-- the one the connection reported at startup means a pooler sits between: the next statement
+-- may run in another session). When granted it also names the lock in application_name, so
+-- pg_stat_activity joined with pg_locks shows who holds what, and returns the previous
+-- application_name to put back on unlock. With @tokens it draws a fencing token from the lease
+-- sequence after the grant, and forces an xid and synchronous_commit so the token is durable
+-- before the result returns.
+SELECT g.granted::boolean AS granted,
+       pg_is_in_recovery() AS in_recovery,
+       pg_backend_pid() AS backend_pid,
+       current_setting('application_name') AS prev_application_name,
+       CASE WHEN g.granted THEN set_config('application_name', sqlc.arg(app_name)::text, false) ELSE '' END AS application_name,
+       (CASE WHEN g.granted AND sqlc.arg(tokens)::boolean THEN
+           (SELECT nextval('fencelock.leases_token_seq')
+            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+        ELSE 0 END)::bigint AS token
+FROM (SELECT CASE
+          WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_try_advisory_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
+          WHEN sqlc.arg(pair)::boolean THEN pg_try_advisory_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
+          WHEN sqlc.arg(shared)::boolean THEN pg_try_advisory_lock_shared(sqlc.arg(key)::bigint)
+          ELSE pg_try_advisory_lock(sqlc.arg(key)::bigint)
+      END AS granted) AS g;
+
+-- name: AdvisoryLock :one
+-- As AdvisoryTryLock, but waits in the server's lock queue (FIFO among conflicting requests)
+-- until granted or cancelled; granted is then always true.
+SELECT true AS granted,
+       pg_is_in_recovery() AS in_recovery,
+       pg_backend_pid() AS backend_pid,
+       current_setting('application_name') AS prev_application_name,
+       set_config('application_name', sqlc.arg(app_name)::text, false) AS application_name,
+       (CASE WHEN sqlc.arg(tokens)::boolean THEN
+           (SELECT nextval('fencelock.leases_token_seq')
+            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+        ELSE 0 END)::bigint AS token
+FROM (SELECT CASE
+          WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
+          WHEN sqlc.arg(pair)::boolean THEN pg_advisory_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
+          WHEN sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(key)::bigint)::text
+          ELSE pg_advisory_lock(sqlc.arg(key)::bigint)::text
+      END AS waited) AS g;
+
+-- name: AdvisoryUnlock :one
+-- Releases one session advisory lock and puts application_name back. released is false when
+-- this session did not hold the lock: the caller must then close the connection rather than
+-- pool it, since it cannot know what the session holds.
+SELECT CASE
+           WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_unlock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
+           WHEN sqlc.arg(pair)::boolean THEN pg_advisory_unlock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
+           WHEN sqlc.arg(shared)::boolean THEN pg_advisory_unlock_shared(sqlc.arg(key)::bigint)
+           ELSE pg_advisory_unlock(sqlc.arg(key)::bigint)
+       END::boolean AS released,
+       set_config('application_name', sqlc.arg(prev_application_name)::text, false) AS application_name;
+
+-- name: AdvisorySessionCheck :one
+-- The watchdog's probe of a held lock's session: it fails when the session is gone (backend
+-- terminated, server restarted, connection broken), and returns the backend pid, which must
+-- still be the one that took the lock. A live session keeps its session locks: only the
+-- session itself can release them, and the lock's connection is used by nothing else.
+SELECT pg_backend_pid() AS backend_pid;
+
+-- name: AdvisoryTryLockTx :one
+-- Tries to take a transaction advisory lock inside the caller's transaction, released at its
+-- end. Reports recovery as AdvisoryTryLock does. With @tokens, as AdvisoryTryLock.
+SELECT g.granted::boolean AS granted,
+       pg_is_in_recovery() AS in_recovery,
+       (CASE WHEN g.granted AND sqlc.arg(tokens)::boolean THEN
+           (SELECT nextval('fencelock.leases_token_seq')
+            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+        ELSE 0 END)::bigint AS token
+FROM (SELECT CASE
+          WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_try_advisory_xact_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
+          WHEN sqlc.arg(pair)::boolean THEN pg_try_advisory_xact_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
+          WHEN sqlc.arg(shared)::boolean THEN pg_try_advisory_xact_lock_shared(sqlc.arg(key)::bigint)
+          ELSE pg_try_advisory_xact_lock(sqlc.arg(key)::bigint)
+      END AS granted) AS g;
+
+-- name: AdvisoryLockTx :one
+-- As AdvisoryTryLockTx, but waits in the server's lock queue until granted or cancelled.
+SELECT true AS granted,
+       pg_is_in_recovery() AS in_recovery,
+       (CASE WHEN sqlc.arg(tokens)::boolean THEN
+           (SELECT nextval('fencelock.leases_token_seq')
+            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+        ELSE 0 END)::bigint AS token
+FROM (SELECT CASE
+          WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_xact_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
+          WHEN sqlc.arg(pair)::boolean THEN pg_advisory_xact_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
+          WHEN sqlc.arg(shared)::boolean THEN pg_advisory_xact_lock_shared(sqlc.arg(key)::bigint)::text
+          ELSE pg_advisory_xact_lock(sqlc.arg(key)::bigint)::text
+      END AS waited) AS g;
