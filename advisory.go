@@ -239,10 +239,12 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	if err != nil {
 		return nil, wrapPg(what, err)
 	}
+	startupPID := conn.Conn().PgConn().PID()
 	p := db.AdvisoryTryLockParams{
-		AppName: applicationName(name, key),
-		Tokens:  a.tokens,
-		Pair:    key.pair, K1: key.k1, K2: key.k2, Key: key.key,
+		StartupPid: int32(startupPID),
+		AppName:    applicationName(name, key),
+		Tokens:     a.tokens,
+		Pair:       key.pair, K1: key.k1, K2: key.k2, Key: key.key,
 		Shared: mode == Shared,
 	}
 	var row db.AdvisoryTryLockRow
@@ -261,16 +263,17 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		}
 		return nil, wrapPg(what, err)
 	}
-	startupPID := conn.Conn().PgConn().PID()
+	// A refused session took nothing (the statement checks before it locks), so its
+	// connection goes back to the pool as it came.
 	switch {
 	case row.InRecovery:
-		discard(ctx, conn, row.Granted)
+		conn.Release()
 		return nil, fmt.Errorf("%s: %w", what, ErrReadOnly)
 	case uint32(row.BackendPid) != startupPID:
-		discard(ctx, conn, row.Granted)
+		conn.Release()
 		return nil, fmt.Errorf("%s: %w", what, &PoolerError{StartupPID: startupPID, BackendPID: uint32(row.BackendPid)})
 	case !row.Granted:
-		conn.Release() // nothing taken, application_name untouched
+		conn.Release()
 		return nil, ErrNotAcquired
 	}
 	return &AdvisoryLock{
@@ -284,16 +287,6 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		prevApp: row.PrevApplicationName,
 		done:    make(chan struct{}),
 	}, nil
-}
-
-// discard gets rid of conn after a refused grant: closed if the lock was granted, pooled if
-// not (nothing was taken).
-func discard(ctx context.Context, conn *pgxpool.Conn, granted bool) {
-	if granted {
-		destroySession(ctx, conn, false)
-		return
-	}
-	conn.Release()
 }
 
 // destroySession closes conn instead of returning it to the pool, because its session may hold

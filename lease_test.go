@@ -262,7 +262,7 @@ func TestAcquireCancelledLeavesNothing(t *testing.T) {
 	require.Equal(t, "holder", readLease(t, b.ctx, b.pool, "job").Holder)
 	require.NoError(t, lh.Release(b.ctx))
 
-	for i := range 40 {
+	for i := range 100 {
 		lh, err := holder.TryAcquire(b.ctx, "race", 20*time.Millisecond)
 		require.NoError(t, err, "round %d", i)
 		ctx, cancel := context.WithTimeout(b.ctx, time.Duration(15+rand.IntN(15))*time.Millisecond)

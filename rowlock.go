@@ -220,31 +220,42 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 		return nil, fmt.Errorf("acquire lease %q: %w", name, err)
 	}
 	defer exit()
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return nil, wrapPg(fmt.Sprintf("acquire lease %q", name), err)
+	}
+	pid := conn.Conn().PgConn().PID()
 	sent := time.Now()
-	row, err := l.q.LeaseGrant(ctx, l.pool, db.LeaseGrantParams{
+	row, err := l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{
 		LockTimeout: pgtype.Text{String: tryLockTimeout, Valid: true},
 		Name:        name,
 		Holder:      l.holder,
 		TtlUs:       lt.ttl.Microseconds(),
 	})
+	conn.Release()
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), isLockNotAvailable(err):
 		// Held and unexpired, or the row is held by a transaction: someone else has it.
 		return nil, ErrNotAcquired
 	case err != nil:
-		return nil, l.grantFailed(ctx, name, err)
+		return nil, l.grantFailed(ctx, name, pid, err)
 	}
 	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
 	l.add(lease)
 	return lease, nil
 }
 
-// grantFailed handles a grant statement that returned err. A server error means the statement
-// failed and granted nothing; an error before anything was sent granted nothing either. Any
-// other failure (ctx ended, connection broke) leaves the outcome unknown: the server may have
-// committed the grant just as the client gave up. Then the grant, if any, is ended before
-// returning, scoped to this holder and sparing the lessor's own current grant of the name.
-func (l *Lessor) grantFailed(ctx context.Context, name string, err error) error {
+// grantFailed handles a grant statement that returned err on the session of backend pid. A
+// server error means the statement failed and granted nothing; an error before anything was
+// sent granted nothing either. Any other failure (ctx ended, connection broke) leaves the
+// outcome unknown: the statement may still run, and commit, after the client gave up (it sits
+// in the server's socket buffer). So grantFailed first waits until that backend has exited
+// (pgx closes a connection whose statement it abandoned; the backend finishes the statement,
+// fails to send the result and exits), then ends the grant, if any, scoped to this holder and
+// sparing the lessor's own current grant of the name. Behind a pooler the pid is not the
+// backend's and the wait ends at once: the cleanup is then best effort, and a late grant
+// expires by its TTL.
+func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
 		return wrapPg(fmt.Sprintf("acquire lease %q", name), err)
@@ -259,13 +270,38 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, err error) error 
 	l.mu.Unlock()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, cerr := l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.holder, KeepToken: keep})
+	cerr := l.awaitBackendExit(cctx, pid)
+	if cerr == nil {
+		_, cerr = l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.holder, KeepToken: keep})
+	}
 	if cerr != nil {
 		l.log.Error("fencelock: could not end a grant of unknown outcome; it expires by its TTL",
 			"lease", name, "holder", l.holder, "error", cerr)
 		return fmt.Errorf("acquire lease %q: %w (ending the possible grant failed too, it expires by its TTL: %w)", name, err, cerr)
 	}
 	return fmt.Errorf("acquire lease %q: %w", name, err)
+}
+
+// backendAliveSQL is plain SQL, not sqlc's: sqlc's catalog has no pg_stat_activity.
+const backendAliveSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`
+
+// awaitBackendExit polls, every 2ms, until no backend with pid is left, or ctx ends. There
+// is no event to wait on: Postgres does not notify a backend's exit.
+func (l *Lessor) awaitBackendExit(ctx context.Context, pid uint32) error {
+	for {
+		var alive bool
+		if err := l.pool.QueryRow(ctx, backendAliveSQL, int32(pid)).Scan(&alive); err != nil {
+			return fmt.Errorf("await exit of backend %d: %w", pid, err)
+		}
+		if !alive {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("await exit of backend %d: %w", pid, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 // enter serialises this lessor's attempts on name; the returned func ends the turn.

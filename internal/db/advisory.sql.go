@@ -10,31 +10,33 @@ import (
 )
 
 const advisoryLock = `-- name: AdvisoryLock :one
-SELECT true AS granted,
+SELECT (g.waited IS NOT NULL)::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        pg_backend_pid() AS backend_pid,
        current_setting('application_name') AS prev_application_name,
-       set_config('application_name', $1::text, false) AS application_name,
-       (CASE WHEN $2::boolean THEN
+       CASE WHEN g.waited IS NOT NULL THEN set_config('application_name', $1::text, false) ELSE '' END::text AS application_name,
+       (CASE WHEN g.waited IS NOT NULL AND $2::boolean THEN
            (SELECT nextval('fencelock.leases_token_seq')
             FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
-          WHEN $3::boolean AND $4::boolean THEN pg_advisory_lock_shared($5::integer, $6::integer)::text
-          WHEN $3::boolean THEN pg_advisory_lock($5::integer, $6::integer)::text
-          WHEN $4::boolean THEN pg_advisory_lock_shared($7::bigint)::text
-          ELSE pg_advisory_lock($7::bigint)::text
+          WHEN pg_is_in_recovery() OR pg_backend_pid() <> $3::integer THEN NULL
+          WHEN $4::boolean AND $5::boolean THEN pg_advisory_lock_shared($6::integer, $7::integer)::text
+          WHEN $4::boolean THEN pg_advisory_lock($6::integer, $7::integer)::text
+          WHEN $5::boolean THEN pg_advisory_lock_shared($8::bigint)::text
+          ELSE pg_advisory_lock($8::bigint)::text
       END AS waited) AS g
 `
 
 type AdvisoryLockParams struct {
-	AppName string
-	Tokens  bool
-	Pair    bool
-	Shared  bool
-	K1      int32
-	K2      int32
-	Key     int64
+	AppName    string
+	Tokens     bool
+	StartupPid int32
+	Pair       bool
+	Shared     bool
+	K1         int32
+	K2         int32
+	Key        int64
 }
 
 type AdvisoryLockRow struct {
@@ -47,11 +49,13 @@ type AdvisoryLockRow struct {
 }
 
 // As AdvisoryTryLock, but waits in the server's lock queue (FIFO among conflicting requests)
-// until granted or cancelled; granted is then always true.
+// until granted or cancelled; granted is then true unless the session was refused.
+// (pg_advisory_lock returns void, which casts to the empty text, not NULL.)
 func (q *Queries) AdvisoryLock(ctx context.Context, db DBTX, arg AdvisoryLockParams) (AdvisoryLockRow, error) {
 	row := db.QueryRow(ctx, advisoryLock,
 		arg.AppName,
 		arg.Tokens,
+		arg.StartupPid,
 		arg.Pair,
 		arg.Shared,
 		arg.K1,
@@ -71,13 +75,14 @@ func (q *Queries) AdvisoryLock(ctx context.Context, db DBTX, arg AdvisoryLockPar
 }
 
 const advisoryLockTx = `-- name: AdvisoryLockTx :one
-SELECT true AS granted,
+SELECT (g.waited IS NOT NULL)::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
-       (CASE WHEN $1::boolean THEN
+       (CASE WHEN g.waited IS NOT NULL AND $1::boolean THEN
            (SELECT nextval('fencelock.leases_token_seq')
             FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
+          WHEN pg_is_in_recovery() THEN NULL
           WHEN $2::boolean AND $3::boolean THEN pg_advisory_xact_lock_shared($4::integer, $5::integer)::text
           WHEN $2::boolean THEN pg_advisory_xact_lock($4::integer, $5::integer)::text
           WHEN $3::boolean THEN pg_advisory_xact_lock_shared($6::bigint)::text
@@ -141,21 +146,23 @@ SELECT g.granted::boolean AS granted,
             FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
-          WHEN $3::boolean AND $4::boolean THEN pg_try_advisory_lock_shared($5::integer, $6::integer)
-          WHEN $3::boolean THEN pg_try_advisory_lock($5::integer, $6::integer)
-          WHEN $4::boolean THEN pg_try_advisory_lock_shared($7::bigint)
-          ELSE pg_try_advisory_lock($7::bigint)
+          WHEN pg_is_in_recovery() OR pg_backend_pid() <> $3::integer THEN false
+          WHEN $4::boolean AND $5::boolean THEN pg_try_advisory_lock_shared($6::integer, $7::integer)
+          WHEN $4::boolean THEN pg_try_advisory_lock($6::integer, $7::integer)
+          WHEN $5::boolean THEN pg_try_advisory_lock_shared($8::bigint)
+          ELSE pg_try_advisory_lock($8::bigint)
       END AS granted) AS g
 `
 
 type AdvisoryTryLockParams struct {
-	AppName string
-	Tokens  bool
-	Pair    bool
-	Shared  bool
-	K1      int32
-	K2      int32
-	Key     int64
+	AppName    string
+	Tokens     bool
+	StartupPid int32
+	Pair       bool
+	Shared     bool
+	K1         int32
+	K2         int32
+	Key        int64
 }
 
 type AdvisoryTryLockRow struct {
@@ -170,10 +177,11 @@ type AdvisoryTryLockRow struct {
 // Tries to take a session advisory lock, exclusive or @shared, in one statement. The key is one
 // bigint (@key, @pair false) or two integers (@k1, @k2, @pair true): Postgres keeps the two
 // forms in separate key spaces; CASE evaluates only the branch it picks. It reports
-// what the caller must check before trusting it: whether the server is in recovery (a lock
-// taken on a hot standby excludes no one on the primary) and the backend pid (a pid other than
-// the one the connection reported at startup means a pooler sits between: the next statement
-// may run in another session). When granted it also names the lock in application_name, so
+// why it took nothing when the session cannot be trusted with a session lock: the server is
+// in recovery (a lock taken on a hot standby excludes no one on the primary), or the backend
+// pid differs from @startup_pid, the one the connection reported at startup (a pooler sits
+// between: the next statement may run in another session, and closing the client connection
+// would not end the server session that holds the lock). Neither takes the lock. When granted it also names the lock in application_name, so
 // pg_stat_activity joined with pg_locks shows who holds what, and returns the previous
 // application_name to put back on unlock. With @tokens it draws a fencing token from the lease
 // sequence after the grant, and forces an xid and synchronous_commit so the token is durable
@@ -182,6 +190,7 @@ func (q *Queries) AdvisoryTryLock(ctx context.Context, db DBTX, arg AdvisoryTryL
 	row := db.QueryRow(ctx, advisoryTryLock,
 		arg.AppName,
 		arg.Tokens,
+		arg.StartupPid,
 		arg.Pair,
 		arg.Shared,
 		arg.K1,
@@ -208,6 +217,7 @@ SELECT g.granted::boolean AS granted,
             FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
+          WHEN pg_is_in_recovery() THEN false
           WHEN $2::boolean AND $3::boolean THEN pg_try_advisory_xact_lock_shared($4::integer, $5::integer)
           WHEN $2::boolean THEN pg_try_advisory_xact_lock($4::integer, $5::integer)
           WHEN $3::boolean THEN pg_try_advisory_xact_lock_shared($6::bigint)

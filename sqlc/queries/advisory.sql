@@ -2,10 +2,11 @@
 -- Tries to take a session advisory lock, exclusive or @shared, in one statement. The key is one
 -- bigint (@key, @pair false) or two integers (@k1, @k2, @pair true): Postgres keeps the two
 -- forms in separate key spaces; CASE evaluates only the branch it picks. It reports
--- what the caller must check before trusting it: whether the server is in recovery (a lock
--- taken on a hot standby excludes no one on the primary) and the backend pid (a pid other than
--- the one the connection reported at startup means a pooler sits between: the next statement
--- may run in another session). When granted it also names the lock in application_name, so
+-- why it took nothing when the session cannot be trusted with a session lock: the server is
+-- in recovery (a lock taken on a hot standby excludes no one on the primary), or the backend
+-- pid differs from @startup_pid, the one the connection reported at startup (a pooler sits
+-- between: the next statement may run in another session, and closing the client connection
+-- would not end the server session that holds the lock). Neither takes the lock. When granted it also names the lock in application_name, so
 -- pg_stat_activity joined with pg_locks shows who holds what, and returns the previous
 -- application_name to put back on unlock. With @tokens it draws a fencing token from the lease
 -- sequence after the grant, and forces an xid and synchronous_commit so the token is durable
@@ -20,6 +21,7 @@ SELECT g.granted::boolean AS granted,
             FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
+          WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN false
           WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_try_advisory_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
           WHEN sqlc.arg(pair)::boolean THEN pg_try_advisory_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
           WHEN sqlc.arg(shared)::boolean THEN pg_try_advisory_lock_shared(sqlc.arg(key)::bigint)
@@ -28,17 +30,19 @@ FROM (SELECT CASE
 
 -- name: AdvisoryLock :one
 -- As AdvisoryTryLock, but waits in the server's lock queue (FIFO among conflicting requests)
--- until granted or cancelled; granted is then always true.
-SELECT true AS granted,
+-- until granted or cancelled; granted is then true unless the session was refused.
+-- (pg_advisory_lock returns void, which casts to the empty text, not NULL.)
+SELECT (g.waited IS NOT NULL)::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        pg_backend_pid() AS backend_pid,
        current_setting('application_name') AS prev_application_name,
-       set_config('application_name', sqlc.arg(app_name)::text, false) AS application_name,
-       (CASE WHEN sqlc.arg(tokens)::boolean THEN
+       CASE WHEN g.waited IS NOT NULL THEN set_config('application_name', sqlc.arg(app_name)::text, false) ELSE '' END::text AS application_name,
+       (CASE WHEN g.waited IS NOT NULL AND sqlc.arg(tokens)::boolean THEN
            (SELECT nextval('fencelock.leases_token_seq')
             FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
+          WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN NULL
           WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
           WHEN sqlc.arg(pair)::boolean THEN pg_advisory_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
           WHEN sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(key)::bigint)::text
@@ -74,6 +78,7 @@ SELECT g.granted::boolean AS granted,
             FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
+          WHEN pg_is_in_recovery() THEN false
           WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_try_advisory_xact_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
           WHEN sqlc.arg(pair)::boolean THEN pg_try_advisory_xact_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
           WHEN sqlc.arg(shared)::boolean THEN pg_try_advisory_xact_lock_shared(sqlc.arg(key)::bigint)
@@ -82,13 +87,14 @@ FROM (SELECT CASE
 
 -- name: AdvisoryLockTx :one
 -- As AdvisoryTryLockTx, but waits in the server's lock queue until granted or cancelled.
-SELECT true AS granted,
+SELECT (g.waited IS NOT NULL)::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
-       (CASE WHEN sqlc.arg(tokens)::boolean THEN
+       (CASE WHEN g.waited IS NOT NULL AND sqlc.arg(tokens)::boolean THEN
            (SELECT nextval('fencelock.leases_token_seq')
             FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
+          WHEN pg_is_in_recovery() THEN NULL
           WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_xact_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
           WHEN sqlc.arg(pair)::boolean THEN pg_advisory_xact_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
           WHEN sqlc.arg(shared)::boolean THEN pg_advisory_xact_lock_shared(sqlc.arg(key)::bigint)::text

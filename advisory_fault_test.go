@@ -1,0 +1,293 @@
+package fencelock_test
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+const testWatchdog = 100 * time.Millisecond
+
+// The watchdog bound: Done closes at most two intervals after the session is lost. Waits get
+// a generous margin above it for a loaded 2-core machine.
+const watchdogBound = 2*testWatchdog + 2*time.Second
+
+// pg_terminate_backend on the holder: the lock is free for others at once, and the holder's
+// Done closes within the watchdog bound.
+func TestAdvisoryBackendTerminated(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := newLocker(t, b.pool, fencelock.WithWatchdogInterval(testWatchdog))
+	c := newLocker(t, b.pool)
+	lk, err := a.TryLock(b.ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, b.db.Server.TerminateBackend(b.ctx, lk.BackendPID()))
+	lc, err := c.TryLock(b.ctx, "job")
+	require.NoError(t, err, "the lock must be free as soon as its session is gone")
+	start := time.Now()
+	select {
+	case <-lk.Done():
+		t.Logf("Done closed %v after the lock was taken over", time.Since(start))
+	case <-time.After(watchdogBound):
+		t.Fatalf("Done not closed within %v", watchdogBound)
+	}
+	require.ErrorIs(t, lk.Err(), fencelock.ErrLockLost)
+	require.ErrorIs(t, lk.Unlock(b.ctx), fencelock.ErrNotHeld)
+	require.NoError(t, lc.Unlock(b.ctx))
+	// The locker can take the name again.
+	again, err := a.TryLock(b.ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, again.Unlock(b.ctx))
+}
+
+// Server crash and restart: Done closes within the watchdog bound; after the restart the lock
+// can be taken again.
+func TestAdvisoryServerCrash(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.NewServer(t, pgtest.Crashable())
+	db := srv.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	a := newLocker(t, db.Pool, fencelock.WithWatchdogInterval(testWatchdog))
+	lk, err := a.TryLock(ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, srv.Crash(ctx))
+	waitLockDone(t, lk, watchdogBound)
+	require.ErrorIs(t, lk.Err(), fencelock.ErrLockLost)
+	require.NoError(t, srv.Restart(ctx))
+	db.Pool.Reset()
+	again, err := a.TryLock(ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, again.Unlock(ctx))
+}
+
+func waitLockDone(t *testing.T, lk *fencelock.AdvisoryLock, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-lk.Done():
+	case <-time.After(limit):
+		t.Fatalf("Done not closed within %v", limit)
+	}
+}
+
+// ctx cancelled or timed out during a blocking Lock, 1,000 times with jitter, while the holder
+// keeps releasing and retaking the lock so that grants race cancellations: afterwards pg_locks
+// holds no stray lock and no goroutine is left.
+//
+// Not parallel: goleak must not see other tests' goroutines.
+func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
+	b := setup(t)
+	b.pool = bigPool(t, b)
+	ignore := goleak.IgnoreCurrent()
+	holder := newLocker(t, b.pool)
+	key := keyOf(t, holder, "contended")
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // the holder: take, hold briefly, release, repeat
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			lk, err := holder.Lock(b.ctx, "contended")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
+			if err := lk.Unlock(b.ctx); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+
+	const rounds, parallel = 1000, 4
+	var granted, cancelled sync.WaitGroup
+	var mu sync.Mutex
+	var nGranted, nCancelled int
+	next := make(chan int, rounds)
+	for i := range rounds {
+		next <- i
+	}
+	close(next)
+	for range parallel {
+		w := newLocker(t, b.pool)
+		granted.Go(func() {
+			for i := range next {
+				var ctx context.Context
+				var cancel context.CancelFunc
+				if i%2 == 0 {
+					ctx, cancel = context.WithTimeout(b.ctx, time.Duration(rand.IntN(3000))*time.Microsecond)
+				} else {
+					ctx, cancel = context.WithCancel(b.ctx)
+					time.AfterFunc(time.Duration(rand.IntN(3000))*time.Microsecond, cancel)
+				}
+				lk, err := w.Lock(ctx, "contended")
+				cancel()
+				mu.Lock()
+				if err == nil {
+					nGranted++
+				} else {
+					nCancelled++
+				}
+				mu.Unlock()
+				if err == nil {
+					if err := lk.Unlock(b.ctx); err != nil {
+						t.Error(err)
+					}
+				} else if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("round %d: %v", i, err)
+				}
+			}
+		})
+	}
+	granted.Wait()
+	cancelled.Wait()
+	close(stop)
+	wg.Wait()
+	t.Logf("%d rounds: %d granted, %d cancelled", rounds, nGranted, nCancelled)
+	require.Positive(t, nCancelled)
+
+	// Sessions closed after a cancel end on the server shortly after; then nothing is held.
+	require.Eventually(t, func() bool {
+		return len(advisoryHolders(t, b.ctx, b.pool, key, true))+len(advisoryHolders(t, b.ctx, b.pool, key, false)) == 0
+	}, 10*time.Second, 10*time.Millisecond, "stray advisory locks left in pg_locks")
+	goleak.VerifyNone(t, ignore)
+}
+
+// Unlock failure paths: the connection is destroyed, never pooled with a lock.
+func TestAdvisoryUnlockFailureDestroysConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := newLocker(t, b.pool)
+
+	sessionAlive := func(pid uint32) bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
+		return n == 1
+	}
+
+	// The session no longer holds the lock (released behind the locker's back): Unlock says so
+	// and closes the session rather than pooling a connection in an unknown state.
+	lk, err := a.TryLock(b.ctx, "job")
+	require.NoError(t, err)
+	require.NoError(t, lk.ExecOnSession(b.ctx, `SELECT pg_advisory_unlock_all()`))
+	require.ErrorIs(t, lk.Unlock(b.ctx), fencelock.ErrNotHeld)
+	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
+
+	// The unlock statement fails (ctx already cancelled): the session is closed, which releases
+	// the lock.
+	lk, err = a.TryLock(b.ctx, "job")
+	require.NoError(t, err)
+	cancelled, cancel := context.WithCancel(b.ctx)
+	cancel()
+	require.ErrorIs(t, lk.Unlock(cancelled), context.Canceled)
+	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
+	other, err := newLocker(t, b.pool).TryLock(b.ctx, "job")
+	require.NoError(t, err, "closing the session released the lock")
+	require.NoError(t, other.Unlock(b.ctx))
+
+	// A clean unlock pools the connection, and it holds nothing.
+	lk, err = a.TryLock(b.ctx, "other")
+	require.NoError(t, err)
+	require.NoError(t, lk.Unlock(b.ctx))
+	require.True(t, sessionAlive(lk.BackendPID()))
+	var held int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1`, lk.BackendPID()).Scan(&held))
+	require.Zero(t, held)
+}
+
+// A real PgBouncer in transaction mode: session locks are refused with the typed error;
+// transaction locks and leases work.
+func TestAdvisoryBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
+	cfg, err := pgxpool.ParseConfig(bouncer.URL(b.db.Name))
+	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // PgBouncer < 1.21: no named prepared statements
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	a := newLocker(t, pool, fencelock.WithFencingTokens())
+	_, err = a.TryLock(b.ctx, "job")
+	var pe *fencelock.PoolerError
+	require.ErrorAs(t, err, &pe)
+	require.ErrorIs(t, err, fencelock.ErrConnectionPooler)
+	require.Empty(t, advisoryHolders(t, b.ctx, b.pool, keyOf(t, a, "job"), true), "TryLock refused, yet holds")
+	_, err = a.Lock(b.ctx, "job")
+	require.ErrorIs(t, err, fencelock.ErrConnectionPooler)
+	// Nothing is left held on the server by the refused grants.
+	require.Empty(t, advisoryHolders(t, b.ctx, b.pool, keyOf(t, a, "job"), true), "Lock refused, yet holds")
+
+	var tok fencelock.Token
+	require.NoError(t, pgx.BeginFunc(b.ctx, pool, func(tx pgx.Tx) error {
+		var err error
+		if tok, err = a.TryLockTx(b.ctx, tx, "job"); err != nil {
+			return err
+		}
+		return fencelock.FenceTx(b.ctx, tx, "job", tok)
+	}))
+	require.Positive(t, tok)
+
+	l := newLessor(t, pool, "through-bouncer")
+	lease, err := l.TryAcquire(b.ctx, "lease", time.Second)
+	require.NoError(t, err)
+	require.NoError(t, lease.Renew(b.ctx))
+	require.NoError(t, pgx.BeginFunc(b.ctx, pool, func(tx pgx.Tx) error { return lease.GuardTx(b.ctx, tx) }))
+	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, l.RunLocked(b.ctx, "lease", func(ctx context.Context, tx pgx.Tx, token fencelock.Token) error {
+		return fencelock.FenceTx(ctx, tx, "lease", token)
+	}))
+}
+
+// A real hot standby (pg_basebackup -R): every lock is refused with the typed error.
+func TestRefusedOnHotStandby(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.NewServer(t, pgtest.Crashable())
+	primary := srv.NewDB(t)
+	standby := srv.NewStandby(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, srv.WaitReplay(ctx, standby))
+	pool, err := pgxpool.New(ctx, standby.URL(primary.Name))
+	require.NoError(t, err)
+	defer pool.Close()
+
+	a := newLocker(t, pool)
+	_, err = a.TryLock(ctx, "job")
+	require.ErrorIs(t, err, fencelock.ErrReadOnly)
+	_, err = a.Lock(ctx, "job")
+	require.ErrorIs(t, err, fencelock.ErrReadOnly)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := a.TryLockTx(ctx, tx, "job")
+		return err
+	})
+	require.ErrorIs(t, err, fencelock.ErrReadOnly)
+	var held int
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`).Scan(&held))
+	require.Zero(t, held, "a refused grant leaves nothing held on the standby")
+
+	l := newLessor(t, pool, "on-standby")
+	_, err = l.TryAcquire(ctx, "lease", time.Second)
+	require.ErrorIs(t, err, fencelock.ErrReadOnly)
+	err = l.TryRunLocked(ctx, "lease", func(context.Context, pgx.Tx, fencelock.Token) error { return nil })
+	require.ErrorIs(t, err, fencelock.ErrReadOnly)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fencelock.FenceTx(ctx, tx, "r", 1) })
+	require.ErrorIs(t, err, fencelock.ErrReadOnly)
+}
