@@ -98,13 +98,13 @@ func TestLease(t *testing.T) {
 		a := newLessor(t, b.pool, "a")
 		var leases []*fencelock.Lease
 		for i := range 200 {
-			l, err := a.TryAcquire(b.ctx, fmt.Sprintf("job:%d", i), 200*time.Millisecond)
+			l, err := a.TryAcquire(b.ctx, fmt.Sprintf("job:%d", i), time.Second)
 			require.NoError(t, err)
 			leases = append(leases, l)
 		}
 		// Past two TTLs every lease is still held: the batched heartbeat kept all 200.
 		var stillHeld int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_sleep(0.4)::text IS NOT NULL`).Scan(new(bool)))
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_sleep(2.2)::text IS NOT NULL`).Scan(new(bool)))
 		require.NoError(t, b.pool.QueryRow(b.ctx,
 			`SELECT count(*) FROM fencelock.leases WHERE holder = 'a' AND expires_at > clock_timestamp()`).Scan(&stillHeld))
 		require.Equal(t, 200, stillHeld)
