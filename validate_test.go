@@ -170,3 +170,70 @@ func TestBadInputIsRefusedBeforeSQL(t *testing.T) {
 		}
 	})
 }
+
+func TestAdvisoryBadInputIsRefusedBeforeSQL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := unreachablePool(t)
+	a, err := fencelock.NewAdvisoryLocker(pool)
+	require.NoError(t, err)
+
+	for _, tc := range []struct{ desc, name string }{
+		{"Empty", ""},
+		{"OverLong", strings.Repeat("n", fencelock.MaxNameLength+1)},
+		{"NUL", "re\x00port"},
+		{"InvalidUTF8", "re\xffport"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			_, err := a.TryLock(ctx, tc.name)
+			requireArgError(t, err, "name")
+			_, err = a.Lock(ctx, tc.name)
+			requireArgError(t, err, "name")
+			_, err = a.TryLockShared(ctx, tc.name)
+			requireArgError(t, err, "name")
+			_, err = a.LockShared(ctx, tc.name)
+			requireArgError(t, err, "name")
+			_, err = a.TryLockTx(ctx, noSQLTx{t: t}, tc.name)
+			requireArgError(t, err, "name")
+			_, err = a.LockSharedTx(ctx, noSQLTx{t: t}, tc.name)
+			requireArgError(t, err, "name")
+			_, err = a.Key(tc.name)
+			requireArgError(t, err, "name")
+		})
+	}
+	t.Run("NilTx", func(t *testing.T) {
+		_, err := a.TryLockTx(ctx, nil, "job")
+		requireArgError(t, err, "tx")
+		_, err = a.LockKeyTx(ctx, nil, fencelock.Int64Key(1), fencelock.Exclusive)
+		requireArgError(t, err, "tx")
+	})
+	t.Run("Mode", func(t *testing.T) {
+		_, err := a.TryLockKey(ctx, fencelock.Int64Key(1), fencelock.LockMode(7))
+		requireArgError(t, err, "mode")
+		_, err = a.TryLockKeyTx(ctx, noSQLTx{t: t}, fencelock.Int64Key(1), fencelock.LockMode(-1))
+		requireArgError(t, err, "mode")
+	})
+	t.Run("Options", func(t *testing.T) {
+		for _, tc := range []struct {
+			arg string
+			opt fencelock.Option
+		}{
+			{"WithNamespace", fencelock.WithNamespace("")},
+			{"WithNamespace", fencelock.WithNamespace("\xff")},
+			{"WithKeyHash", fencelock.WithKeyHash(nil)},
+			{"WithWatchdogInterval", fencelock.WithWatchdogInterval(time.Millisecond)},
+			{"WithMaxHeld", fencelock.WithMaxHeld(0)},
+			{"WithHolder", fencelock.WithHolder("a")},                               // a Lessor option
+			{"WithHeartbeatInterval", fencelock.WithHeartbeatInterval(time.Second)}, // a Lessor option
+		} {
+			_, err := fencelock.NewAdvisoryLocker(pool, tc.opt)
+			requireArgError(t, err, tc.arg)
+		}
+		_, err := fencelock.NewAdvisoryLocker(nil)
+		requireArgError(t, err, "pool")
+		_, err = fencelock.NewLessor(pool, fencelock.WithWatchdogInterval(time.Second))
+		requireArgError(t, err, "WithWatchdogInterval")
+		_, err = fencelock.NewLessor(pool, fencelock.WithFencingTokens())
+		requireArgError(t, err, "WithFencingTokens")
+	})
+}
