@@ -234,10 +234,10 @@ func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 // acquire takes the lock on a connection of its own and checks the session is one a session
 // lock can be trusted on.
 func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryKey, mode LockMode, wait bool) (*AdvisoryLock, error) {
-	what := fmt.Sprintf("lock %s", describeLock(name, key))
+	what := func() string { return "lock " + describeLock(name, key) } // for errors only
 	conn, err := a.pool.Acquire(ctx)
 	if err != nil {
-		return nil, wrapPg(what, err)
+		return nil, wrapPg(what(), err)
 	}
 	startupPID := conn.Conn().PgConn().PID()
 	p := db.AdvisoryTryLockParams{
@@ -259,19 +259,19 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		// A failed try holds nothing; a failed wait may have been granted as ctx ended.
 		destroySession(ctx, conn, wait)
 		if ctx.Err() != nil {
-			return nil, fmt.Errorf("%s: %w", what, context.Cause(ctx))
+			return nil, fmt.Errorf("%s: %w", what(), context.Cause(ctx))
 		}
-		return nil, wrapPg(what, err)
+		return nil, wrapPg(what(), err)
 	}
 	// A refused session took nothing (the statement checks before it locks), so its
 	// connection goes back to the pool as it came.
 	switch {
 	case row.InRecovery:
 		conn.Release()
-		return nil, fmt.Errorf("%s: %w", what, ErrReadOnly)
+		return nil, fmt.Errorf("%s: %w", what(), ErrReadOnly)
 	case uint32(row.BackendPid) != startupPID:
 		conn.Release()
-		return nil, fmt.Errorf("%s: %w", what, &PoolerError{StartupPID: startupPID, BackendPID: uint32(row.BackendPid)})
+		return nil, fmt.Errorf("%s: %w", what(), &PoolerError{StartupPID: startupPID, BackendPID: uint32(row.BackendPid)})
 	case !row.Granted:
 		conn.Release()
 		return nil, ErrNotAcquired
@@ -377,13 +377,13 @@ func (lk *AdvisoryLock) takeConn() *pgxpool.Conn {
 // session no longer held it; otherwise pgx's error, wrapped (the session was closed, so
 // nothing is held).
 func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
-	what := fmt.Sprintf("unlock %s", describeLock(lk.name, lk.key))
+	what := func() string { return "unlock " + describeLock(lk.name, lk.key) } // for errors only
 	lk.connMu.Lock()
 	conn := lk.conn
 	lk.conn = nil
 	if conn == nil {
 		lk.connMu.Unlock()
-		return fmt.Errorf("%s: %w: %w", what, ErrNotHeld, lk.Err())
+		return fmt.Errorf("%s: %w: %w", what(), ErrNotHeld, lk.Err())
 	}
 	row, err := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
 		Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
@@ -393,10 +393,10 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	switch {
 	case err != nil:
 		destroySession(ctx, conn, false)
-		err = wrapPg(what, err)
+		err = wrapPg(what(), err)
 	case !row.Released:
 		destroySession(ctx, conn, false)
-		err = fmt.Errorf("%s: %w: the session did not hold it; connection closed", what, ErrNotHeld)
+		err = fmt.Errorf("%s: %w: the session did not hold it; connection closed", what(), ErrNotHeld)
 	default:
 		conn.Release()
 	}
