@@ -44,6 +44,27 @@
 // carries a token column. [Lessor.RunLocked] holds a lease row FOR UPDATE for the length of a
 // transaction, with a fresh token and no TTL.
 //
+// # Advisory locks
+//
+// An [AdvisoryLocker] takes Postgres advisory locks: session locks, each held on a pooled
+// connection of its own and watched by a watchdog ([AdvisoryLock.Done]), and transaction locks
+// on the caller's pgx.Tx, which also work behind PgBouncer's transaction pooling:
+//
+//	a, _ := fencelock.NewAdvisoryLocker(pool)
+//	lk, err := a.TryLock(ctx, "nightly-report") // ErrNotAcquired if held
+//	defer lk.Unlock(ctx)
+//
+// Names map to int64 keys by [SHA256KeyHash]. A hot standby and a connection pooler are
+// refused before anything is taken ([ErrReadOnly], [ErrConnectionPooler]). With
+// [WithFencingTokens] each grant also draws a fencing token for [FenceTx].
+//
+// # Errors
+//
+// Sentinels name states ([ErrNotAcquired], [ErrNotHeld], [ErrLeaseLost], [ErrLockLost],
+// [ErrStaleToken], [ErrReadOnly], [ErrInvalidArgument], ...); typed errors carry detail and
+// match them under [errors.Is] ([*StaleTokenError], [*LeaseLostError], [*SessionLostError],
+// [*ArgumentError], [*PoolerError], [*KeyCollisionError]). Postgres errors are wrapped with %w.
+//
 // # Durability
 //
 // Statements that grant or renew force synchronous_commit on for themselves, so tokens never
