@@ -107,7 +107,9 @@ func (l *Lessor) scan(now time.Time) (due, expired []*Lease, next time.Time, ok 
 }
 
 // renewBatch renews due leases in one statement. Its deadline is the earliest trust window
-// end among them: a renewal that lands later cannot help any more.
+// end among them: the loop runs the batch synchronously, and must be back in scan to close
+// that lease's Done on time. (A healthy lease batched with one about to lapse may so miss a
+// round; it is retried a quarter heartbeat later, with most of its trust window left.)
 func (l *Lessor) renewBatch(due []*Lease) {
 	deadline := due[0].TrustedUntil()
 	p := db.LeaseRenewParams{Holder: l.holder}
