@@ -383,7 +383,10 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	lk.conn = nil
 	if conn == nil {
 		lk.connMu.Unlock()
-		return fmt.Errorf("%s: %w: %w", what(), ErrNotHeld, lk.Err())
+		if cause := lk.Err(); cause != nil {
+			return fmt.Errorf("%s: %w: %w", what(), ErrNotHeld, cause)
+		}
+		return fmt.Errorf("%s: %w: its session was lost", what(), ErrNotHeld)
 	}
 	row, err := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
 		Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,

@@ -116,7 +116,7 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 	})
 
 	const rounds, parallel = 1000, 4
-	var granted, cancelled sync.WaitGroup
+	var waiters sync.WaitGroup
 	var mu sync.Mutex
 	var nGranted, nCancelled int
 	next := make(chan int, rounds)
@@ -126,7 +126,7 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 	close(next)
 	for range parallel {
 		w := newLocker(t, b.pool)
-		granted.Go(func() {
+		waiters.Go(func() {
 			for i := range next {
 				var ctx context.Context
 				var cancel context.CancelFunc
@@ -155,8 +155,7 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 			}
 		})
 	}
-	granted.Wait()
-	cancelled.Wait()
+	waiters.Wait()
 	close(stop)
 	wg.Wait()
 	t.Logf("%d rounds: %d granted, %d cancelled", rounds, nGranted, nCancelled)

@@ -18,8 +18,10 @@ var (
 	// holds its row in a transaction) right now.
 	ErrNotAcquired = errors.New("fencelock: not acquired: held by another holder")
 
-	// ErrNotHeld is returned by Release and Renew when the database no longer has this grant:
-	// its TTL ran out or a newer grant took the name over. Nothing was changed.
+	// ErrNotHeld is returned by Lease.Release and AdvisoryLock.Unlock when the grant was no
+	// longer held: a lease's TTL ran out or a newer grant took the name over (nothing was
+	// changed), or an advisory lock had already ended. (Renew reports a lost lease with a
+	// *LeaseLostError instead.)
 	ErrNotHeld = errors.New("fencelock: not held")
 
 	// ErrLeaseLost matches every [*LeaseLostError]: the holder must stop acting on the lease.
@@ -42,7 +44,9 @@ var (
 
 	// ErrReadOnly is returned when the server refuses writes: a hot standby, or
 	// default_transaction_read_only. A lock taken on a replica would not exclude anyone on the
-	// primary, so fencelock refuses instead. It wraps the server's error (SQLSTATE 25006).
+	// primary, so fencelock refuses instead. Lease calls find out from the server's refusal
+	// to write (SQLSTATE 25006, wrapped too); advisory locks from pg_is_in_recovery(), checked
+	// in the lock statement before anything is taken.
 	ErrReadOnly = errors.New("fencelock: server is read-only (hot standby?); locks must be taken on the primary")
 )
 

@@ -126,9 +126,14 @@ func TestTokensAfterServerCrash(t *testing.T) {
 			a := newLessor(t, db.Pool, "a")
 			var before []int64
 			for round := range 3 {
-				// Many grants, the crash right after the last acknowledged one: with
-				// asynchronous commit the tail of the WAL would be lost.
-				before = append(before, grantTokens(t, ctx, a, fmt.Sprintf("job:%d", round%2), 100)...)
+				// Many grants, held (no release, whose own commit would flush the WAL), the
+				// crash right after the last acknowledged one: with asynchronous commit the
+				// tail of the WAL, and the sequence's advance, would be lost.
+				for i := range 100 {
+					lease, err := a.TryAcquire(ctx, fmt.Sprintf("held:%d:%d", round, i), time.Minute)
+					require.NoError(t, err)
+					before = append(before, int64(lease.Token()))
+				}
 				require.NoError(t, srv.Crash(ctx))
 				require.NoError(t, srv.Restart(ctx))
 				db.Pool.Reset()

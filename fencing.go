@@ -27,8 +27,13 @@ type Token int64
 //
 // resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name); token is
 // > 0. Errors: an [*ArgumentError] before any SQL; a [*StaleTokenError] (matching
-// [ErrStaleToken]) when a larger token has been seen: tx is still usable but the caller should
-// roll it back; otherwise the pgx error, wrapped. Safe for concurrent use on different
+// [ErrStaleToken]) when a larger token has been seen: roll tx back at once, since it still
+// holds the fence row's lock and blocks every other fenced writer of the resource until it
+// ends; otherwise the pgx error, wrapped.
+//
+// A fence rejects a stale token only once a newer one has been written through it: a paused
+// holder whose successor has not written yet still passes. Where that matters, check the
+// lease too, with [Lease.GuardTx], in the same transaction. Safe for concurrent use on different
 // transactions (a pgx.Tx itself is not).
 func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error {
 	if tx == nil {
@@ -58,7 +63,9 @@ func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error
 // GuardTx checks, inside tx, that this grant is still current on the database: the lease row
 // still has this holder and token and has not expired on the database clock. It holds the row
 // FOR SHARE until tx ends, so no takeover can commit before tx does: a write in tx after a
-// successful GuardTx commits only while the lease is held. One statement.
+// successful GuardTx commits before any newer grant of the name can. (The lease may still
+// expire on the database clock meanwhile; no one can take it over until tx ends.) One
+// statement.
 //
 // Keep guarded transactions shorter than the TTL: while tx holds the row, the heartbeat cannot
 // renew this lease (it skips it and retries), and the trust window keeps running.
@@ -102,7 +109,9 @@ type Column struct {
 // It runs inside tx, the caller's transaction. table is one identifier or schema-qualified
 // (pgx.Identifier{"public", "payments"}); every identifier is validated and quoted, never
 // pasted. key and set are matched and assigned in the order given; key must not be empty (an
-// unkeyed fenced update is almost surely a mistake), and set may be.
+// unkeyed fenced update is almost surely a mistake), and set may be. key should pick one row:
+// where it picks several, only those whose token column is NULL or <= token are updated, and
+// the count says how many.
 //
 // It returns the number of rows updated (>= 1) or: an [*ArgumentError] before any SQL; a
 // [*StaleTokenError] (matching [ErrStaleToken], Resource the table name) when rows match key

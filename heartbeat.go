@@ -13,6 +13,10 @@ import (
 // renews every lease that is due (or nearly due) in one statement, and closes the Done channel
 // of each lease whose trust window ends first.
 
+// lapseSlack: a lease whose trust window ends sooner than this (or an eighth of its heartbeat)
+// is left out of renewal batches; its window ends before a renewal could come back.
+const lapseSlack = 5 * time.Millisecond
+
 // add registers a held lease with the heartbeat, starting it if needed.
 func (l *Lessor) add(lease *Lease) {
 	l.mu.Lock()
@@ -49,9 +53,6 @@ func (l *Lessor) run() {
 	for {
 		now := time.Now()
 		due, expired, next, ok := l.scan(now)
-		if !ok {
-			return
-		}
 		for _, lease := range expired {
 			lease.mu.Lock()
 			cause := ErrTrustWindowExpired
@@ -60,6 +61,9 @@ func (l *Lessor) run() {
 			}
 			lease.mu.Unlock()
 			lease.lost(cause)
+		}
+		if !ok {
+			return
 		}
 		if len(due) > 0 {
 			l.renewBatch(due)
@@ -86,11 +90,13 @@ func (l *Lessor) scan(now time.Time) (due, expired []*Lease, next time.Time, ok 
 		case !now.Before(lease.trustUntil):
 			expired = append(expired, lease)
 			delete(l.active, lease)
-		case lease.times.heartbeat > 0 && !now.Before(lease.nextRenew.Add(-lease.times.heartbeat/4)):
-			// Due, or due within a quarter heartbeat: renew it with this batch.
+		case lease.times.heartbeat > 0 && !now.Before(lease.nextRenew.Add(-lease.times.heartbeat/4)) &&
+			lease.trustUntil.Sub(now) > max(lapseSlack, lease.times.heartbeat/8):
+			// Due, or due within a quarter heartbeat, and not about to lapse (a lease that
+			// is would cut the batch's deadline short for all): renew it with this batch.
 			due = append(due, lease)
 		default:
-			if lease.times.heartbeat > 0 && lease.nextRenew.Before(next) {
+			if lease.times.heartbeat > 0 && lease.nextRenew.After(now) && lease.nextRenew.Before(next) {
 				next = lease.nextRenew
 			}
 			if lease.trustUntil.Before(next) {
@@ -99,9 +105,11 @@ func (l *Lessor) scan(now time.Time) (due, expired []*Lease, next time.Time, ok 
 		}
 		lease.mu.Unlock()
 	}
-	if len(l.active) == 0 && len(expired) == 0 {
+	if len(l.active) == 0 {
+		// Stop now, expired or not: run closes the expired leases' Done and returns, and add
+		// starts a new loop for the next lease.
 		l.running = false
-		return nil, nil, next, false
+		return nil, expired, next, false
 	}
 	return due, expired, next, true
 }

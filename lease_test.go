@@ -57,12 +57,9 @@ func TestLease(t *testing.T) {
 		require.NoError(t, err)
 		require.Greater(t, lc.Token(), la.Token())
 		// The old holder stopped trusting its lease before the new grant: its trust window
-		// (TTL less the margin, from before its grant was sent) ended first.
-		select {
-		case <-la.Done():
-		default:
-			t.Fatal("old holder's Done still open after a new grant")
-		}
+		// (TTL less the margin, from before its grant was sent) ended first, and Done closes.
+		require.True(t, la.TrustedUntil().Before(time.Now()), "old trust window still open after a new grant")
+		waitDone(t, la, time.Second)
 		require.ErrorIs(t, la.Err(), fencelock.ErrLeaseLost)
 		require.ErrorIs(t, la.Err(), fencelock.ErrTrustWindowExpired)
 		require.NoError(t, lc.Release(b.ctx))
@@ -317,3 +314,37 @@ func TestRunLockedCancelledWhileWaitingOnRow(t *testing.T) {
 }
 
 var errBoom = errors.New("boom")
+
+// A lessor is not re-entrant: a second grant of a name it holds is refused as such, not as
+// someone else's.
+func TestLessorNotReentrant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := newLessor(t, b.pool, "a")
+	l, err := a.TryAcquire(b.ctx, "job", time.Minute)
+	require.NoError(t, err)
+	_, err = a.TryAcquire(b.ctx, "job", time.Minute)
+	require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
+	require.NotErrorIs(t, err, fencelock.ErrNotAcquired)
+	_, err = a.Acquire(b.ctx, "job", time.Minute)
+	require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
+	require.NoError(t, l.Release(b.ctx))
+	l, err = a.TryAcquire(b.ctx, "job", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(b.ctx))
+}
+
+// The heartbeat goroutine ends with the last lease, also when that lease ends by its trust
+// window rather than by Release.
+//
+// Not parallel: goleak must not see other tests' goroutines.
+func TestHeartbeatStopsAfterTrustWindowLoss(t *testing.T) {
+	b := setup(t)
+	ignore := goleak.IgnoreCurrent()
+	a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
+	l, err := a.TryAcquire(b.ctx, "job", 50*time.Millisecond)
+	require.NoError(t, err)
+	waitDone(t, l, 5*time.Second)
+	require.ErrorIs(t, l.Err(), fencelock.ErrTrustWindowExpired)
+	goleak.VerifyNone(t, ignore)
+}

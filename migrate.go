@@ -2,8 +2,10 @@ package fencelock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -35,8 +37,13 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	// goose creates its version table before it runs any migration, so the schema the table
 	// lives in must exist first.
+	// CREATE SCHEMA IF NOT EXISTS is not safe against a concurrent twin: the loser can fail
+	// with unique_violation (23505) or duplicate_schema (42P06). The schema then exists.
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS fencelock`); err != nil {
-		return fmt.Errorf("fencelock: create schema: %w", err)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || (pgErr.Code != "23505" && pgErr.Code != "42P06") {
+			return fmt.Errorf("fencelock: create schema: %w", err)
+		}
 	}
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrateLockID), lock.WithLockTimeout(1, 300))
 	if err != nil {

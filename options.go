@@ -66,7 +66,8 @@ func applyOptions(forWhat string, notFor []string, opts []Option) (config, error
 // scoped to (name, holder, token), and a holder id shared by two processes lets each release
 // the other's grants after a cancelled acquire.
 //
-// Default: "<hostname>:<pid>:<16 random hex digits>".//
+// Default: "<hostname>:<pid>:<random hex>".
+//
 // Applies to [NewLessor] only.
 func WithHolder(id string) Option {
 	return func(c *config) error {
@@ -83,7 +84,8 @@ func WithHolder(id string) Option {
 // acquire checks it against its TTL: it must be shorter than the TTL less the safety margin,
 // or the acquire fails with an [*ArgumentError] before any SQL runs.
 //
-// Default: a third of each lease's TTL.//
+// Default: a third of each lease's TTL.
+//
 // Applies to [NewLessor] only.
 func WithHeartbeatInterval(d time.Duration) Option {
 	return func(c *config) error {
@@ -99,7 +101,8 @@ func WithHeartbeatInterval(d time.Duration) Option {
 // WithoutHeartbeat turns automatic renewal off: leases are renewed only by [Lease.Renew], and
 // their Done channel still closes when the trust window ends.
 //
-// Default: renewal on (see [WithHeartbeatInterval]).//
+// Default: renewal on (see [WithHeartbeatInterval]).
+//
 // Applies to [NewLessor] only.
 func WithoutHeartbeat() Option {
 	return func(c *config) error {
@@ -115,7 +118,8 @@ func WithoutHeartbeat() Option {
 // trust check and the write it guards. It must be >= 0; each acquire checks that it is shorter
 // than its TTL.
 //
-// Default: a tenth of each lease's TTL.//
+// Default: a tenth of each lease's TTL.
+//
 // Applies to [NewLessor] only.
 func WithSafetyMargin(d time.Duration) Option {
 	return func(c *config) error {
@@ -132,7 +136,8 @@ func WithSafetyMargin(d time.Duration) Option {
 // the lease is held by someone else. The wait is also capped by the current holder's remaining
 // TTL, so an expiring lease is retried when it expires. b must not be nil.
 //
-// Default: ExponentialBackoff(5*time.Millisecond, 250*time.Millisecond).//
+// Default: ExponentialBackoff(5*time.Millisecond, 250*time.Millisecond).
+//
 // Applies to [NewLessor] only.
 func WithBackoff(b Backoff) Option {
 	return func(c *config) error {

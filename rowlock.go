@@ -138,8 +138,9 @@ func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
 // between [MinTTL] and [MaxTTL], measured on the database clock (Postgres rounds it to
 // microseconds). The lease is renewed by the heartbeat until released or lost.
 //
-// Errors: [ErrNotAcquired] if another holder has it; an [*ArgumentError] before any SQL; an
-// error wrapping [ErrReadOnly] on a hot standby; otherwise the pgx error, wrapped. If ctx ends
+// Errors: [ErrNotAcquired] if another holder has it; an error wrapping [ErrAlreadyHeld] if
+// this lessor holds it already (a lessor is not re-entrant); an [*ArgumentError] before any
+// SQL; an error wrapping [ErrReadOnly] on a hot standby; otherwise the pgx error, wrapped. If ctx ends
 // while the grant is in flight, the grant may have happened on the server: TryAcquire then
 // ends it (scoped to this holder) before it returns, so nothing is left held.
 func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
@@ -150,7 +151,8 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	return l.tryAcquire(ctx, name, lt)
+	lease, err := l.tryAcquire(ctx, name, lt)
+	return lease, notAcquired(err)
 }
 
 // Acquire grants the lease name for ttl to this lessor, waiting while someone else holds it,
@@ -176,7 +178,7 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	return lease, err
 }
 
-// retry calls attempt until it returns anything but ErrNotAcquired, or ctx ends (then it
+// retry calls attempt until it returns anything but errRefused, or ctx ends (then it
 // returns ctx's cause, wrapped with what and name). Between attempts it waits the lessor's
 // backoff, capped by the current grant's remaining TTL on the database clock (one more
 // statement, on this path only) plus a little jitter.
@@ -189,7 +191,7 @@ func (l *Lessor) retry(ctx context.Context, what, name string, attempt func() er
 	}()
 	for n := 0; ; n++ {
 		err := attempt()
-		if !errors.Is(err, ErrNotAcquired) {
+		if err != errRefused {
 			return err
 		}
 		wait := l.backoff(n)
@@ -213,8 +215,24 @@ func (l *Lessor) retry(ctx context.Context, what, name string, attempt func() er
 	}
 }
 
-// tryAcquire makes one attempt: the lease, ErrNotAcquired, or another error.
+// errRefused is an attempt's internal "someone else holds it": distinct from ErrNotAcquired,
+// so that retry never mistakes a caller's error (fn's, in RunLocked) for contention. The
+// exported calls return ErrNotAcquired in its place.
+var errRefused = errors.New("fencelock: grant refused")
+
+// notAcquired maps errRefused to ErrNotAcquired at the API boundary.
+func notAcquired(err error) error {
+	if err == errRefused {
+		return ErrNotAcquired
+	}
+	return err
+}
+
+// tryAcquire makes one attempt: the lease, errRefused, or another error.
 func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, error) {
+	if l.holds(name) {
+		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
+	}
 	exit, err := l.enter(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("acquire lease %q: %w", name, err)
@@ -236,7 +254,7 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), isLockNotAvailable(err):
 		// Held and unexpired, or the row is held by a transaction: someone else has it.
-		return nil, ErrNotAcquired
+		return nil, errRefused
 	case err != nil:
 		return nil, l.grantFailed(ctx, name, pid, err)
 	}
@@ -260,11 +278,11 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, err e
 	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
 		return wrapPg(fmt.Sprintf("acquire lease %q", name), err)
 	}
-	var keep int64
+	keep := []int64{}
 	l.mu.Lock()
 	for lease := range l.active {
 		if lease.name == name {
-			keep = int64(lease.token)
+			keep = append(keep, int64(lease.token))
 		}
 	}
 	l.mu.Unlock()
@@ -272,7 +290,7 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, err e
 	defer cancel()
 	cerr := l.awaitBackendExit(cctx, pid)
 	if cerr == nil {
-		_, cerr = l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.holder, KeepToken: keep})
+		_, cerr = l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.holder, KeepTokens: keep})
 	}
 	if cerr != nil {
 		l.log.Error("fencelock: could not end a grant of unknown outcome; it expires by its TTL",
@@ -302,6 +320,18 @@ func (l *Lessor) awaitBackendExit(ctx context.Context, pid uint32) error {
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
+}
+
+// holds reports whether this lessor holds a lease of name it still trusts.
+func (l *Lessor) holds(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for lease := range l.active {
+		if lease.name == name {
+			return true
+		}
+	}
+	return false
 }
 
 // enter serialises this lessor's attempts on name; the returned func ends the turn.

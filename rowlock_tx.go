@@ -34,7 +34,7 @@ func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	return l.runLockedOnce(ctx, name, fn, true)
+	return notAcquired(l.runLockedOnce(ctx, name, fn, true))
 }
 
 // RunLocked is [Lessor.TryRunLocked] that waits until the lease is free or ctx ends. While
@@ -42,8 +42,12 @@ func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error
 // while a TTL holder has the lease it rolls back, waits as [Lessor.Acquire] does, and tries
 // again in a new transaction, so it never holds the row locked against the holder's renewals.
 //
-// Errors: as for TryRunLocked, never [ErrNotAcquired]; ctx's error (wrapped) when ctx ends
-// first, with nothing held.
+// Errors: as for TryRunLocked (fn's error, even one matching [ErrNotAcquired], is returned
+// as is and never retried); ctx's error (wrapped) when ctx ends first, with nothing held.
+//
+// The transaction has the server's default isolation. Under REPEATABLE READ or SERIALIZABLE
+// a contended grant fails with a serialization error (SQLSTATE 40001) instead of queueing:
+// retry the call, or use READ COMMITTED, the Postgres default.
 func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
@@ -63,7 +67,7 @@ func validateRunLocked(name string, fn TxFunc) error {
 	return nil
 }
 
-// runLockedOnce makes one attempt: fn's outcome, ErrNotAcquired, or another error. BEGIN and
+// runLockedOnce makes one attempt: fn's outcome, errRefused, or another error. BEGIN and
 // the grant travel in one batch, so the grant costs no round trip of its own.
 func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try bool) error {
 	var lockTimeout pgtype.Text
@@ -88,7 +92,7 @@ func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try 
 	case beginErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q: begin", name), beginErr)
 	case errors.Is(grantErr, pgx.ErrNoRows), try && isLockNotAvailable(grantErr):
-		return ErrNotAcquired
+		return errRefused
 	case grantErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
 	case closeErr != nil:

@@ -2,6 +2,7 @@ package fencelock_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -67,6 +68,27 @@ func TestRunLocked(t *testing.T) {
 		l, err := a.TryAcquire(b.ctx, "job", time.Second)
 		require.NoError(t, err)
 		require.NoError(t, l.Release(b.ctx))
+	})
+
+	t.Run("FnErrorMatchingNotAcquiredIsNotRetried", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := newLessor(t, b.pool, "a")
+		runs := 0
+		fnErr := fmt.Errorf("nested lock: %w", fencelock.ErrNotAcquired)
+		err := a.RunLocked(b.ctx, "job", func(context.Context, pgxTx, fencelock.Token) error {
+			runs++
+			return fnErr
+		})
+		require.ErrorIs(t, err, fnErr)
+		require.Equal(t, 1, runs)
+		runs = 0
+		err = a.TryRunLocked(b.ctx, "job", func(context.Context, pgxTx, fencelock.Token) error {
+			runs++
+			return fnErr
+		})
+		require.ErrorIs(t, err, fnErr)
+		require.Equal(t, 1, runs)
 	})
 
 	t.Run("WaitingVariantQueuesBehindTransaction", func(t *testing.T) {

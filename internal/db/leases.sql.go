@@ -18,6 +18,8 @@ SELECT $1::text, $2::text, now(), now() + $3::bigint * interval '1 microsecond'
 FROM (SELECT set_config('fencelock.prev_lock_timeout', current_setting('lock_timeout'), true),
              set_config('lock_timeout', coalesce($4::text, current_setting('lock_timeout')), true),
              set_config('synchronous_commit', 'on', true)) AS cfg
+WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
+                  WHERE cur.name = $1::text AND cur.expires_at > clock_timestamp())
 ON CONFLICT (name) DO UPDATE
     SET holder = excluded.holder, token = DEFAULT,
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
@@ -58,6 +60,10 @@ type LeaseGrantRow struct {
 //     evaluated left to right, before the conflict check takes the row lock.)
 //   - @ttl_us is the TTL in microseconds; 0 (transaction-scoped grants) makes the row expire at
 //     transaction start, so it is free again as soon as the holding transaction ends.
+//   - The NOT EXISTS pre-check (the snapshot's view) refuses a lease that is plainly held without
+//     reaching ON CONFLICT, which would lock the holder's row even when its WHERE fails, and so
+//     make the holder's SKIP LOCKED renewals skip it while waiters poll. It decides nothing: the
+//     WHERE of ON CONFLICT, under the row lock, does.
 func (q *Queries) LeaseGrant(ctx context.Context, db DBTX, arg LeaseGrantParams) (LeaseGrantRow, error) {
 	row := db.QueryRow(ctx, leaseGrant,
 		arg.Name,
@@ -126,20 +132,21 @@ const leaseReleaseUnknown = `-- name: LeaseReleaseUnknown :execrows
 UPDATE fencelock.leases
 SET expires_at = clock_timestamp()
 WHERE name = $1::text AND holder = $2::text
-  AND token <> $3::bigint AND expires_at > clock_timestamp()
+  AND token <> ALL ($3::bigint[]) AND expires_at > clock_timestamp()
 `
 
 type LeaseReleaseUnknownParams struct {
-	Name      string
-	Holder    string
-	KeepToken int64
+	Name       string
+	Holder     string
+	KeepTokens []int64
 }
 
-// Ends any grant of @name to @holder except @keep_token (0 for none). Used after an acquire
+// Ends any grant of @name to @holder except the tokens in @keep_tokens (the lessor's leases of
+// the name it still believes held). Used after an acquire
 // was cancelled while its grant statement was in flight: the server may have granted it just
 // as the client gave up, and the token is then unknown to the client.
 func (q *Queries) LeaseReleaseUnknown(ctx context.Context, db DBTX, arg LeaseReleaseUnknownParams) (int64, error) {
-	result, err := db.Exec(ctx, leaseReleaseUnknown, arg.Name, arg.Holder, arg.KeepToken)
+	result, err := db.Exec(ctx, leaseReleaseUnknown, arg.Name, arg.Holder, arg.KeepTokens)
 	if err != nil {
 		return 0, err
 	}

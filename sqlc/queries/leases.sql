@@ -18,11 +18,17 @@
 --    evaluated left to right, before the conflict check takes the row lock.)
 --  * @ttl_us is the TTL in microseconds; 0 (transaction-scoped grants) makes the row expire at
 --    transaction start, so it is free again as soon as the holding transaction ends.
+--  * The NOT EXISTS pre-check (the snapshot's view) refuses a lease that is plainly held without
+--    reaching ON CONFLICT, which would lock the holder's row even when its WHERE fails, and so
+--    make the holder's SKIP LOCKED renewals skip it while waiters poll. It decides nothing: the
+--    WHERE of ON CONFLICT, under the row lock, does.
 INSERT INTO fencelock.leases AS l (name, holder, acquired_at, expires_at)
 SELECT sqlc.arg(name)::text, sqlc.arg(holder)::text, now(), now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
 FROM (SELECT set_config('fencelock.prev_lock_timeout', current_setting('lock_timeout'), true),
              set_config('lock_timeout', coalesce(sqlc.narg(lock_timeout)::text, current_setting('lock_timeout')), true),
              set_config('synchronous_commit', 'on', true)) AS cfg
+WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
+                  WHERE cur.name = sqlc.arg(name)::text AND cur.expires_at > clock_timestamp())
 ON CONFLICT (name) DO UPDATE
     SET holder = excluded.holder, token = DEFAULT,
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
@@ -90,13 +96,14 @@ WHERE name = sqlc.arg(name)::text AND holder = sqlc.arg(holder)::text AND token 
   AND expires_at > clock_timestamp();
 
 -- name: LeaseReleaseUnknown :execrows
--- Ends any grant of @name to @holder except @keep_token (0 for none). Used after an acquire
+-- Ends any grant of @name to @holder except the tokens in @keep_tokens (the lessor's leases of
+-- the name it still believes held). Used after an acquire
 -- was cancelled while its grant statement was in flight: the server may have granted it just
 -- as the client gave up, and the token is then unknown to the client.
 UPDATE fencelock.leases
 SET expires_at = clock_timestamp()
 WHERE name = sqlc.arg(name)::text AND holder = sqlc.arg(holder)::text
-  AND token <> sqlc.arg(keep_token)::bigint AND expires_at > clock_timestamp();
+  AND token <> ALL (sqlc.arg(keep_tokens)::bigint[]) AND expires_at > clock_timestamp();
 
 -- name: LeaseGuard :one
 -- Checks, inside the caller's transaction, that the grant (name, holder, token) is still
