@@ -23,7 +23,9 @@ type Token int64
 // FenceTx advances the high-water mark of resource to token inside tx, the caller's
 // transaction, in one statement; the caller's writes in tx then commit only together with it.
 // Equal tokens pass, so a holder may make several fenced writes with one grant. The fence row
-// stays locked until tx ends, so fenced writes to one resource commit in token order.
+// stays locked until tx ends, so fenced writes to one resource commit in token order. It
+// forces synchronous_commit on for tx: an acknowledged fenced write lost in a crash would take
+// the high-water mark back with it.
 //
 // resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name); token is
 // > 0. Errors: an [*ArgumentError] before any SQL; a [*StaleTokenError] (matching

@@ -105,11 +105,21 @@ func (lease *Lease) TrustedUntil() time.Time {
 // past its trust window. It never reopens.
 func (lease *Lease) Done() <-chan struct{} { return lease.done }
 
-// Err returns nil while the lease is held. After Done has closed it returns [ErrReleased] if
-// the holder released it, or a [*LeaseLostError] (matching [ErrLeaseLost]) whose Cause is
-// [ErrTrustWindowExpired] or the server's verdict.
+// Err returns nil while the lease is held and its trust window is open. After Done has closed
+// it returns [ErrReleased] if the holder released it, or a [*LeaseLostError] (matching
+// [ErrLeaseLost]) whose Cause is [ErrTrustWindowExpired] or the server's verdict.
+//
+// Err reads the local monotonic clock itself: past the end of the trust window it ends the
+// lease on the spot (closing Done) rather than wait for the heartbeat goroutine to notice, so
+// a process that was paused past its TTL sees the loss at its first check after waking.
 func (lease *Lease) Err() error {
 	lease.mu.Lock()
+	if lease.err == nil && !time.Now().Before(lease.trustUntil) {
+		lease.mu.Unlock()
+		lease.lessor.remove(lease)
+		lease.lost(ErrTrustWindowExpired)
+		lease.mu.Lock()
+	}
 	defer lease.mu.Unlock()
 	return lease.err
 }

@@ -1,0 +1,149 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// Scenario 5a: kill -9 of the holder process. In-process workers wait in Acquire; the time
+// from the kill to the next grant is the takeover time, bounded by the TTL plus the retry
+// bound of the waiters (their backoff cap) plus slack for a loaded machine.
+func TestScenarioKillHolder(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	report := &Report{Scenario: "5-kill9-holder"}
+	const ttl, backoffMax = time.Second, 50 * time.Millisecond
+	bound := ttl + backoffMax + 250*time.Millisecond
+	for run := range runs(3) {
+		name := fmt.Sprintf("kill:%d", run)
+		require.NoError(t, SetupRegister(ctx, db.Pool, name))
+		rec := newRecorder(t, ctx, db.Pool)
+		c := startChild(t, childConfig{URL: db.URL, Worker: "child", Name: name, TTL: ttl, Interval: 10 * time.Millisecond}, rec)
+		c.waitGrant(ctx)
+		wctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		for i := range 2 {
+			w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 2, gap: 5 * time.Millisecond,
+				opts: []fencelock.Option{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, backoffMax))}}
+			wg.Go(func() { w.run(wctx) })
+		}
+		time.Sleep(jitter(50*time.Millisecond, 400*time.Millisecond))
+		c.kill()
+		rec.Record(Op{Worker: "child", Kind: KindFault, Name: name, Value: "kill -9"})
+		time.Sleep(bound + 200*time.Millisecond)
+		stop()
+		wg.Wait()
+		h := finalCheck(t, ctx, db.Pool, rec, report, name)
+		vs := TakeoverWithinBound(h, bound)
+		for _, v := range vs {
+			t.Errorf("violation: %v", v)
+		}
+		report.AddRun(nil, vs)
+		report.runs-- // the takeover check belongs to the same run
+		report.AddTakeover(TakeoverTimes(h)...)
+	}
+	t.Logf("chaos: scenario=5-kill9-holder takeover_bound=%v (TTL %v + backoff cap %v + slack 250ms)", bound, ttl, backoffMax)
+	logReport(t, report)
+}
+
+// Scenario 5b: pg_terminate_backend of the holders' connections, leases and session advisory
+// locks with fencing tokens. A lease holder's heartbeat rides over a lost connection (the
+// pool reconnects); an advisory lock is lost with its session, and Done must close within
+// twice the watchdog interval, measured from the termination. Writers keep appending with
+// their tokens throughout.
+func TestScenarioTerminateBackend(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	report := &Report{Scenario: "5-terminate-backend"}
+	const watchdog = 100 * time.Millisecond
+	for run := range runs(4) {
+		name := fmt.Sprintf("term:%d", run)
+		require.NoError(t, SetupRegister(ctx, db.Pool, name))
+		rec := newRecorder(t, ctx, db.Pool)
+		wctx, stop := context.WithCancel(ctx)
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var pids []uint32
+		terminated := make(map[uint32]time.Duration)
+		for i := range 2 {
+			worker := fmt.Sprintf("adv%d", i)
+			locker, err := fencelock.NewAdvisoryLocker(db.Pool, fencelock.WithFencingTokens(), fencelock.WithWatchdogInterval(watchdog))
+			require.NoError(t, err)
+			wg.Go(func() {
+				app := &Appender{Pool: db.Pool, Rec: rec, Worker: worker, Holder: worker}
+				for wctx.Err() == nil {
+					id := rec.Invoke(Op{Worker: worker, Kind: KindGrant, Name: name, Holder: worker})
+					lk, err := locker.TryLock(wctx, name)
+					if err != nil {
+						rec.Complete(id, Fail, err, nil) // refused or session broken before a grant: no token issued to us
+						sleepCtx(wctx, 5*time.Millisecond)
+						continue
+					}
+					rec.Complete(id, OK, nil, func(op *Op) { op.Token = int64(lk.Token()) })
+					mu.Lock()
+					pids = append(pids, lk.BackendPID())
+					mu.Unlock()
+					for range 5 {
+						if lk.Err() != nil {
+							break
+						}
+						_ = app.Append(wctx, name, lk.Token())
+						sleepCtx(wctx, 10*time.Millisecond)
+					}
+					mu.Lock()
+					at, killed := terminated[lk.BackendPID()]
+					mu.Unlock()
+					if killed { // the session is gone: Done must close within the watchdog bound
+						select {
+						case <-lk.Done():
+							report.AddDetect(rec.Now() - at)
+						case <-time.After(2 * time.Second):
+							t.Errorf("advisory lock Done not closed 2s after its backend was terminated")
+						}
+					}
+					uctx, ucancel := context.WithTimeout(context.Background(), 5*time.Second)
+					_ = lk.Unlock(uctx)
+					ucancel()
+				}
+			})
+		}
+		lw := &leaseWorker{rec: rec, pool: db.Pool, worker: "lease", name: name + ":lease", ttl: time.Second, writes: 10, gap: 10 * time.Millisecond}
+		require.NoError(t, SetupRegister(ctx, db.Pool, lw.name))
+		wg.Go(func() { lw.run(wctx) })
+		for range 3 {
+			time.Sleep(jitter(50*time.Millisecond, 200*time.Millisecond))
+			mu.Lock()
+			victims := pids
+			pids = nil
+			mu.Unlock()
+			for _, pid := range victims {
+				at := rec.Now()
+				if db.Server.TerminateBackend(ctx, pid) == nil {
+					mu.Lock()
+					terminated[pid] = at
+					mu.Unlock()
+				}
+			}
+			// and every other backend of the database, the lease holder's among them
+			_, _ = db.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name NOT LIKE 'fencelock %'`)
+		}
+		time.Sleep(2*watchdog + 100*time.Millisecond)
+		stop()
+		wg.Wait()
+		finalCheck(t, ctx, db.Pool, rec, report, name, lw.name)
+	}
+	t.Logf("chaos: scenario=5-terminate-backend detect_bound=%v (2 x watchdog interval)", 2*watchdog)
+	logReport(t, report)
+}
