@@ -70,7 +70,10 @@ func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error
 // statement.
 //
 // Keep guarded transactions shorter than the TTL: while tx holds the row, the heartbeat cannot
-// renew this lease (it skips it and retries), and the trust window keeps running.
+// renew this lease (it skips it and retries), and the trust window keeps running. Use READ
+// COMMITTED (the Postgres default): in a REPEATABLE READ or SERIALIZABLE transaction that began
+// before the last renewal, the check reads an older row version and may report a held lease as
+// lost (the safe direction: the holder stops).
 //
 // Errors: [Lease.Err] when the lease has already ended locally (no SQL runs); a
 // [*LeaseLostError] when the database no longer has this grant (Done then closes); an

@@ -17,6 +17,11 @@ import (
 // write with [FenceTx] or [Lease.GuardTx] all the same, since a process can pause between a
 // check and a write.
 //
+// A lease lost by its trust window is not released on the server: its row expires by its TTL
+// (a renewal cut short at the window's end may still have committed and extended it by one
+// TTL). Release it explicitly if the name must be free sooner; Release is scoped to this
+// grant and harmless if someone else holds the name by then.
+//
 // A Lease is safe for concurrent use.
 type Lease struct {
 	lessor *Lessor
