@@ -63,8 +63,8 @@ const closeTimeout = 5 * time.Second
 // application_name to "fencelock <name>", so pg_stat_activity joined with pg_locks shows who
 // holds what.
 //
-// An AdvisoryLocker is safe for concurrent use. It needs no Close: with no session lock held
-// it owns no goroutine.
+// An AdvisoryLocker is safe for concurrent use. It needs no Close: it runs no goroutine of its
+// own but a watchdog round, every [WithWatchdogInterval] while it holds session locks.
 type AdvisoryLocker struct {
 	pool      *pgxpool.Pool
 	q         *db.Queries
@@ -75,10 +75,10 @@ type AdvisoryLocker struct {
 	tokens    bool
 	log       *slog.Logger
 
-	mu      sync.Mutex
-	held    map[AdvisoryKey]*heldEntry // held and being acquired session locks
-	running bool                       // the watchdog is live; it exits when held is empty
-	wake    chan struct{}              // cap 1
+	mu       sync.Mutex
+	held     map[AdvisoryKey]*heldEntry // held and being acquired session locks
+	watch    *time.Timer                // the next watchdog round; nil while no lock is held
+	watchGen uint64                     // arming count, so a stale round never re-arms a new timer
 }
 
 type heldEntry struct {
@@ -116,7 +116,6 @@ func NewAdvisoryLocker(pool *pgxpool.Pool, opts ...Option) (*AdvisoryLocker, err
 		tokens:    cfg.tokens,
 		log:       cfg.logger,
 		held:      make(map[AdvisoryKey]*heldEntry),
-		wake:      make(chan struct{}, 1),
 	}
 	if a.namespace == "" {
 		a.namespace = DefaultNamespace

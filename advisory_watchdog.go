@@ -7,76 +7,63 @@ import (
 	"time"
 )
 
-// The watchdog: one goroutine per AdvisoryLocker, alive exactly while the locker holds session
-// locks. Every interval it probes each held lock's session, all probes at once, each bounded by
-// the interval, and ends the locks whose session failed.
+// The watchdog: while an AdvisoryLocker holds session locks, a timer fires a round every
+// interval that probes each held lock's session, all probes at once, each bounded by the
+// interval, and ends the locks whose session failed. No goroutine runs between rounds, so a
+// lock held for less than one interval costs no goroutine at all.
 
-// register records a granted lock and starts the watchdog if needed.
+// register records a granted lock and arms the watchdog if needed.
 func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.held[lk.key] = &heldEntry{name: lk.name, lock: lk}
-	start := !a.running
-	a.running = true
-	a.mu.Unlock()
-	if start {
-		go a.watch()
+	if a.watch == nil {
+		a.watchGen++
+		gen := a.watchGen
+		a.watch = time.AfterFunc(a.watchdog, func() { a.round(gen) })
 	}
 }
 
-// unregister forgets a lock that ended; the watchdog exits when none is left.
+// unregister forgets a lock that ended, and disarms the watchdog with the last one.
 func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if e, ok := a.held[lk.key]; ok && e.lock == lk {
 		delete(a.held, lk.key)
 	}
-	a.mu.Unlock()
-	select {
-	case a.wake <- struct{}{}:
-	default:
+	if a.watch != nil && len(a.grantedLocked()) == 0 {
+		a.watch.Stop()
+		a.watch = nil
 	}
 }
 
-// heldLocks returns the granted locks, or ok false (and the watchdog marked stopped) when the
-// locker holds none. Reservations still being acquired do not keep the watchdog alive:
-// register restarts it.
-func (a *AdvisoryLocker) heldLocks() (locks []*AdvisoryLock, ok bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+// grantedLocked returns the granted locks (not reservations being acquired). a.mu is held.
+func (a *AdvisoryLocker) grantedLocked() []*AdvisoryLock {
+	var locks []*AdvisoryLock
 	for _, e := range a.held {
 		if e.lock != nil {
 			locks = append(locks, e.lock)
 		}
 	}
-	if len(locks) == 0 {
-		a.running = false
-		return nil, false
-	}
-	return locks, true
+	return locks
 }
 
-func (a *AdvisoryLocker) watch() {
-	timer := time.NewTimer(a.watchdog)
-	defer timer.Stop()
-	for {
-		select {
-		case <-timer.C:
-		case <-a.wake:
-			if _, ok := a.heldLocks(); !ok {
-				return
-			}
-			continue
-		}
-		locks, ok := a.heldLocks()
-		if !ok {
-			return
-		}
-		var wg sync.WaitGroup
-		for _, lk := range locks {
-			wg.Go(func() { a.probe(lk) })
-		}
-		wg.Wait()
-		timer.Reset(a.watchdog)
+// round is one watchdog round of arming gen; it re-arms the timer unless the watchdog was
+// disarmed (or disarmed and armed again, a new generation) meanwhile.
+func (a *AdvisoryLocker) round(gen uint64) {
+	a.mu.Lock()
+	locks := a.grantedLocked()
+	a.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, lk := range locks {
+		wg.Go(func() { a.probe(lk) })
 	}
+	wg.Wait()
+	a.mu.Lock()
+	if a.watch != nil && a.watchGen == gen {
+		a.watch.Reset(a.watchdog)
+	}
+	a.mu.Unlock()
 }
 
 // probe checks one lock's session; a failure ends the lock. A probe that finds the connection
