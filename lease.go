@@ -162,9 +162,9 @@ func (lease *Lease) Renew(ctx context.Context) error {
 	return nil
 }
 
-// Release ends the lease on the server now, scoped to (name, holder, token), so it never
-// frees a newer grant; then Done closes and Err reports [ErrReleased] (unless the lease had
-// already been lost). The heartbeat stops renewing it even when the statement fails, so a
+// Release closes Done at once (Err then reports [ErrReleased], unless the lease had already
+// been lost), then ends the lease on the server, scoped to (name, holder, token), so it never
+// frees a newer grant. The heartbeat stops renewing it even when the statement fails, so a
 // failed release leaves the lease to expire within its TTL.
 //
 // Errors: an error wrapping [ErrNotHeld] when the grant had already expired or been taken over
@@ -172,8 +172,10 @@ func (lease *Lease) Renew(ctx context.Context) error {
 func (lease *Lease) Release(ctx context.Context) error {
 	l := lease.lessor
 	l.remove(lease)
-	n, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token)})
+	// Stop trusting the lease before the statement: it may hang (a blackholed connection)
+	// past the trust window, with nothing else left to close Done.
 	lease.finish(ErrReleased)
+	n, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token)})
 	if err != nil {
 		return wrapPg(fmt.Sprintf("release lease %q", lease.name), err)
 	}

@@ -250,13 +250,16 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 		Holder:      l.holder,
 		TtlUs:       lt.ttl.Microseconds(),
 	})
+	// pgx closes a connection whose statement it abandoned mid-flight; an open one means the
+	// outcome is known (the statement failed, or was never sent).
+	abandoned := err != nil && conn.Conn().IsClosed()
 	conn.Release()
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), isLockNotAvailable(err):
 		// Held and unexpired, or the row is held by a transaction: someone else has it.
 		return nil, errRefused
 	case err != nil:
-		return nil, l.grantFailed(ctx, name, pid, err)
+		return nil, l.grantFailed(ctx, name, pid, abandoned, err)
 	}
 	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
 	l.add(lease)
@@ -264,18 +267,19 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 }
 
 // grantFailed handles a grant statement that returned err on the session of backend pid. A
-// server error means the statement failed and granted nothing; an error before anything was
-// sent granted nothing either. Any other failure (ctx ended, connection broke) leaves the
-// outcome unknown: the statement may still run, and commit, after the client gave up (it sits
+// server error means the statement failed and granted nothing; so does any error that left
+// the connection open (nothing was sent, or the reply was read). An abandoned connection
+// (ctx ended mid-flight, connection broke) leaves the outcome unknown, whatever pgx's
+// SafeToRetry says (it calls a reset after the send "conn closed", safe to retry): the statement may still run, and commit, after the client gave up (it sits
 // in the server's socket buffer). So grantFailed first waits until that backend has exited
 // (pgx closes a connection whose statement it abandoned; the backend finishes the statement,
 // fails to send the result and exits), then ends the grant, if any, scoped to this holder and
 // sparing the lessor's own current grant of the name. Behind a pooler the pid is not the
 // backend's and the wait ends at once: the cleanup is then best effort, and a late grant
 // expires by its TTL.
-func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, err error) error {
+func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, abandoned bool, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
+	if !abandoned || errors.As(err, &pgErr) {
 		return wrapPg(fmt.Sprintf("acquire lease %q", name), err)
 	}
 	keep := []int64{}

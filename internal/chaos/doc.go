@@ -12,7 +12,7 @@
 //
 //	workers ──ops──▶ Recorder ──History──▶ CheckLinearizable (porcupine)
 //	   ▲                                  └▶ invariants (tokens, lost writes, trust window, ...)
-//	   └──── Fault (pause, kill, terminate backend, crash server, ...)
+//	   └──── Fault (pause, kill, terminate backend, crash server, proxy toxics, timeouts, ...)
 //
 // The ledger of the fenced register is an append-only array column: its final value is the
 // commit order, against which porcupine checks that acknowledged writes, rejected stale
@@ -20,6 +20,9 @@
 // real time. The approach is Jepsen's (Kingsbury), with the linearizability checker of
 // Athalye's porcupine; the fencing scheme under test is Kleppmann's (2016).
 //
-// FENCELOCK_CHAOS_RUNS=n runs every scenario n times instead of its short default. A soak
-// mode (FENCELOCK_SOAK) is not built yet.
+// FENCELOCK_CHAOS_RUNS=n runs every scenario n times instead of its short default.
+// FENCELOCK_SOAK=<duration> (e.g. 10m) makes TestSoak run the register workload under a random
+// mix of faults (latency, blackholes and resets through an in-process toxiproxy,
+// pg_terminate_backend, idle-in-transaction timeouts) for that long; unset, TestSoak returns
+// at once and checks nothing.
 package chaos

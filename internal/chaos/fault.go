@@ -4,8 +4,7 @@ import "context"
 
 // Fault is a fault a scenario injects: Inject puts it in effect and returns, Heal ends it
 // (for faults that end by themselves, such as a kill, Heal does what recovery needs, or
-// nothing). Scenarios 3 and 4 (latency, blackholes and resets through a fault proxy) and
-// 7 (server timeouts firing) plug in here.
+// nothing).
 type Fault interface {
 	// Name names the fault in reports, e.g. "sigstop" or "crash-server".
 	Name() string

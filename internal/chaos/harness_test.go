@@ -71,7 +71,7 @@ func (w *leaseWorker) run(ctx context.Context) {
 	if err != nil {
 		panic(err)
 	}
-	app := &Appender{Pool: w.pool, Rec: w.rec, Worker: w.worker, Holder: w.worker, SyncCommit: true}
+	app := &Appender{Pool: w.pool, Rec: w.rec, Worker: w.worker, Holder: w.worker}
 	var watchers sync.WaitGroup
 	defer watchers.Wait()
 	for ctx.Err() == nil {

@@ -166,13 +166,23 @@ func StaleRejectChangedNothing(h History, fences map[string]int64) []Violation {
 // was made no later, on the database clock, than the lease's server-side expiry as the holder
 // knew it; and that every Done closing (KindDone) was seen no later than that expiry plus
 // slack (the delay of observing it), except for workers a fault paused or killed: a stopped
-// process closes nothing, and there the fence is the guard.
+// process closes nothing, and there the fence is the guard. A grant whose reply reached the
+// holder only after the lease's expiry (a delayed reply) cannot close Done earlier than that:
+// its Done must close within slack of the grant's return instead.
 func TrustWithinExpiry(h History, slack time.Duration) []Violation {
 	var vs []Violation
 	faulted := map[string]bool{}
+	type grantKey struct {
+		worker string
+		token  int64
+	}
+	granted := map[grantKey]time.Time{}
 	for _, op := range h {
 		if op.Kind == KindFault && op.Worker != "" {
 			faulted[op.Worker] = true
+		}
+		if op.Kind == KindGrant && op.Outcome == OK {
+			granted[grantKey{op.Worker, op.Token}] = op.ServerReturn
 		}
 	}
 	for _, op := range h {
@@ -182,11 +192,19 @@ func TrustWithinExpiry(h History, slack time.Duration) []Violation {
 		switch {
 		case op.Kind == KindCheck && op.Outcome == OK && op.ServerInvoke.After(op.Expires):
 			vs = append(vs, Violation{"TrustWithinExpiry", op.ID, fmt.Sprintf("%s trusted lease %q (token %d) %v after its server-side expiry", op.Worker, op.Name, op.Token, op.ServerInvoke.Sub(op.Expires))})
-		case op.Kind == KindDone && !faulted[op.Worker] && op.ServerReturn.After(op.Expires.Add(slack)):
-			vs = append(vs, Violation{"TrustWithinExpiry", op.ID, fmt.Sprintf("%s saw Done of %q (token %d) close %v after its server-side expiry", op.Worker, op.Name, op.Token, op.ServerReturn.Sub(op.Expires))})
+		case op.Kind == KindDone && !faulted[op.Worker] && op.ServerReturn.After(laterOf(op.Expires, granted[grantKey{op.Worker, op.Token}]).Add(slack)):
+			vs = append(vs, Violation{"TrustWithinExpiry", op.ID, fmt.Sprintf("%s saw Done of %q (token %d) close %v after its server-side expiry (Err: %s)", op.Worker, op.Name, op.Token, op.ServerReturn.Sub(op.Expires), op.Err)})
 		}
 	}
 	return vs
+}
+
+// laterOf returns the later of a and b.
+func laterOf(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // TakeoverTimes returns, for every fault that killed a holder (KindFault with Name set), the

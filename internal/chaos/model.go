@@ -111,9 +111,32 @@ func partitionByResource(ops []porcupine.Operation) [][]porcupine.Operation {
 // RegisterOperations converts the appends and successful reads of h into porcupine
 // operations. Pending and unknown appends get a return time after every other operation
 // (+infinity): they may take effect at any time after their invocation, or never.
+//
+// Where h ends with a read of a resource's ledger (see [FinalLedgers]), an unknown or pending
+// append to it is resolved by that read before the search, since entries are unique and the
+// ledger is append-only: one in the final ledger happened (OK, at some time after its
+// invocation), one not in it did not (Fail). This keeps porcupine's search linear in the
+// number of unknown outcomes instead of exponential; the outcome itself is still checked, as
+// the OK append must fit the model at some point of the order.
 func RegisterOperations(h History) []porcupine.Operation {
 	var ops []porcupine.Operation
+	final := map[string]map[string]bool{}
+	for name, entries := range FinalLedgers(h) {
+		final[name] = map[string]bool{}
+		for _, e := range entries {
+			final[name][e] = true
+		}
+	}
 	for _, op := range h {
+		if op.Kind == KindAppend && (op.Outcome == Unknown || op.Outcome == Pending) && final[op.Name] != nil {
+			if op.Outcome == Pending || final[op.Name][op.Value] {
+				op.Return = math.MaxInt64 // it may have taken effect after its caller gave up
+			}
+			op.Outcome, op.Stale = Fail, false
+			if final[op.Name][op.Value] {
+				op.Outcome = OK
+			}
+		}
 		client := 0
 		for _, c := range op.Worker {
 			client = client*31 + int(c)

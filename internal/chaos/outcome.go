@@ -16,9 +16,17 @@ import (
 // reported for a statement (which aborted the transaction) are Fail; anything else (a broken
 // connection, an ended context, the server going down mid-commit) is Unknown, since the
 // commit may have happened.
+//
+// pgx's "conn closed" ([pgconn.ErrConnClosed]) is Unknown although pgx says it is safe to
+// retry: pgx v5.12.0 also returns it from PgConn.receiveMessage (pgconn/pgconn.go:719) when the
+// connection broke after the statement was sent, e.g. a COMMIT whose reply was lost to a
+// connection reset: the commit happened (scenario 4 found this).
 func Classify(err error) Outcome {
 	if err == nil {
 		return OK
+	}
+	if errors.Is(err, pgconn.ErrConnClosed) {
+		return Unknown
 	}
 	if errors.Is(err, fencelock.ErrStaleToken) || errors.Is(err, fencelock.ErrNotAcquired) ||
 		errors.Is(err, fencelock.ErrInvalidArgument) || errors.Is(err, fencelock.ErrLeaseLost) ||

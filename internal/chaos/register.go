@@ -39,12 +39,12 @@ type Appender struct {
 	Holder string
 	// Guard, if not nil, runs first in the transaction (for example Lease.GuardTx).
 	Guard func(ctx context.Context, tx pgx.Tx) error
-	// SyncCommit forces synchronous_commit on for the append's transaction: what a user of a
-	// server whose default is off must do for an acknowledged fenced write to survive a crash.
-	SyncCommit bool
 	// BeforeWrite, if not nil, runs in the transaction between the fence and the write: a
 	// place to inject a pause.
 	BeforeWrite func()
+	// AfterWrite, if not nil, runs in the transaction between the write and the commit: a
+	// place to leave the transaction idle.
+	AfterWrite func()
 
 	seq int
 }
@@ -58,11 +58,6 @@ func (a *Appender) Append(ctx context.Context, resource string, token fencelock.
 	id := a.Rec.Invoke(Op{Worker: a.Worker, Kind: KindAppend, Name: resource, Token: int64(token), Holder: a.Holder, Value: value})
 	var at time.Time
 	err := pgx.BeginFunc(ctx, a.Pool, func(tx pgx.Tx) error {
-		if a.SyncCommit {
-			if _, err := tx.Exec(ctx, `SET LOCAL synchronous_commit = on`); err != nil {
-				return err
-			}
-		}
 		if a.Guard != nil {
 			if err := a.Guard(ctx, tx); err != nil {
 				return err
@@ -74,7 +69,13 @@ func (a *Appender) Append(ctx context.Context, resource string, token fencelock.
 		if a.BeforeWrite != nil {
 			a.BeforeWrite()
 		}
-		return tx.QueryRow(ctx, `UPDATE ledger SET entries = entries || $2::text WHERE resource = $1 RETURNING clock_timestamp()`, resource, value).Scan(&at)
+		if err := tx.QueryRow(ctx, `UPDATE ledger SET entries = entries || $2::text WHERE resource = $1 RETURNING clock_timestamp()`, resource, value).Scan(&at); err != nil {
+			return err
+		}
+		if a.AfterWrite != nil {
+			a.AfterWrite()
+		}
+		return nil
 	})
 	a.Rec.Complete(id, Classify(err), err, func(op *Op) {
 		op.ServerAt = at

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -45,4 +46,43 @@ func TestRegressionErrNilPastTrustWindow(t *testing.T) {
 		}
 	}
 	require.Zero(t, trustedLate, "Err() returned nil %v after the trust window ended", trustedLate)
+}
+
+// Regression test for a bug found by scenario 3 (TestScenarioProxyLatencyBlackhole/blackhole),
+// fixed in lease.go: Release removed the lease from the heartbeat, ran its statement, and
+// closed Done only when the statement returned. While that statement hung (a blackholed
+// connection) no one closed Done at the end of the trust window: a goroutine watching Done
+// kept trusting the lease past the server-side expiry while a contender already held it.
+// Release now closes Done before it sends the statement.
+func TestRegressionDoneOpenDuringHungRelease(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tp, cfg := newToxiProxy(t, db.URL)
+	hpool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer hpool.Close()
+	l, err := fencelock.NewLessor(hpool, fencelock.WithHolder("h"))
+	require.NoError(t, err)
+	lease, err := l.TryAcquire(ctx, "hung-release", 500*time.Millisecond)
+	require.NoError(t, err)
+	require.NoError(t, tp.add("bh-up", "timeout", "upstream", map[string]int64{"timeout": 0}))
+	require.NoError(t, tp.add("bh-down", "timeout", "downstream", map[string]int64{"timeout": 0}))
+	released := make(chan error, 1)
+	go func() {
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		defer rcancel()
+		released <- lease.Release(rctx)
+	}()
+	time.Sleep(time.Until(lease.TrustedUntil()) + doneSlack)
+	var closed bool
+	select {
+	case <-lease.Done():
+		closed = true
+	default:
+	}
+	require.NoError(t, tp.reset())
+	<-released
+	require.True(t, closed, "Done still open %v after the trust window ended, while Release hung", doneSlack)
 }
