@@ -151,7 +151,7 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	lease, err := l.tryAcquire(ctx, name, lt)
+	lease, err := l.tryAcquire(ctx, name, lt, false)
 	return lease, notAcquired(err)
 }
 
@@ -171,8 +171,8 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 		return nil, err
 	}
 	var lease *Lease
-	err = l.retry(ctx, "acquire lease", name, func() (err error) {
-		lease, err = l.tryAcquire(ctx, name, lt)
+	err = l.retry(ctx, "acquire lease", name, func(attempt int) (err error) {
+		lease, err = l.tryAcquire(ctx, name, lt, attempt > 0)
 		return err
 	})
 	return lease, err
@@ -182,7 +182,7 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 // returns ctx's cause, wrapped with what and name). Between attempts it waits the lessor's
 // backoff, capped by the current grant's remaining TTL on the database clock (one more
 // statement, on this path only) plus a little jitter.
-func (l *Lessor) retry(ctx context.Context, what, name string, attempt func() error) error {
+func (l *Lessor) retry(ctx context.Context, what, name string, attempt func(n int) error) error {
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -190,7 +190,7 @@ func (l *Lessor) retry(ctx context.Context, what, name string, attempt func() er
 		}
 	}()
 	for n := 0; ; n++ {
-		err := attempt()
+		err := attempt(n)
 		if err != errRefused {
 			return err
 		}
@@ -228,8 +228,9 @@ func notAcquired(err error) error {
 	return err
 }
 
-// tryAcquire makes one attempt: the lease, errRefused, or another error.
-func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, error) {
+// tryAcquire makes one attempt: the lease, errRefused, or another error. Retries set
+// precheck (see LeaseGrant).
+func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes, precheck bool) (*Lease, error) {
 	if l.holds(name) {
 		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
 	}
@@ -249,6 +250,7 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 		Name:        name,
 		Holder:      l.holder,
 		TtlUs:       lt.ttl.Microseconds(),
+		Precheck:    precheck,
 	})
 	// pgx closes a connection whose statement it abandoned mid-flight; an open one means the
 	// outcome is known (the statement failed, or was never sent).

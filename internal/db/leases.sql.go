@@ -18,7 +18,8 @@ SELECT $1::text, $2::text, now(), now() + $3::bigint * interval '1 microsecond'
 FROM (SELECT set_config('fencelock.prev_lock_timeout', current_setting('lock_timeout'), true),
              set_config('lock_timeout', coalesce($4::text, current_setting('lock_timeout')), true),
              set_config('synchronous_commit', 'on', true)) AS cfg
-WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
+WHERE NOT $5::boolean
+   OR NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                   WHERE cur.name = $1::text AND cur.expires_at > clock_timestamp())
 ON CONFLICT (name) DO UPDATE
     SET holder = excluded.holder, token = DEFAULT,
@@ -33,6 +34,7 @@ type LeaseGrantParams struct {
 	Holder      string
 	TtlUs       int64
 	LockTimeout pgtype.Text
+	Precheck    bool
 }
 
 type LeaseGrantRow struct {
@@ -60,16 +62,19 @@ type LeaseGrantRow struct {
 //     evaluated left to right, before the conflict check takes the row lock.)
 //   - @ttl_us is the TTL in microseconds; 0 (transaction-scoped grants) makes the row expire at
 //     transaction start, so it is free again as soon as the holding transaction ends.
-//   - The NOT EXISTS pre-check (the snapshot's view) refuses a lease that is plainly held without
-//     reaching ON CONFLICT, which would lock the holder's row even when its WHERE fails, and so
-//     make the holder's SKIP LOCKED renewals skip it while waiters poll. It decides nothing: the
-//     WHERE of ON CONFLICT, under the row lock, does.
+//   - With @precheck (set by waiters' retries), a NOT EXISTS pre-check (the snapshot's view)
+//     refuses a lease that is plainly held without reaching ON CONFLICT, which would lock the
+//     holder's row even when its WHERE fails, and so make the holder's SKIP LOCKED renewals skip
+//     it while waiters poll. It decides nothing: the WHERE of ON CONFLICT, under the row lock,
+//     does. A first attempt skips it: one refusal locks the row for one statement, and the
+//     uncontended grant does not pay for the extra index probe.
 func (q *Queries) LeaseGrant(ctx context.Context, db DBTX, arg LeaseGrantParams) (LeaseGrantRow, error) {
 	row := db.QueryRow(ctx, leaseGrant,
 		arg.Name,
 		arg.Holder,
 		arg.TtlUs,
 		arg.LockTimeout,
+		arg.Precheck,
 	)
 	var i LeaseGrantRow
 	err := row.Scan(&i.Token, &i.ExpiresAt, &i.Restored)
