@@ -23,6 +23,7 @@ const (
 	Shared
 )
 
+// String returns "exclusive" or "shared".
 func (m LockMode) String() string {
 	if m == Shared {
 		return "shared"

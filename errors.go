@@ -57,6 +57,7 @@ type ArgumentError struct {
 	Reason string // what is wrong with it
 }
 
+// Error describes the ArgumentError.
 func (e *ArgumentError) Error() string {
 	return "fencelock: invalid " + e.Arg + ": " + e.Reason
 }
@@ -77,6 +78,7 @@ type StaleTokenError struct {
 	Current  Token // the resource's high-water mark when the write was rejected
 }
 
+// Error describes the StaleTokenError.
 func (e *StaleTokenError) Error() string {
 	return fmt.Sprintf("fencelock: stale fencing token %d for %q: high-water mark is %d", e.Token, e.Resource, e.Current)
 }
@@ -94,6 +96,7 @@ type LeaseLostError struct {
 	Cause error
 }
 
+// Error describes the LeaseLostError.
 func (e *LeaseLostError) Error() string {
 	return fmt.Sprintf("fencelock: lease %q (token %d) lost: %v", e.Name, e.Token, e.Cause)
 }
@@ -158,6 +161,7 @@ type SessionLostError struct {
 	Cause error
 }
 
+// Error describes the SessionLostError.
 func (e *SessionLostError) Error() string {
 	return fmt.Sprintf("fencelock: advisory lock %s lost: %v", describeLock(e.Name, e.Key), e.Cause)
 }
@@ -175,6 +179,7 @@ type KeyCollisionError struct {
 	Name, Held string // the name asked for, and the name holding the key
 }
 
+// Error describes the KeyCollisionError.
 func (e *KeyCollisionError) Error() string {
 	return fmt.Sprintf("fencelock: advisory key collision: %q and %q (held) both map to %v", e.Name, e.Held, e.Key)
 }
@@ -189,6 +194,7 @@ type PoolerError struct {
 	StartupPID, BackendPID uint32
 }
 
+// Error describes the PoolerError.
 func (e *PoolerError) Error() string {
 	return fmt.Sprintf("%v (connection reported pid %d at startup, the server session is pid %d)", ErrConnectionPooler, e.StartupPID, e.BackendPID)
 }
