@@ -116,8 +116,8 @@ func (l *Lessor) scan(now time.Time) (due, expired []*Lease, next time.Time, ok 
 
 // renewBatch renews due leases in one statement. Its deadline is the earliest trust window
 // end among them: the loop runs the batch synchronously, and must be back in scan to close
-// that lease's Done on time. (A healthy lease batched with one about to lapse may so miss a
-// round; it is retried a quarter heartbeat later, with most of its trust window left.)
+// that lease's Done on time. (scan leaves leases about to lapse out of the batch, so one of
+// them cannot cut the batch short for the healthy ones.)
 func (l *Lessor) renewBatch(due []*Lease) {
 	deadline := due[0].TrustedUntil()
 	p := db.LeaseRenewParams{Holder: l.holder}
