@@ -138,9 +138,10 @@ func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
 // between [MinTTL] and [MaxTTL], measured on the database clock (Postgres rounds it to
 // microseconds). The lease is renewed by the heartbeat until released or lost.
 //
-// Errors: [ErrNotAcquired] if another holder has it; an error wrapping [ErrAlreadyHeld] if
-// this lessor holds it already (a lessor is not re-entrant); an [*ArgumentError] before any
-// SQL; an error wrapping [ErrReadOnly] on a hot standby; otherwise the pgx error, wrapped. If ctx ends
+// Errors: [ErrNotAcquired] if another holder has it (or if the grant's reply came back after
+// its trust window had ended: the grant is then released again); an error wrapping
+// [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
+// [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; otherwise the pgx error, wrapped. If ctx ends
 // while the grant is in flight, the grant may have happened on the server: TryAcquire then
 // ends it (scoped to this holder) before it returns, so nothing is left held.
 func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
@@ -264,6 +265,12 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes, pre
 		return nil, l.grantFailed(ctx, name, pid, abandoned, err)
 	}
 	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
+	if !time.Now().Before(lease.TrustedUntil()) {
+		// The reply took longer than the trust window: the grant is useless to its holder.
+		// End it (scoped to this grant) and report a refusal, so Acquire tries again.
+		_ = lease.Release(ctx)
+		return nil, errRefused
+	}
 	l.add(lease)
 	return lease, nil
 }
