@@ -27,12 +27,12 @@ const soakEnv = "FENCELOCK_SOAK"
 // connection resets on the holders' connections (toxiproxy), pg_terminate_backend of every
 // backend, and a GuardTx transaction left idle past idle_in_transaction_session_timeout.
 // FENCELOCK_SOAK_FAULTS (e.g. "latency,reset") restricts the mix. Without FENCELOCK_SOAK it
-// returns at once, having checked nothing.
+// is skipped (and says so), having checked nothing.
 func TestSoak(t *testing.T) {
 	v := os.Getenv(soakEnv)
 	if v == "" {
-		t.Log("soak off: set FENCELOCK_SOAK=<duration> (e.g. 10m) to run it; nothing was checked")
-		return
+		t.Skip("soak off: set FENCELOCK_SOAK=<duration> (e.g. 10m) to run it") // opt-in; reported as skipped, not passed
+
 	}
 	dur, err := time.ParseDuration(v)
 	require.NoError(t, err, "FENCELOCK_SOAK")
