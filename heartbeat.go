@@ -20,7 +20,7 @@ const lapseSlack = 5 * time.Millisecond
 // add registers a held lease with the heartbeat, starting it if needed.
 func (l *Lessor) add(lease *Lease) {
 	l.mu.Lock()
-	l.active[lease] = struct{}{}
+	l.active[lease.name] = lease
 	start := !l.running
 	l.running = true
 	l.mu.Unlock()
@@ -34,7 +34,9 @@ func (l *Lessor) add(lease *Lease) {
 // remove unregisters a lease; the heartbeat exits when none is left.
 func (l *Lessor) remove(lease *Lease) {
 	l.mu.Lock()
-	delete(l.active, lease)
+	if l.active[lease.name] == lease {
+		delete(l.active, lease.name)
+	}
 	l.mu.Unlock()
 	l.poke()
 }
@@ -84,12 +86,12 @@ func (l *Lessor) scan(now time.Time) (due, expired []*Lease, next time.Time, ok 
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	next = now.Add(time.Hour)
-	for lease := range l.active {
+	for name, lease := range l.active {
 		lease.mu.Lock()
 		switch {
 		case !now.Before(lease.trustUntil):
 			expired = append(expired, lease)
-			delete(l.active, lease)
+			delete(l.active, name)
 		case lease.times.heartbeat > 0 && !now.Before(lease.nextRenew.Add(-lease.times.heartbeat/4)) &&
 			lease.trustUntil.Sub(now) > max(lapseSlack, lease.times.heartbeat/8):
 			// Due, or due within a quarter heartbeat, and not about to lapse (a lease that
@@ -154,8 +156,10 @@ func (l *Lessor) renewBatch(due []*Lease) {
 		switch {
 		case !ok:
 			l.mu.Lock()
-			_, active := l.active[lease]
-			delete(l.active, lease)
+			active := l.active[lease.name] == lease
+			if active {
+				delete(l.active, lease.name)
+			}
 			l.mu.Unlock()
 			if active { // not released meanwhile
 				lease.lost(errGoneOnServer)

@@ -46,10 +46,10 @@ type Lessor struct {
 	log     *slog.Logger
 
 	mu      sync.Mutex
-	active  map[*Lease]struct{} // held leases, watched by run
-	running bool                // run is live; it exits when active is empty
-	wake    chan struct{}       // cap 1: poke run after active changed
-	gates   map[string]*gate    // per-name serialisation of attempts
+	active  map[string]*Lease // held leases by name (at most one each: no re-entry), watched by run
+	running bool              // run is live; it exits when active is empty
+	wake    chan struct{}     // cap 1: poke run after active changed
+	gates   map[string]*gate  // per-name serialisation of attempts
 }
 
 type gate struct {
@@ -84,7 +84,7 @@ func NewLessor(pool *pgxpool.Pool, opts ...Option) (*Lessor, error) {
 		holder:  cfg.holder,
 		backoff: cfg.backoff,
 		log:     cfg.logger,
-		active:  make(map[*Lease]struct{}),
+		active:  make(map[string]*Lease),
 		wake:    make(chan struct{}, 1),
 		gates:   make(map[string]*gate),
 	}
@@ -141,9 +141,10 @@ func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
 // Errors: [ErrNotAcquired] if another holder has it (or if the grant's reply came back after
 // its trust window had ended: the grant is then released again); an error wrapping
 // [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
-// [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; otherwise the pgx error, wrapped. If ctx ends
-// while the grant is in flight, the grant may have happened on the server: TryAcquire then
-// ends it (scoped to this holder) before it returns, so nothing is left held.
+// [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby;
+// otherwise the pgx error, wrapped. If ctx ends while the grant is in flight, the grant may
+// have happened on the server: TryAcquire then ends it (scoped to this holder) before it
+// returns, so nothing is left held.
 func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	if err := validateName("name", name); err != nil {
 		return nil, err
@@ -181,8 +182,10 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 
 // retry calls attempt until it returns anything but errRefused, or ctx ends (then it
 // returns ctx's cause, wrapped with what and name). Between attempts it waits the lessor's
-// backoff, capped by the current grant's remaining TTL on the database clock (one more
-// statement, on this path only) plus a little jitter.
+// backoff, capped by the holder's expiry plus a little jitter. The expiry is read from the
+// database (one more statement, on this path only) when it is not known yet or has passed
+// without the lease coming free (the holder renewed); in between, the local clock counts down
+// the remaining TTL it reported.
 func (l *Lessor) retry(ctx context.Context, what, name string, attempt func(n int) error) error {
 	var timer *time.Timer
 	defer func() {
@@ -190,15 +193,22 @@ func (l *Lessor) retry(ctx context.Context, what, name string, attempt func(n in
 			timer.Stop()
 		}
 	}()
+	var expires time.Time // the holder's expiry, on the local clock; zero when unknown
 	for n := 0; ; n++ {
 		err := attempt(n)
 		if err != errRefused {
 			return err
 		}
 		wait := l.backoff(n)
-		// An error here (or no row: the holder was a transaction) leaves remaining 0.
-		remainingUs, _ := l.q.LeaseRemaining(ctx, l.pool, name)
-		if remaining := time.Duration(remainingUs) * time.Microsecond; remaining > 0 && remaining < wait {
+		if now := time.Now(); !now.Before(expires) {
+			// An error here (or no row: the holder was a transaction) leaves it unknown.
+			remainingUs, _ := l.q.LeaseRemaining(ctx, l.pool, name)
+			expires = time.Time{}
+			if remainingUs > 0 {
+				expires = now.Add(time.Duration(remainingUs) * time.Microsecond)
+			}
+		}
+		if remaining := time.Until(expires); remaining > 0 && remaining < wait {
 			// The holder's grant expires before the backoff would end: come back just
 			// after, with a little jitter so waiters do not all arrive at once.
 			wait = remaining + l.backoff(0)/4
@@ -232,14 +242,15 @@ func notAcquired(err error) error {
 // tryAcquire makes one attempt: the lease, errRefused, or another error. Retries set
 // precheck (see LeaseGrant).
 func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes, precheck bool) (*Lease, error) {
-	if l.holds(name) {
-		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
-	}
 	exit, err := l.enter(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("acquire lease %q: %w", name, err)
 	}
 	defer exit()
+	// Checked inside the gate: no other attempt of this lessor on name can grant meanwhile.
+	if l.holds(name) {
+		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
+	}
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
 		return nil, wrapPg(fmt.Sprintf("acquire lease %q", name), err)
@@ -279,11 +290,11 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes, pre
 // server error means the statement failed and granted nothing; so does any error that left
 // the connection open (nothing was sent, or the reply was read). An abandoned connection
 // (ctx ended mid-flight, connection broke) leaves the outcome unknown, whatever pgx's
-// SafeToRetry says (it calls a reset after the send "conn closed", safe to retry): the statement may still run, and commit, after the client gave up (it sits
-// in the server's socket buffer). So grantFailed first waits until that backend has exited
-// (pgx closes a connection whose statement it abandoned; the backend finishes the statement,
-// fails to send the result and exits), then ends the grant, if any, scoped to this holder and
-// sparing the lessor's own current grant of the name. Behind a pooler the pid is not the
+// SafeToRetry says (it calls a reset after the send "conn closed", safe to retry): the
+// statement may still run, and commit, after the client gave up (it sits in the server's
+// socket buffer). So grantFailed first waits until that backend has exited (the backend
+// finishes the statement, fails to send the result and exits), then ends the grant, if any,
+// scoped to this holder and sparing the lessor's own current grant of the name. Behind a pooler the pid is not the
 // backend's and the wait ends at once: the cleanup is then best effort, and a late grant
 // expires by its TTL.
 func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, abandoned bool, err error) error {
@@ -293,10 +304,8 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, aband
 	}
 	keep := []int64{}
 	l.mu.Lock()
-	for lease := range l.active {
-		if lease.name == name {
-			keep = append(keep, int64(lease.token))
-		}
+	if lease := l.active[name]; lease != nil {
+		keep = append(keep, int64(lease.token))
 	}
 	l.mu.Unlock()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
@@ -339,12 +348,7 @@ func (l *Lessor) awaitBackendExit(ctx context.Context, pid uint32) error {
 func (l *Lessor) holds(name string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for lease := range l.active {
-		if lease.name == name {
-			return true
-		}
-	}
-	return false
+	return l.active[name] != nil
 }
 
 // enter serialises this lessor's attempts on name; the returned func ends the turn.
