@@ -21,6 +21,10 @@ func Int64Key(k int64) AdvisoryKey { return AdvisoryKey{key: k} }
 // Int32PairKey returns the advisory key (k1, k2), as taken by pg_advisory_lock(int, int).
 func Int32PairKey(k1, k2 int32) AdvisoryKey { return AdvisoryKey{pair: true, k1: k1, k2: k2} }
 
+// Int64 returns the int64 key and true, or 0 and false for a pair key. In pg_locks an int64
+// key k shows as classid = k >> 32 and objid = k & 0xffffffff (both unsigned), objsubid 1.
+func (k AdvisoryKey) Int64() (int64, bool) { return k.key, !k.pair }
+
 // String renders the key as Postgres's lock functions take it: "123" or "(1,2)".
 func (k AdvisoryKey) String() string {
 	if k.pair {

@@ -2,7 +2,6 @@ package fencelock_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -49,9 +48,8 @@ func keyOf(t *testing.T, a *fencelock.AdvisoryLocker, name string) int64 {
 	t.Helper()
 	k, err := a.Key(name)
 	require.NoError(t, err)
-	var v int64
-	_, err = fmt.Sscan(k.String(), &v)
-	require.NoError(t, err)
+	v, ok := k.Int64()
+	require.True(t, ok)
 	return v
 }
 

@@ -56,9 +56,6 @@ func (a *AdvisoryLocker) LockKeyTx(ctx context.Context, tx pgx.Tx, key AdvisoryK
 }
 
 func (a *AdvisoryLocker) lockTxName(ctx context.Context, tx pgx.Tx, name string, mode LockMode, wait bool) (Token, error) {
-	if tx == nil {
-		return 0, argError("tx", "must not be nil")
-	}
 	key, err := a.Key(name)
 	if err != nil {
 		return 0, err

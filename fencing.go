@@ -154,19 +154,17 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	}
 	tbl := table.Sanitize()
 	tok := pgx.Identifier{tokenColumn}.Sanitize()
+	// $1 is the token, then the set values, then the key values.
 	args := []any{int64(token)}
-	var sets, where []string
-	for _, c := range set {
+	for _, c := range append(slices.Clip(set), key...) {
 		args = append(args, c.Value)
-		sets = append(sets, fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), len(args)))
 	}
-	sets = append(sets, tok+" = $1")
-	for _, c := range key {
-		args = append(args, c.Value)
-		where = append(where, fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), len(args)))
+	sets := columnsSQL(set, 2, ", ")
+	if sets != "" {
+		sets += ", "
 	}
-	keySQL := strings.Join(where, " AND ")
-	sql := fmt.Sprintf("UPDATE %s SET %s WHERE %s AND (%s IS NULL OR %s <= $1)", tbl, strings.Join(sets, ", "), keySQL, tok, tok)
+	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 WHERE %s AND (%s IS NULL OR %s <= $1)",
+		tbl, sets, tok, columnsSQL(key, 2+len(set), " AND "), tok, tok)
 	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
 		return 0, wrapPg("fenced update of "+tbl, err)
@@ -178,7 +176,7 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	keyArgs := args[1+len(set):]
 	var rows int64
 	var current *int64
-	probe := fmt.Sprintf("SELECT count(*), max(%s) FROM %s WHERE %s", tok, tbl, renumber(key, 1))
+	probe := fmt.Sprintf("SELECT count(*), max(%s) FROM %s WHERE %s", tok, tbl, columnsSQL(key, 1, " AND "))
 	if err := tx.QueryRow(ctx, probe, keyArgs...).Scan(&rows, &current); err != nil {
 		return 0, wrapPg("fenced update of "+tbl+": probe", err)
 	}
@@ -188,13 +186,13 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	return 0, &StaleTokenError{Resource: tbl, Token: token, Current: Token(*current)}
 }
 
-// renumber renders key as "col = $first AND ...".
-func renumber(key []Column, first int) string {
-	parts := make([]string, len(key))
-	for i, c := range key {
+// columnsSQL renders cols as `"col" = $first<sep>"col2" = $first+1...`, names quoted.
+func columnsSQL(cols []Column, first int, sep string) string {
+	parts := make([]string, len(cols))
+	for i, c := range cols {
 		parts[i] = fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), first+i)
 	}
-	return strings.Join(parts, " AND ")
+	return strings.Join(parts, sep)
 }
 
 // validateIdent checks a SQL identifier before it is quoted: 1 to 63 bytes (Postgres would
