@@ -89,3 +89,14 @@ func commandFlags(settings []setting) []string {
 	}
 	return flags
 }
+
+// AsyncCommit makes synchronous_commit = off the server's default and has the WAL writer wait
+// 10 s between flushes (wal_writer_delay), so that a crash loses the WAL of the last
+// acknowledged commits: the hazard that fencelock's grants and fences guard against by forcing
+// synchronous_commit on for themselves. For crash tests, with [Crashable].
+func AsyncCommit() Option {
+	return func(c *config) {
+		WithSetting("synchronous_commit", "off")(c)
+		WithSetting("wal_writer_delay", "10s")(c)
+	}
+}

@@ -25,7 +25,7 @@ func TestScenarioServerCrash(t *testing.T) {
 		settings []pgtest.Option
 	}{
 		{"default", nil},
-		{"sync-commit-off", []pgtest.Option{pgtest.WithSetting("synchronous_commit", "off"), pgtest.WithSetting("wal_writer_delay", "10s")}},
+		{"sync-commit-off", []pgtest.Option{pgtest.AsyncCommit()}},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
