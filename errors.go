@@ -48,6 +48,11 @@ var (
 	// to write (SQLSTATE 25006, wrapped too); advisory locks from pg_is_in_recovery(), checked
 	// in the lock statement before anything is taken.
 	ErrReadOnly = errors.New("fencelock: server is read-only (hot standby?); locks must be taken on the primary")
+	// ErrTokenSequence is returned, wrapping the server's error, when the token sequence
+	// (fencelock.leases_token_seq) has CACHE > 1 or CYCLE: tokens for a name could then go
+	// backwards or repeat, so no token is issued. Fix it with
+	// ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 NO CYCLE.
+	ErrTokenSequence = errors.New("fencelock: token sequence misconfigured (CACHE > 1 or CYCLE); no token issued")
 )
 
 // ArgumentError reports bad input, found before any SQL ran. It matches
@@ -111,11 +116,14 @@ func (e *LeaseLostError) Unwrap() error { return e.Cause }
 var errGoneOnServer = errors.New("the database no longer has this grant (expired or taken over)")
 
 // wrapPg wraps err from a statement with what, mapping the server's read-only refusal to
-// [ErrReadOnly].
+// [ErrReadOnly] and fencelock.next_token's refusal to [ErrTokenSequence].
 func wrapPg(what string, err error) error {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "25006" { // read_only_sql_transaction
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "25006": // read_only_sql_transaction
 		return fmt.Errorf("%s: %w: %w", what, ErrReadOnly, err)
+	case errors.As(err, &pgErr) && pgErr.Code == "FL001": // raised by fencelock.next_token
+		return fmt.Errorf("%s: %w: %w", what, ErrTokenSequence, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }

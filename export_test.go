@@ -10,3 +10,7 @@ func (lk *AdvisoryLock) ExecOnSession(ctx context.Context, sql string) error {
 	_, err := lk.conn.Exec(ctx, sql)
 	return err
 }
+
+// SetAfterGrant makes l run f after each grant statement returns, before its reply is used:
+// tests use it to make a reply arrive late.
+func SetAfterGrant(l *Lessor, f func()) { l.afterGrant = f }

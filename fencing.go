@@ -34,8 +34,9 @@ type Token int64
 // ends; otherwise the pgx error, wrapped.
 //
 // A fence rejects a stale token only once a newer one has been written through it: a paused
-// holder whose successor has not written yet still passes. Where that matters, check the
-// lease too, with [Lease.GuardTx], in the same transaction. Safe for concurrent use on different
+// holder whose successor has not written yet still passes. With a lease, use [Lease.FenceTx],
+// which checks the lease and advances the fence in one statement; FenceTx is for tokens that
+// travel without a lease (advisory lock tokens, tokens handed to another system). Safe for concurrent use on different
 // transactions (a pgx.Tx itself is not).
 func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error {
 	if tx == nil {
@@ -88,7 +89,6 @@ func (lease *Lease) GuardTx(ctx context.Context, tx pgx.Tx) error {
 	l := lease.lessor
 	_, err := l.q.LeaseGuard(ctx, tx, db.LeaseGuardParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token)})
 	if errors.Is(err, pgx.ErrNoRows) {
-		l.remove(lease)
 		lease.lost(errGoneOnServer)
 		return lease.Err()
 	}
@@ -96,6 +96,49 @@ func (lease *Lease) GuardTx(ctx context.Context, tx pgx.Tx) error {
 		return wrapPg(fmt.Sprintf("guard lease %q", lease.name), err)
 	}
 	return nil
+}
+
+// FenceTx checks that this grant is still current and advances the high-water mark of
+// resource to its token, in one statement inside tx, the caller's transaction: the pattern to
+// guard a write with a lease. It refuses a stale holder even when no newer holder has written
+// yet (a bare [FenceTx] lets that one through), and a newer holder's fenced write once it has.
+// The lease row is held FOR SHARE and the fence row locked until tx ends, so no takeover can
+// commit before tx, and fenced writes to resource commit in token order. It forces
+// synchronous_commit on for tx. One statement; a second only to describe a stale token.
+//
+// resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name). Errors:
+// an [*ArgumentError] before any SQL; [Lease.Err] when the lease has already ended locally (no
+// SQL runs); a [*LeaseLostError] when the database no longer has this grant (Done then
+// closes); a [*StaleTokenError] when resource has seen a larger token; otherwise the pgx
+// error, wrapped. After any error, roll tx back. Keep tx shorter than the TTL and use READ
+// COMMITTED, as for [Lease.GuardTx]. Safe for concurrent use on different transactions.
+func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) error {
+	if tx == nil {
+		return argError("tx", "must not be nil")
+	}
+	if err := validateName("resource", resource); err != nil {
+		return err
+	}
+	if err := lease.Err(); err != nil {
+		return err
+	}
+	l := lease.lessor
+	row, err := l.q.LeaseFence(ctx, tx, db.LeaseFenceParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token), Resource: resource})
+	if err != nil {
+		return wrapPg(fmt.Sprintf("fence %q with lease %q", resource, lease.name), err)
+	}
+	switch {
+	case row.Held == 0:
+		lease.lost(errGoneOnServer)
+		return lease.Err()
+	case row.Advanced == 1:
+		return nil
+	}
+	cur, err := l.q.FenceCurrent(ctx, tx, resource)
+	if err != nil {
+		return wrapPg(fmt.Sprintf("fence %q: read high-water mark", resource), err)
+	}
+	return &StaleTokenError{Resource: resource, Token: lease.token, Current: Token(cur)}
 }
 
 // Column is a column name and the value to compare it with or set it to, for [UpdateFencedTx].
@@ -111,7 +154,8 @@ type Column struct {
 //	WHERE key... AND (tokenColumn IS NULL OR tokenColumn <= $token)
 //
 // This fences writes with a token column kept on the caller's own table, with no fences row.
-// It runs inside tx, the caller's transaction. table is one identifier or schema-qualified
+// It runs inside tx, the caller's transaction, and forces synchronous_commit on for tx, so an
+// acknowledged fenced update is not lost in a crash (which would let an older token through). table is one identifier or schema-qualified
 // (pgx.Identifier{"public", "payments"}); every identifier is validated and quoted, never
 // pasted. key and set are matched and assigned in the order given; key must not be empty (an
 // unkeyed fenced update is almost surely a mistake), and set may be. key should pick one row:
@@ -163,7 +207,10 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	if sets != "" {
 		sets += ", "
 	}
-	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 WHERE %s AND (%s IS NULL OR %s <= $1)",
+	// The FROM item forces synchronous_commit on for tx, as FenceTx does: with the server
+	// default off, a crash after the commit could lose the acknowledged write, and the token
+	// column with it, and let an older token through again.
+	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 FROM (SELECT set_config('synchronous_commit', 'on', true)) AS fencelock_sync(fencelock_synchronous_commit) WHERE %s AND (%s IS NULL OR %s <= $1)",
 		tbl, sets, tok, columnsSQL(key, 2+len(set), " AND "), tok, tok)
 	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {

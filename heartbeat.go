@@ -1,44 +1,112 @@
 package fencelock
 
 import (
+	"container/heap"
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/fencelock/fencelock/internal/db"
 )
 
-// The heartbeat: one goroutine per Lessor, alive exactly while the lessor holds leases. It
-// renews every lease that is due (or nearly due) in one statement, and closes the Done channel
-// of each lease whose trust window ends first.
+// The heartbeat: one goroutine per Lessor, alive exactly while the lessor holds leases (or a
+// renewal batch is in flight). It keeps the held leases with a heartbeat in a min-heap by
+// renewal time and, when leases come due, renews them in batches of at most maxRenewBatch, one
+// statement each, at most maxRenewInFlight statements at a time, each in a goroutine of its own,
+// so the loop is never blocked by a statement. Adding or removing a lease costs O(log n) and
+// wakes the loop only when it changes the loop's next wake-up; a round renews the k leases due
+// at O(k log n), never a scan of all held leases.
+//
+// The heartbeat does not end leases by their trust window: each lease has a timer of its own
+// (see Lease.armTrustTimer) that closes Done at the end of its trust window, whatever the
+// heartbeat, a statement, or the pool is doing at that moment.
 
-// lapseSlack: a lease whose trust window ends sooner than this (or an eighth of its heartbeat)
-// is left out of renewal batches; its window ends before a renewal could come back.
-const lapseSlack = 5 * time.Millisecond
+const (
+	// lapseSlack: a lease whose trust window ends sooner than this (or an eighth of its
+	// heartbeat) is not renewed; its window ends before a renewal could come back.
+	lapseSlack = 5 * time.Millisecond
+	// maxRenewBatch bounds the leases one renewal statement carries, so that one statement
+	// stays short (about 4 µs a lease on the server) and several can run side by side.
+	maxRenewBatch = 5000
+	// maxRenewInFlight bounds the renewal statements in flight, and so the pooled connections
+	// the heartbeat takes from the application at once.
+	maxRenewInFlight = 2
+)
 
-// add registers a held lease with the heartbeat, starting it if needed.
+// renewQueue is a min-heap of leases by renewAt. Guarded by Lessor.mu.
+type renewQueue []*Lease
+
+func (q renewQueue) Len() int           { return len(q) }
+func (q renewQueue) Less(i, j int) bool { return q[i].renewAt.Before(q[j].renewAt) }
+func (q renewQueue) Swap(i, j int) {
+	q[i], q[j] = q[j], q[i]
+	q[i].index, q[j].index = i, j
+}
+func (q *renewQueue) Push(x any) {
+	lease := x.(*Lease)
+	lease.index = len(*q)
+	*q = append(*q, lease)
+}
+func (q *renewQueue) Pop() any {
+	old := *q
+	lease := old[len(old)-1]
+	old[len(old)-1] = nil
+	lease.index = -1
+	*q = old[:len(old)-1]
+	return lease
+}
+
+// add registers a held lease with the lessor, queues it for the heartbeat (starting the loop
+// if needed), and arms its trust-window timer. O(log n).
 func (l *Lessor) add(lease *Lease) {
 	l.mu.Lock()
 	l.active[lease.name] = lease
+	head := l.enqueueLocked(lease)
 	start := !l.running
 	l.running = true
 	l.mu.Unlock()
-	if start {
+	lease.armTrustTimer()
+	switch {
+	case start:
 		go l.run()
-	} else {
+	case head:
 		l.poke()
 	}
 }
 
-// remove unregisters a lease; the heartbeat exits when none is left.
-func (l *Lessor) remove(lease *Lease) {
+// enqueueLocked puts lease in the renewal heap when it has a heartbeat, is held and is not
+// queued or in flight already; it reports whether lease is now the heap's head (the loop's
+// next wake-up moved). l.mu must be held.
+func (l *Lessor) enqueueLocked(lease *Lease) bool {
+	if lease.times.heartbeat <= 0 || lease.index >= 0 || lease.inFlight || l.active[lease.name] != lease {
+		return false
+	}
+	lease.mu.Lock()
+	lease.renewAt = lease.nextRenew.Add(-lease.times.heartbeat / 4) // renew a quarter heartbeat early
+	ended := lease.err != nil
+	lease.mu.Unlock()
+	if ended {
+		return false
+	}
+	heap.Push(&l.queue, lease)
+	return lease.index == 0
+}
+
+// forget unregisters lease: no longer held, no longer renewed. O(log n). It wakes the loop
+// only when nothing is left, so that it exits.
+func (l *Lessor) forget(lease *Lease) {
 	l.mu.Lock()
 	if l.active[lease.name] == lease {
 		delete(l.active, lease.name)
 	}
+	if lease.index >= 0 {
+		heap.Remove(&l.queue, lease.index)
+	}
+	empty := len(l.active) == 0
 	l.mu.Unlock()
-	l.poke()
+	if empty {
+		l.poke()
+	}
 }
 
 func (l *Lessor) poke() {
@@ -48,30 +116,20 @@ func (l *Lessor) poke() {
 	}
 }
 
-// run is the heartbeat loop. It owns no lease: it stops when active is empty.
+// run is the heartbeat loop. It owns the renewal goroutines it starts and returns only when
+// no lease is held and none of them is left.
 func (l *Lessor) run() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		now := time.Now()
-		due, expired, next, ok := l.scan(now)
-		for _, lease := range expired {
-			lease.mu.Lock()
-			cause := ErrTrustWindowExpired
-			if lease.lastErr != nil {
-				cause = fmt.Errorf("%w; last renewal error: %w", ErrTrustWindowExpired, lease.lastErr)
-			}
-			lease.mu.Unlock()
-			lease.lost(cause)
-		}
+		batches, next, ok := l.take(time.Now())
 		if !ok {
 			return
 		}
-		if len(due) > 0 {
-			l.renewBatch(due)
-			continue
+		for _, batch := range batches {
+			go l.renewBatch(batch)
 		}
-		timer.Reset(next.Sub(now))
+		timer.Reset(time.Until(next))
 		select {
 		case <-timer.C:
 		case <-l.wake:
@@ -79,69 +137,99 @@ func (l *Lessor) run() {
 	}
 }
 
-// scan sorts the active leases at now into those due for renewal and those past their trust
-// window (removed from active), and returns when the loop must next wake. ok is false when no
-// lease is left; running is then cleared under the same lock, so add restarts the loop.
-func (l *Lessor) scan(now time.Time) (due, expired []*Lease, next time.Time, ok bool) {
+// take pops the leases due for renewal at now into batches, as many as the in-flight bound
+// allows, and returns when the loop must next wake. ok is false when nothing is held and no
+// batch is in flight; running is then cleared under the same lock, so add starts a new loop.
+func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	next = now.Add(time.Hour)
-	for name, lease := range l.active {
-		lease.mu.Lock()
-		switch {
-		case !now.Before(lease.trustUntil):
-			expired = append(expired, lease)
-			delete(l.active, name)
-		case lease.times.heartbeat > 0 && !now.Before(lease.nextRenew.Add(-lease.times.heartbeat/4)) &&
-			lease.trustUntil.Sub(now) > max(lapseSlack, lease.times.heartbeat/8):
-			// Due, or due within a quarter heartbeat, and not about to lapse (a lease that
-			// is would cut the batch's deadline short for all): renew it with this batch.
-			due = append(due, lease)
-		default:
-			if lease.times.heartbeat > 0 && lease.nextRenew.After(now) && lease.nextRenew.Before(next) {
-				next = lease.nextRenew
-			}
-			if lease.trustUntil.Before(next) {
-				next = lease.trustUntil
-			}
-		}
-		lease.mu.Unlock()
-	}
-	if len(l.active) == 0 {
-		// Stop now, expired or not: run closes the expired leases' Done and returns, and add
-		// starts a new loop for the next lease.
+	if len(l.active) == 0 && l.inFlight == 0 {
 		l.running = false
-		return nil, expired, next, false
+		return nil, now, false
 	}
-	return due, expired, next, true
+	var batch []*Lease
+	for len(l.queue) > 0 && l.inFlight < maxRenewInFlight && !l.queue[0].renewAt.After(now) {
+		lease := heap.Pop(&l.queue).(*Lease)
+		lease.mu.Lock()
+		due := !lease.nextRenew.Add(-lease.times.heartbeat / 4).After(now)
+		lapsing := lease.trustUntil.Sub(now) <= max(lapseSlack, lease.times.heartbeat/8)
+		lease.mu.Unlock()
+		switch {
+		case lapsing:
+			// Left to its trust-window timer, which ends it within lapseSlack.
+			continue
+		case !due: // renewed meanwhile by Lease.Renew: queue it at its new time
+			l.enqueueLocked(lease)
+			continue
+		}
+		lease.inFlight = true
+		batch = append(batch, lease)
+		if len(batch) == maxRenewBatch {
+			batches = append(batches, batch)
+			batch = nil
+			l.inFlight++
+		}
+	}
+	if len(batch) > 0 {
+		batches = append(batches, batch)
+		l.inFlight++
+	}
+	next = now.Add(time.Hour)
+	if len(l.queue) > 0 && l.inFlight < maxRenewInFlight {
+		next = l.queue[0].renewAt
+	}
+	return batches, next, true
 }
 
-// renewBatch renews due leases in one statement. Its deadline is the earliest trust window
-// end among them: the loop runs the batch synchronously, and must be back in scan to close
-// that lease's Done on time. (scan leaves leases about to lapse out of the batch, so one of
-// them cannot cut the batch short for the healthy ones.)
-func (l *Lessor) renewBatch(due []*Lease) {
-	deadline := due[0].TrustedUntil()
-	p := db.LeaseRenewParams{Holder: l.holder}
-	for _, lease := range due {
-		if t := lease.TrustedUntil(); t.Before(deadline) {
+// renewBatch renews batch in one statement and queues each lease still held for its next
+// renewal. Its deadline is the latest trust window end in the batch: past it, no lease of the
+// batch can use the answer. (A lease whose window ends earlier is ended by its own timer.)
+func (l *Lessor) renewBatch(batch []*Lease) {
+	defer func() {
+		l.mu.Lock()
+		for _, lease := range batch {
+			lease.inFlight = false
+			l.enqueueLocked(lease)
+		}
+		l.inFlight--
+		l.mu.Unlock()
+		l.poke()
+	}()
+	var deadline time.Time
+	for _, lease := range batch {
+		if t := lease.TrustedUntil(); t.After(deadline) {
 			deadline = t
 		}
-		p.Names = append(p.Names, lease.name)
-		p.Tokens = append(p.Tokens, int64(lease.token))
-		p.TtlsUs = append(p.TtlsUs, lease.times.ttl.Microseconds())
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	renewLeases(ctx, l, batch)
+}
+
+// renewLeases renews leases (all of lessor l) in one statement and applies the outcome to
+// each: renewed, retry soon (the statement failed, or the row is locked by a transaction), or
+// lost (the database no longer has the grant). It returns the statement's error, if any.
+func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) error {
+	p := db.LeaseRenewParams{
+		Holder: l.holder,
+		Names:  make([]string, len(leases)),
+		Tokens: make([]int64, len(leases)),
+		TtlsUs: make([]int64, len(leases)),
+	}
+	for i, lease := range leases {
+		p.Names[i] = lease.name
+		p.Tokens[i] = int64(lease.token)
+		p.TtlsUs[i] = lease.times.ttl.Microseconds()
+	}
 	sent := time.Now()
 	rows, err := l.q.LeaseRenew(ctx, l.pool, p)
 	if err != nil {
 		err = wrapPg("renew leases", err)
-		l.log.Warn("fencelock: renewal failed; retrying until the trust window ends", "leases", len(due), "error", err)
-		for _, lease := range due {
+		l.log.Warn("fencelock: renewal failed; retrying until the trust window ends", "leases", len(leases), "error", err)
+		for _, lease := range leases {
 			lease.retryAfter(time.Now(), err)
 		}
-		return
+		return err
 	}
 	type key struct {
 		name  string
@@ -149,34 +237,35 @@ func (l *Lessor) renewBatch(due []*Lease) {
 	}
 	got := make(map[key]db.LeaseRenewRow, len(rows))
 	for _, r := range rows {
-		got[key{r.Name, r.Token}] = r
+		k := key{r.Name, r.Token}
+		if prev, ok := got[k]; !ok || !prev.Renewed {
+			got[k] = r // renewed = true wins over the snapshot's renewed = false
+		}
 	}
-	for _, lease := range due {
+	for _, lease := range leases {
 		r, ok := got[key{lease.name, int64(lease.token)}]
 		switch {
 		case !ok:
-			l.mu.Lock()
-			active := l.active[lease.name] == lease
-			if active {
-				delete(l.active, lease.name)
-			}
-			l.mu.Unlock()
-			if active { // not released meanwhile
-				lease.lost(errGoneOnServer)
-			}
+			lease.lost(errGoneOnServer)
 		case !r.Renewed:
-			lease.retryAfter(time.Now(), errors.New("lease row locked by a transaction"))
+			lease.retryAfter(time.Now(), errRowLocked)
 		default:
 			lease.renewed(sent, r.ExpiresAt)
 		}
 	}
+	return nil
 }
 
+// errRowLocked is a renewal's verdict on a lease whose row a transaction holds locked.
+var errRowLocked = errors.New("lease row locked by a transaction (a GuardTx of this holder?)")
+
 // retryAfter schedules another renewal attempt a quarter heartbeat (at least 5ms) after a
-// failure at now. (scan renews a quarter heartbeat early, hence the half here.)
+// failure at now. (Leases are renewed a quarter heartbeat early, hence the half here.)
 func (lease *Lease) retryAfter(now time.Time, err error) {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
 	lease.lastErr = err
-	lease.nextRenew = now.Add(max(lease.times.heartbeat/2, lease.times.heartbeat/4+5*time.Millisecond))
+	if lease.times.heartbeat > 0 {
+		lease.nextRenew = now.Add(max(lease.times.heartbeat/2, lease.times.heartbeat/4+5*time.Millisecond))
+	}
 }

@@ -31,34 +31,75 @@ type Lease struct {
 	done   chan struct{}
 
 	mu         sync.Mutex
-	err        error     // set once, when done closes
-	trustUntil time.Time // local monotonic
-	nextRenew  time.Time // local monotonic; zero without heartbeat
-	expiresAt  time.Time // database clock, as of the last grant or renewal
-	lastErr    error     // last renewal failure since the last success
+	err        error       // set once, when done closes
+	trustUntil time.Time   // local monotonic
+	trustTimer *time.Timer // closes done at trustUntil; armed once the lease is registered
+	nextRenew  time.Time   // local monotonic; zero without heartbeat
+	expiresAt  time.Time   // database clock, as of the last grant or renewal
+	lastErr    error       // last renewal failure since the last success
+
+	// Guarded by lessor.mu: the lease's place in the lessor's renewal heap.
+	renewAt  time.Time // nextRenew less a quarter heartbeat, as of the last push
+	index    int       // in lessor.queue; -1 when not queued
+	inFlight bool      // in a renewal statement now
 }
 
 func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresAt time.Time) *Lease {
-	lease := &Lease{lessor: l, name: name, token: token, times: lt, done: make(chan struct{})}
+	lease := &Lease{lessor: l, name: name, token: token, times: lt, done: make(chan struct{}), index: -1}
 	lease.renewed(sent, expiresAt)
 	return lease
 }
 
-// renewed records a successful grant or renewal sent at sent.
+// renewed records a successful grant or renewal sent at sent, and moves the trust-window
+// timer to the new end of the window. It changes nothing once the lease has ended.
 func (lease *Lease) renewed(sent, expiresAt time.Time) {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
+	if lease.err != nil {
+		return
+	}
 	lease.trustUntil = sent.Add(lease.times.ttl - lease.times.margin)
 	if lease.times.heartbeat > 0 {
 		lease.nextRenew = sent.Add(lease.times.heartbeat)
 	}
 	lease.expiresAt = expiresAt
 	lease.lastErr = nil
+	if lease.trustTimer != nil {
+		lease.trustTimer.Reset(time.Until(lease.trustUntil))
+	}
 }
 
-// finish closes Done with err, once; later calls change nothing. It reports whether this
-// call closed it.
-func (lease *Lease) finish(err error) bool {
+// armTrustTimer starts the timer that ends the lease at the end of its trust window. It runs
+// on its own goroutine when it fires, so Done closes on time whatever the heartbeat, a
+// renewal statement or the pool is doing. Called once, after the lease is registered.
+func (lease *Lease) armTrustTimer() {
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	lease.trustTimer = time.AfterFunc(time.Until(lease.trustUntil), lease.trustWindowCheck)
+}
+
+// trustWindowCheck ends the lease when its trust window is over, and otherwise moves the timer
+// to the window's current end (a renewal may have extended it while the timer fired).
+func (lease *Lease) trustWindowCheck() {
+	lease.mu.Lock()
+	if lease.err != nil {
+		lease.mu.Unlock()
+		return
+	}
+	if d := time.Until(lease.trustUntil); d > 0 {
+		lease.trustTimer.Reset(d)
+		lease.mu.Unlock()
+		return
+	}
+	lease.mu.Unlock()
+	lease.lost(ErrTrustWindowExpired)
+}
+
+// end is the one way a lease ends: it unregisters the lease from its lessor (no more renewals;
+// the lessor may grant the name again), then closes Done with err and stops the trust timer,
+// once; later calls change nothing. It reports whether this call ended the lease.
+func (lease *Lease) end(err error) bool {
+	lease.lessor.forget(lease)
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
 	if lease.err != nil {
@@ -66,12 +107,23 @@ func (lease *Lease) finish(err error) bool {
 	}
 	lease.err = err
 	close(lease.done)
+	if lease.trustTimer != nil {
+		lease.trustTimer.Stop()
+	}
 	return true
 }
 
-// lost marks the lease lost with cause, and logs it.
+// lost ends the lease as lost with cause, and logs it. A trust-window loss carries the last
+// renewal error, if any.
 func (lease *Lease) lost(cause error) {
-	if lease.finish(&LeaseLostError{Name: lease.name, Token: lease.token, Cause: cause}) {
+	if cause == ErrTrustWindowExpired {
+		lease.mu.Lock()
+		if lease.lastErr != nil {
+			cause = fmt.Errorf("%w; last renewal error: %w", ErrTrustWindowExpired, lease.lastErr)
+		}
+		lease.mu.Unlock()
+	}
+	if lease.end(&LeaseLostError{Name: lease.name, Token: lease.token, Cause: cause}) {
 		lease.lessor.log.Error("fencelock: lease lost", "lease", lease.name, "token", int64(lease.token), "cause", cause)
 	}
 }
@@ -119,12 +171,12 @@ func (lease *Lease) Done() <-chan struct{} { return lease.done }
 // a process that was paused past its TTL sees the loss at its first check after waking.
 func (lease *Lease) Err() error {
 	lease.mu.Lock()
-	if lease.err == nil && !time.Now().Before(lease.trustUntil) {
-		lease.mu.Unlock()
-		lease.lessor.remove(lease)
+	expired := lease.err == nil && !time.Now().Before(lease.trustUntil)
+	lease.mu.Unlock()
+	if expired {
 		lease.lost(ErrTrustWindowExpired)
-		lease.mu.Lock()
 	}
+	lease.mu.Lock()
 	defer lease.mu.Unlock()
 	return lease.err
 }
@@ -133,32 +185,32 @@ func (lease *Lease) Err() error {
 // The heartbeat does this on its own; call Renew for leases taken with [WithoutHeartbeat].
 //
 // Errors: Err() when the lease has already ended (no SQL runs); a [*LeaseLostError] when the
-// database no longer has this grant (Done then closes); otherwise the pgx error, wrapped, and
-// the lease stays held until its trust window ends.
+// database no longer has this grant (Done then closes); an error wrapping the row-locked
+// verdict when a transaction of this holder holds the row (a [Lease.GuardTx]): try again;
+// otherwise the pgx error, wrapped, and the lease stays held until its trust window ends.
 func (lease *Lease) Renew(ctx context.Context) error {
 	if err := lease.Err(); err != nil {
 		return err
 	}
+	if err := renewLeases(ctx, lease.lessor, []*Lease{lease}); err != nil {
+		return fmt.Errorf("renew lease %q: %w", lease.name, err)
+	}
+	if err := lease.Err(); err != nil {
+		return err
+	}
+	lease.mu.Lock()
+	locked := lease.lastErr
+	lease.mu.Unlock()
+	if locked != nil {
+		return fmt.Errorf("renew lease %q: %w; try again", lease.name, locked)
+	}
 	l := lease.lessor
-	sent := time.Now()
-	rows, err := l.q.LeaseRenew(ctx, l.pool, db.LeaseRenewParams{
-		Holder: l.holder,
-		Names:  []string{lease.name},
-		Tokens: []int64{int64(lease.token)},
-		TtlsUs: []int64{lease.times.ttl.Microseconds()},
-	})
-	if err != nil {
-		return wrapPg(fmt.Sprintf("renew lease %q", lease.name), err)
+	l.mu.Lock()
+	head := l.enqueueLocked(lease) // a lease the heartbeat had left to lapse is renewed again
+	l.mu.Unlock()
+	if head {
+		l.poke()
 	}
-	if len(rows) == 0 {
-		l.remove(lease)
-		lease.lost(errGoneOnServer)
-		return lease.Err()
-	}
-	if !rows[0].Renewed {
-		return fmt.Errorf("renew lease %q: its row is locked by a transaction (a GuardTx of this holder?); try again", lease.name)
-	}
-	lease.renewed(sent, rows[0].ExpiresAt)
 	return nil
 }
 
@@ -171,10 +223,9 @@ func (lease *Lease) Renew(ctx context.Context) error {
 // (nothing changed); otherwise the pgx error, wrapped.
 func (lease *Lease) Release(ctx context.Context) error {
 	l := lease.lessor
-	l.remove(lease)
 	// Stop trusting the lease before the statement: it may hang (a blackholed connection)
-	// past the trust window, with nothing else left to close Done.
-	lease.finish(ErrReleased)
+	// past the trust window.
+	lease.end(ErrReleased)
 	n, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token)})
 	if err != nil {
 		return wrapPg(fmt.Sprintf("release lease %q", lease.name), err)

@@ -45,11 +45,15 @@ type Lessor struct {
 	backoff Backoff
 	log     *slog.Logger
 
-	mu      sync.Mutex
-	active  map[string]*Lease // held leases by name (at most one each: no re-entry), watched by run
-	running bool              // run is live; it exits when active is empty
-	wake    chan struct{}     // cap 1: poke run after active changed
-	gates   map[string]*gate  // per-name serialisation of attempts
+	mu       sync.Mutex
+	active   map[string]*Lease // held leases by name (at most one each: no re-entry)
+	queue    renewQueue        // held leases with a heartbeat, not in flight, by renewal time
+	inFlight int               // renewal statements in flight
+	running  bool              // run is live; it exits when active is empty and nothing is in flight
+	wake     chan struct{}     // cap 1: poke run after its next wake-up moved
+	gates    map[string]*gate  // per-name serialisation of attempts
+
+	afterGrant func() // tests only: runs after each grant statement returns
 }
 
 type gate struct {
@@ -153,7 +157,7 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	lease, err := l.tryAcquire(ctx, name, lt, false)
+	lease, err := l.tryAcquire(ctx, name, lt)
 	return lease, notAcquired(err)
 }
 
@@ -173,8 +177,8 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 		return nil, err
 	}
 	var lease *Lease
-	err = l.retry(ctx, "acquire lease", name, func(attempt int) (err error) {
-		lease, err = l.tryAcquire(ctx, name, lt, attempt > 0)
+	err = l.retry(ctx, "acquire lease", name, func(int) (err error) {
+		lease, err = l.tryAcquire(ctx, name, lt)
 		return err
 	})
 	return lease, err
@@ -239,9 +243,8 @@ func notAcquired(err error) error {
 	return err
 }
 
-// tryAcquire makes one attempt: the lease, errRefused, or another error. Retries set
-// precheck (see LeaseGrant).
-func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes, precheck bool) (*Lease, error) {
+// tryAcquire makes one attempt: the lease, errRefused, or another error.
+func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, error) {
 	exit, err := l.enter(ctx, name)
 	if err != nil {
 		return nil, fmt.Errorf("acquire lease %q: %w", name, err)
@@ -262,8 +265,10 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes, pre
 		Name:        name,
 		Holder:      l.holder,
 		TtlUs:       lt.ttl.Microseconds(),
-		Precheck:    precheck,
 	})
+	if l.afterGrant != nil {
+		l.afterGrant()
+	}
 	// pgx closes a connection whose statement it abandoned mid-flight; an open one means the
 	// outcome is known (the statement failed, or was never sent).
 	abandoned := err != nil && conn.Conn().IsClosed()
@@ -278,8 +283,14 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes, pre
 	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
 	if !time.Now().Before(lease.TrustedUntil()) {
 		// The reply took longer than the trust window: the grant is useless to its holder.
-		// End it (scoped to this grant) and report a refusal, so Acquire tries again.
-		_ = lease.Release(ctx)
+		// End it (scoped to this grant) and report a refusal, so Acquire tries again. Not
+		// with ctx: it may have ended meanwhile, and the grant must not stay held for a TTL.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := lease.Release(rctx); err != nil {
+			l.log.Error("fencelock: could not end a grant that arrived after its trust window; it expires by its TTL",
+				"lease", name, "holder", l.holder, "error", err)
+		}
 		return nil, errRefused
 	}
 	l.add(lease)

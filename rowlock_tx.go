@@ -34,7 +34,7 @@ func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	return notAcquired(l.runLockedOnce(ctx, name, fn, true, false))
+	return notAcquired(l.runLockedOnce(ctx, name, fn, true))
 }
 
 // RunLocked is [Lessor.TryRunLocked] that waits until the lease is free or ctx ends. While
@@ -52,8 +52,8 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	return l.retry(ctx, "run locked", name, func(attempt int) error {
-		return l.runLockedOnce(ctx, name, fn, false, attempt > 0)
+	return l.retry(ctx, "run locked", name, func(int) error {
+		return l.runLockedOnce(ctx, name, fn, false)
 	})
 }
 
@@ -69,14 +69,14 @@ func validateRunLocked(name string, fn TxFunc) error {
 
 // runLockedOnce makes one attempt: fn's outcome, errRefused, or another error. BEGIN and
 // the grant travel in one batch, so the grant costs no round trip of its own.
-func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try, precheck bool) error {
+func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try bool) error {
 	var lockTimeout pgtype.Text
 	if try {
 		lockTimeout = pgtype.Text{String: tryLockTimeout, Valid: true}
 	}
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0, LockTimeout: lockTimeout, Precheck: precheck})
+	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0, LockTimeout: lockTimeout})
 	br := l.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	// After Commit this is a no-op. Without ctx's cancellation, so a cancelled ctx still rolls

@@ -57,8 +57,10 @@ func TestScenarioIdleInTransactionTimeout(t *testing.T) {
 	const ttl = time.Second
 	for run := range runs(2) {
 		name := fmt.Sprintf("idle:%d", run)
-		require.NoError(t, SetupRegister(ctx, pool, name))
-		rec := newRecorder(t, ctx, pool)
+		// Setup, the recorder and the checks use db.Pool, without the workers' timeouts: a
+		// harness statement cancelled by statement_timeout would fail the test for nothing.
+		require.NoError(t, SetupRegister(ctx, db.Pool, name))
+		rec := newRecorder(t, ctx, db.Pool)
 		wctx, stop := context.WithTimeout(ctx, 2500*time.Millisecond)
 		var wg sync.WaitGroup
 		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
@@ -168,8 +170,10 @@ func TestScenarioLockAndStatementTimeout(t *testing.T) {
 	}
 	for run := range runs(2) {
 		name := fmt.Sprintf("tmo:%d", run)
-		require.NoError(t, SetupRegister(ctx, pool, name))
-		rec := newRecorder(t, ctx, pool)
+		// Setup, the recorder and the checks use db.Pool, without the workers' timeouts: a
+		// harness statement cancelled by statement_timeout would fail the test for nothing.
+		require.NoError(t, SetupRegister(ctx, db.Pool, name))
+		rec := newRecorder(t, ctx, db.Pool)
 		wctx, stop := context.WithTimeout(ctx, 2500*time.Millisecond)
 		var wg sync.WaitGroup
 		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
@@ -184,7 +188,7 @@ func TestScenarioLockAndStatementTimeout(t *testing.T) {
 		}
 		wg.Wait()
 		stop()
-		h := finalCheck(t, ctx, pool, rec, report, name)
+		h := finalCheck(t, ctx, db.Pool, rec, report, name)
 		for _, op := range h {
 			if op.Kind == KindGrant && strings.HasPrefix(op.Worker, "tx") && op.Outcome == OK && op.Token == 0 {
 				t.Errorf("RunLocked grant without a token: %v", op)

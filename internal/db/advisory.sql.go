@@ -16,8 +16,7 @@ SELECT (g.waited IS NOT NULL)::boolean AS granted,
        current_setting('application_name') AS prev_application_name,
        CASE WHEN g.waited IS NOT NULL THEN set_config('application_name', $1::text, false) ELSE '' END::text AS application_name,
        (CASE WHEN g.waited IS NOT NULL AND $2::boolean THEN
-           (SELECT nextval('fencelock.leases_token_seq')
-            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+           fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> $3::integer THEN NULL
@@ -78,8 +77,7 @@ const advisoryLockTx = `-- name: AdvisoryLockTx :one
 SELECT (g.waited IS NOT NULL)::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        (CASE WHEN g.waited IS NOT NULL AND $1::boolean THEN
-           (SELECT nextval('fencelock.leases_token_seq')
-            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+           fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() THEN NULL
@@ -142,8 +140,7 @@ SELECT g.granted::boolean AS granted,
        current_setting('application_name') AS prev_application_name,
        CASE WHEN g.granted THEN set_config('application_name', $1::text, false) ELSE '' END AS application_name,
        (CASE WHEN g.granted AND $2::boolean THEN
-           (SELECT nextval('fencelock.leases_token_seq')
-            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+           fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> $3::integer THEN false
@@ -184,8 +181,12 @@ type AdvisoryTryLockRow struct {
 // would not end the server session that holds the lock). Neither takes the lock. When granted it also names the lock in application_name, so
 // pg_stat_activity joined with pg_locks shows who holds what, and returns the previous
 // application_name to put back on unlock. With @tokens it draws a fencing token from the lease
-// sequence after the grant, and forces an xid and synchronous_commit so the token is durable
-// before the result returns.
+// sequence after the grant with fencelock.next_token(true), which writes this backend's row of
+// fencelock.token_flushes and forces synchronous_commit on, so the statement's commit flushes
+// the WAL and the token is durable before the result returns, even when it falls in a range
+// WAL-logged by a transaction that rolled back (a bare nextval writes no WAL there, and a
+// commit that wrote no WAL flushes nothing). In a transaction lock (AdvisoryTryLockTx,
+// AdvisoryLockTx) the token is durable once the caller's transaction commits.
 func (q *Queries) AdvisoryTryLock(ctx context.Context, db DBTX, arg AdvisoryTryLockParams) (AdvisoryTryLockRow, error) {
 	row := db.QueryRow(ctx, advisoryTryLock,
 		arg.AppName,
@@ -213,8 +214,7 @@ const advisoryTryLockTx = `-- name: AdvisoryTryLockTx :one
 SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        (CASE WHEN g.granted AND $1::boolean THEN
-           (SELECT nextval('fencelock.leases_token_seq')
-            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+           fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() THEN false

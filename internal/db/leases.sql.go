@@ -12,17 +12,66 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const leaseFence = `-- name: LeaseFence :one
+WITH cfg AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'on', true) AS sync_commit
+), held AS MATERIALIZED (
+    SELECT l.token
+    FROM fencelock.leases AS l, cfg
+    WHERE l.name = $1::text AND l.holder = $2::text AND l.token = $3::bigint
+      AND l.expires_at > clock_timestamp()
+    FOR SHARE OF l
+), advanced AS (
+    INSERT INTO fencelock.fences AS f (resource, token)
+    SELECT $4::text, held.token FROM held
+    ON CONFLICT (resource) DO UPDATE SET token = excluded.token
+    WHERE f.token <= excluded.token
+    RETURNING f.token
+)
+SELECT (SELECT count(*) FROM held)::bigint AS held, (SELECT count(*) FROM advanced)::bigint AS advanced
+`
+
+type LeaseFenceParams struct {
+	Name     string
+	Holder   string
+	Token    int64
+	Resource string
+}
+
+type LeaseFenceRow struct {
+	Held     int64
+	Advanced int64
+}
+
+// Checks the grant (name, holder, token) and advances the fence of @resource to its token, in
+// one statement inside the caller's transaction: the lease row must still have this holder and
+// token and be unexpired on the database clock, and is then held FOR SHARE until the caller's
+// transaction ends (no takeover can commit before it); the fence row is advanced to the token,
+// or left alone when a larger token has been seen, and stays locked until the transaction
+// ends. held = 0: the grant is gone (nothing was fenced); advanced = 0 with held = 1: stale.
+// Forces synchronous_commit on for the caller's transaction, as FenceAdvance does.
+func (q *Queries) LeaseFence(ctx context.Context, db DBTX, arg LeaseFenceParams) (LeaseFenceRow, error) {
+	row := db.QueryRow(ctx, leaseFence,
+		arg.Name,
+		arg.Holder,
+		arg.Token,
+		arg.Resource,
+	)
+	var i LeaseFenceRow
+	err := row.Scan(&i.Held, &i.Advanced)
+	return i, err
+}
+
 const leaseGrant = `-- name: LeaseGrant :one
-INSERT INTO fencelock.leases AS l (name, holder, acquired_at, expires_at)
-SELECT $1::text, $2::text, now(), now() + $3::bigint * interval '1 microsecond'
+INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
+SELECT $1::text, $2::text, fencelock.next_token(false), now(),
+       now() + $3::bigint * interval '1 microsecond'
 FROM (SELECT set_config('fencelock.prev_lock_timeout', current_setting('lock_timeout'), true),
-             set_config('lock_timeout', coalesce($4::text, current_setting('lock_timeout')), true),
-             set_config('synchronous_commit', 'on', true)) AS cfg
-WHERE NOT $5::boolean
-   OR NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
+             set_config('lock_timeout', coalesce($4::text, current_setting('lock_timeout')), true)) AS cfg
+WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                   WHERE cur.name = $1::text AND cur.expires_at > clock_timestamp())
 ON CONFLICT (name) DO UPDATE
-    SET holder = excluded.holder, token = DEFAULT,
+    SET holder = excluded.holder, token = fencelock.next_token(false),
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
     WHERE l.expires_at <= clock_timestamp()
 RETURNING l.token, l.expires_at,
@@ -34,7 +83,6 @@ type LeaseGrantParams struct {
 	Holder      string
 	TtlUs       int64
 	LockTimeout pgtype.Text
-	Precheck    bool
 }
 
 type LeaseGrantRow struct {
@@ -49,12 +97,15 @@ type LeaseGrantRow struct {
 // Why it is safe:
 //   - ON CONFLICT DO UPDATE locks the existing row before it evaluates the WHERE, so two grants
 //     of one name are serialised by the row lock and the second sees the first's expires_at.
-//   - token = DEFAULT draws nextval() under that row lock, after every earlier grant of the name
-//     committed, so tokens for a name rise strictly in grant order (and never repeat: one
-//     sequence serves all names). The INSERT path draws one too; a refused grant burns it, so
-//     tokens are increasing but not consecutive.
-//   - synchronous_commit is forced on for this transaction: with the server default off, a
-//     crash could lose the commit and the sequence's WAL and hand the same token out again.
+//   - The token is drawn by fencelock.next_token under that row lock, after every earlier grant
+//     of the name committed, so tokens for a name rise strictly in grant order (and never
+//     repeat: one sequence serves all names). The INSERT path draws one too; a refused grant
+//     burns it, so tokens are increasing but not consecutive.
+//   - The token is durable when the grant returns, even when it falls in a range WAL-logged by
+//     a transaction that rolled back: a grant writes its lease row, so its transaction has an
+//     xid and WAL of its own, and next_token forces synchronous_commit on, so the commit flushes
+//     the WAL up to its own record, the sequence's logged range included. (This is the reason
+//     next_token(false) suffices here; see migrations/00002_durable_tokens.sql.)
 //   - lock_timeout (@lock_timeout, e.g. '10ms'; NULL keeps the session's) bounds the wait for a
 //     row held by another transaction (a transaction-scoped holder, a guarded transaction). The
 //     previous value is stashed in fencelock.prev_lock_timeout and put back by RETURNING once
@@ -62,19 +113,18 @@ type LeaseGrantRow struct {
 //     evaluated left to right, before the conflict check takes the row lock.)
 //   - @ttl_us is the TTL in microseconds; 0 (transaction-scoped grants) makes the row expire at
 //     transaction start, so it is free again as soon as the holding transaction ends.
-//   - With @precheck (set by waiters' retries), a NOT EXISTS pre-check (the snapshot's view)
-//     refuses a lease that is plainly held without reaching ON CONFLICT, which would lock the
-//     holder's row even when its WHERE fails, and so make the holder's SKIP LOCKED renewals skip
-//     it while waiters poll. It decides nothing: the WHERE of ON CONFLICT, under the row lock,
-//     does. A first attempt skips it: one refusal locks the row for one statement, and the
-//     uncontended grant does not pay for the extra index probe.
+//   - A NOT EXISTS pre-check (the snapshot's view) refuses a lease that is plainly held without
+//     reaching ON CONFLICT, which locks the existing row even when its WHERE then fails. Without
+//     it every refused grant would row-lock the holder's row, and the holder's renewals, which
+//     skip locked rows, would skip it while others poll, until its trust window ran out. The
+//     pre-check decides nothing: the WHERE of ON CONFLICT, under the row lock, does. It only
+//     keeps refused grants off rows that are held.
 func (q *Queries) LeaseGrant(ctx context.Context, db DBTX, arg LeaseGrantParams) (LeaseGrantRow, error) {
 	row := db.QueryRow(ctx, leaseGrant,
 		arg.Name,
 		arg.Holder,
 		arg.TtlUs,
 		arg.LockTimeout,
-		arg.Precheck,
 	)
 	var i LeaseGrantRow
 	err := row.Scan(&i.Token, &i.ExpiresAt, &i.Restored)
@@ -176,7 +226,7 @@ func (q *Queries) LeaseRemaining(ctx context.Context, db DBTX, name string) (int
 const leaseRenew = `-- name: LeaseRenew :many
 WITH cfg AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'on', true) AS sync_commit
-), v AS (
+), v AS MATERIALIZED (
     SELECT unnest($1::text[]) AS name, unnest($2::bigint[]) AS token,
            unnest($3::bigint[]) AS ttl_us
     FROM cfg
@@ -198,7 +248,7 @@ UNION ALL
 SELECT l.name, l.token, l.expires_at, false
 FROM fencelock.leases AS l JOIN v ON l.name = v.name AND l.token = v.token
 WHERE l.holder = $4::text AND l.expires_at > clock_timestamp()
-  AND NOT EXISTS (SELECT 1 FROM renewed WHERE renewed.name = l.name)
+  AND (SELECT count(*) FROM renewed) < cardinality($1::text[])
 `
 
 type LeaseRenewParams struct {
@@ -223,11 +273,18 @@ type LeaseRenewRow struct {
 //     late renewal can never revive a lapsed lease or touch a newer grant.
 //   - Rows locked by someone else (a guarded transaction of the holder's own, holding the row
 //     FOR SHARE until it commits) are skipped rather than waited for, so one long transaction
-//     cannot hold up the renewal of every other lease in the batch. They come back with
-//     renewed = false while the snapshot still shows them current: retry them soon. A lease that
-//     comes back neither renewed nor current (or not at all) is lost.
+//     cannot hold up the renewal of every other lease in the batch. Grants of other holders
+//     never lock a held row (see LeaseGrant's pre-check), so polling cannot make a renewal skip.
 //   - synchronous_commit is forced on: a renewal lost in a crash would let a new holder in while
 //     the old one still trusts its renewal.
+//
+// What it returns: a row with renewed = true for each lease renewed. Only when some lease of
+// the batch was not renewed (the count of renewed rows, read once, falls short), it also
+// returns renewed = false rows for every lease of the batch still current in the statement's
+// snapshot, renewed ones included: the caller keeps true over false. A lease that comes back
+// only with false was skipped as locked (retry it soon); one that does not come back is lost.
+// Cost: linear in the batch (index probes and one scalar count; no anti-join over a CTE,
+// which the planner runs as a nested loop, quadratic in the batch size).
 func (q *Queries) LeaseRenew(ctx context.Context, db DBTX, arg LeaseRenewParams) ([]LeaseRenewRow, error) {
 	rows, err := db.Query(ctx, leaseRenew,
 		arg.Names,
@@ -256,4 +313,65 @@ func (q *Queries) LeaseRenew(ctx context.Context, db DBTX, arg LeaseRenewParams)
 		return nil, err
 	}
 	return items, nil
+}
+
+const leaseSweep = `-- name: LeaseSweep :one
+WITH page AS MATERIALIZED (
+    SELECT cur.name FROM fencelock.leases AS cur
+    WHERE cur.name > $1::text
+    ORDER BY cur.name
+    LIMIT $2::integer
+), doomed AS (
+    SELECT l.name FROM fencelock.leases AS l JOIN page ON l.name = page.name
+    WHERE l.expires_at < clock_timestamp() - $3::bigint * interval '1 microsecond'
+    FOR UPDATE OF l SKIP LOCKED
+), deleted AS (
+    DELETE FROM fencelock.leases AS l USING doomed WHERE l.name = doomed.name
+    RETURNING l.name
+)
+SELECT coalesce((SELECT max(page.name) FROM page), '')::text AS last,
+       (SELECT count(*) FROM deleted)::bigint AS deleted
+`
+
+type LeaseSweepParams struct {
+	After    string
+	PageSize int32
+	GraceUs  int64
+}
+
+type LeaseSweepRow struct {
+	Last    string
+	Deleted int64
+}
+
+// Deletes expired lease rows among the next @page_size rows after @after in name order, in
+// one statement: a keyset page, so a whole sweep reads each row once and one statement holds
+// at most @page_size row locks for a few milliseconds. A row is deleted only when it expired
+// more than @grace_us microseconds ago on the database clock: renewals and GuardTx act only on
+// unexpired rows, so no grant can still be renewed or guarded through it (the grace covers a
+// database clock stepped back). Rows locked by anyone (a grant taking the name over, a
+// transaction-scoped holder) are skipped, never waited for, and rows granted since the
+// snapshot are re-checked under the row lock and kept. Tokens come from the sequence, not the
+// row, so a name granted again after its row was deleted still gets a larger token. Returns
+// the last name of the page (” when the page was empty: the sweep is done) and the count.
+func (q *Queries) LeaseSweep(ctx context.Context, db DBTX, arg LeaseSweepParams) (LeaseSweepRow, error) {
+	row := db.QueryRow(ctx, leaseSweep, arg.After, arg.PageSize, arg.GraceUs)
+	var i LeaseSweepRow
+	err := row.Scan(&i.Last, &i.Deleted)
+	return i, err
+}
+
+const tokenFlushesSweep = `-- name: TokenFlushesSweep :execrows
+DELETE FROM fencelock.token_flushes AS f
+WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = f.pid)
+`
+
+// Deletes the rows of fencelock.token_flushes whose backend has exited. Harmless for a live
+// backend too: its next advisory token writes its row again.
+func (q *Queries) TokenFlushesSweep(ctx context.Context, db DBTX) (int64, error) {
+	result, err := db.Exec(ctx, tokenFlushesSweep)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

@@ -20,3 +20,8 @@ type FencelockLease struct {
 	AcquiredAt time.Time
 	ExpiresAt  time.Time
 }
+
+type FencelockTokenFlush struct {
+	Pid   int32
+	Token int64
+}

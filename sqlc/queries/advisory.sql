@@ -9,16 +9,19 @@
 -- would not end the server session that holds the lock). Neither takes the lock. When granted it also names the lock in application_name, so
 -- pg_stat_activity joined with pg_locks shows who holds what, and returns the previous
 -- application_name to put back on unlock. With @tokens it draws a fencing token from the lease
--- sequence after the grant, and forces an xid and synchronous_commit so the token is durable
--- before the result returns.
+-- sequence after the grant with fencelock.next_token(true), which writes this backend's row of
+-- fencelock.token_flushes and forces synchronous_commit on, so the statement's commit flushes
+-- the WAL and the token is durable before the result returns, even when it falls in a range
+-- WAL-logged by a transaction that rolled back (a bare nextval writes no WAL there, and a
+-- commit that wrote no WAL flushes nothing). In a transaction lock (AdvisoryTryLockTx,
+-- AdvisoryLockTx) the token is durable once the caller's transaction commits.
 SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        pg_backend_pid() AS backend_pid,
        current_setting('application_name') AS prev_application_name,
        CASE WHEN g.granted THEN set_config('application_name', sqlc.arg(app_name)::text, false) ELSE '' END AS application_name,
        (CASE WHEN g.granted AND sqlc.arg(tokens)::boolean THEN
-           (SELECT nextval('fencelock.leases_token_seq')
-            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+           fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN false
@@ -38,8 +41,7 @@ SELECT (g.waited IS NOT NULL)::boolean AS granted,
        current_setting('application_name') AS prev_application_name,
        CASE WHEN g.waited IS NOT NULL THEN set_config('application_name', sqlc.arg(app_name)::text, false) ELSE '' END::text AS application_name,
        (CASE WHEN g.waited IS NOT NULL AND sqlc.arg(tokens)::boolean THEN
-           (SELECT nextval('fencelock.leases_token_seq')
-            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+           fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN NULL
@@ -74,8 +76,7 @@ SELECT pg_backend_pid() AS backend_pid;
 SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        (CASE WHEN g.granted AND sqlc.arg(tokens)::boolean THEN
-           (SELECT nextval('fencelock.leases_token_seq')
-            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+           fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() THEN false
@@ -90,8 +91,7 @@ FROM (SELECT CASE
 SELECT (g.waited IS NOT NULL)::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        (CASE WHEN g.waited IS NOT NULL AND sqlc.arg(tokens)::boolean THEN
-           (SELECT nextval('fencelock.leases_token_seq')
-            FROM (SELECT pg_current_xact_id(), set_config('synchronous_commit', 'on', true)) AS durable)
+           fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() THEN NULL
