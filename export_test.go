@@ -1,6 +1,10 @@
 package fencelock
 
-import "context"
+import (
+	"context"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
 
 // ExecOnSession runs sql on the session that holds lk, for tests that must break a session's
 // state from inside (pg_advisory_unlock_all, say).
@@ -14,3 +18,6 @@ func (lk *AdvisoryLock) ExecOnSession(ctx context.Context, sql string) error {
 // SetAfterGrant makes l run f after each grant statement returns, before its reply is used:
 // tests use it to make a reply arrive late.
 func SetAfterGrant(l *Lessor, f func()) { l.afterGrant = f }
+
+// StatementSQL returns the SQL text of the generated query called name ("LeaseRenew").
+func StatementSQL(name string) string { return db.Statement(name) }

@@ -1,0 +1,171 @@
+package fencelock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// tokenPath issues one fencing token the way one API path does, and leaves nothing behind
+// that would flush the WAL (no release, no unlock).
+type tokenPath func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error)
+
+var tokenPaths = []struct {
+	desc  string
+	issue tokenPath
+}{
+	{"LeaseGrant", func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error) {
+		lease, err := newLessor(t, pool, "grant").TryAcquire(ctx, fmt.Sprintf("lease:%d", i), time.Minute)
+		if err != nil {
+			return 0, err
+		}
+		return lease.Token(), nil
+	}},
+	{"RunLocked", func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error) {
+		var token fencelock.Token
+		err := newLessor(t, pool, "tx").RunLocked(ctx, fmt.Sprintf("tx:%d", i), func(_ context.Context, _ pgx.Tx, tok fencelock.Token) error {
+			token = tok
+			return nil
+		})
+		return token, err
+	}},
+	{"AdvisorySession", func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error) {
+		a, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens())
+		require.NoError(t, err)
+		lk, err := a.TryLock(ctx, fmt.Sprintf("adv:%d", i))
+		if err != nil {
+			return 0, err
+		}
+		// Held until the crash ends its session; Unlock then hands the connection back (closed),
+		// which the pool's Close at cleanup waits for.
+		t.Cleanup(func() { _ = lk.Unlock(context.Background()) })
+		return lk.Token(), nil
+	}},
+	{"AdvisoryTransaction", func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error) {
+		a, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens())
+		require.NoError(t, err)
+		var token fencelock.Token
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+			token, err = a.TryLockTx(ctx, tx, fmt.Sprintf("advtx:%d", i))
+			return err
+		})
+		return token, err
+	}},
+}
+
+// Every path that issues a token makes it durable before the grant returns, even when the
+// value falls in a range of the sequence WAL-logged by a transaction that rolled back: nextval
+// logs 32 values ahead, a rollback is not flushed, and a later nextval inside the range writes
+// no WAL, so a commit that writes nothing else flushes nothing. The server keeps its default
+// synchronous_commit = on; wal_writer_delay = 10s keeps the WAL writer from flushing the range
+// by chance before the crash. Before fencelock.next_token, the advisory paths handed the same
+// token out again after the crash.
+func TestTokenDurableAfterRolledBackRange(t *testing.T) {
+	t.Parallel()
+	for _, tc := range tokenPaths {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.WithSetting("wal_writer_delay", "10s"))
+			db := srv.NewDB(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			first, err := tc.issue(t, ctx, db.Pool, 0)
+			require.NoError(t, err)
+
+			// After a checkpoint the next nextval WAL-logs a range; its transaction rolls back.
+			_, err = db.Pool.Exec(ctx, `CHECKPOINT`)
+			require.NoError(t, err)
+			errRollback := errors.New("roll back")
+			err = newLessor(t, db.Pool, "rollback").RunLocked(ctx, "rollback", func(context.Context, pgx.Tx, fencelock.Token) error {
+				return errRollback
+			})
+			require.ErrorIs(t, err, errRollback)
+
+			inRange, err := tc.issue(t, ctx, db.Pool, 1) // a value of the rolled-back range
+			require.NoError(t, err)
+			require.Greater(t, inRange, first)
+
+			require.NoError(t, srv.Crash(ctx))
+			require.NoError(t, srv.Restart(ctx))
+			db.Pool.Reset()
+			after := issueRetrying(t, ctx, db.Pool, tc.issue, 2)
+			require.Greater(t, after, inRange, "a token issued before the crash was issued again")
+			var sc string
+			require.NoError(t, db.Pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&sc))
+			require.Equal(t, "on", sc) // the server default the scenario is about
+		})
+	}
+}
+
+// issueRetrying issues a token through issue, retrying while the pool reconnects after a
+// restart; it fails the test after 30 s.
+func issueRetrying(t *testing.T, ctx context.Context, pool *pgxpool.Pool, issue tokenPath, i int) fencelock.Token {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		token, err := issue(t, ctx, pool, i)
+		if err == nil {
+			return token
+		}
+		require.NoError(t, ctx.Err(), "last error: %v", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond): // the server is restarting: nothing to await but a connection
+		}
+	}
+}
+
+// An acknowledged UpdateFencedTx survives a crash where the server default is
+// synchronous_commit = off, so an older token is still rejected afterwards. Before the fix the
+// committed update was lost with the unflushed WAL, and the older token passed.
+func TestUpdateFencedDurableAfterCrash(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
+	db := srv.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL, fence bigint)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `INSERT INTO accounts VALUES (1, 0, NULL)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `CHECKPOINT`) // the table and its row are durable
+	require.NoError(t, err)
+
+	update := func(token fencelock.Token, balance int) error {
+		return pgx.BeginFunc(ctx, db.Pool, func(tx pgx.Tx) error {
+			_, err := fencelock.UpdateFencedTx(ctx, tx, pgx.Identifier{"accounts"}, "fence", token,
+				[]fencelock.Column{{Name: "balance", Value: balance}}, []fencelock.Column{{Name: "id", Value: 1}})
+			return err
+		})
+	}
+	require.NoError(t, update(10, 100))
+	require.NoError(t, srv.Crash(ctx))
+	require.NoError(t, srv.Restart(ctx))
+	db.Pool.Reset()
+
+	var err2 error
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err2 = update(5, 50)
+		if err2 == nil || errors.Is(err2, fencelock.ErrStaleToken) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the server is restarting: nothing to await but a connection
+	}
+	require.ErrorIs(t, err2, fencelock.ErrStaleToken, "the acknowledged fenced update was lost in the crash")
+	var balance int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = 1`).Scan(&balance))
+	require.Equal(t, 100, balance)
+	var sc string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&sc))
+	require.Equal(t, "off", sc)
+}
