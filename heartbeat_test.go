@@ -1,0 +1,260 @@
+package fencelock_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// doneLateness waits for lease's Done and returns how long after the end of its trust window
+// it closed (negative: before). It fails the test after limit.
+func doneLateness(t *testing.T, lease *fencelock.Lease, limit time.Duration) time.Duration {
+	t.Helper()
+	select {
+	case <-lease.Done():
+		return time.Since(lease.TrustedUntil())
+	case <-time.After(limit):
+		t.Fatalf("lease %q: Done not closed within %v", lease.Name(), limit)
+		return 0
+	}
+}
+
+// maxDoneLateness is how late past the end of its trust window a Done may close in these
+// tests: the timer fires on time; the rest is the Go scheduler on a loaded 2-core machine
+// under -race.
+const maxDoneLateness = 50 * time.Millisecond
+
+// Done closes at the end of the trust window while the heartbeat is busy with another lease's
+// renewal. Lease "long" (TTL 4 s) comes due at 1.0 s; lease "short" (TTL 1.2 s, granted at
+// 0.9 s) comes due only at 1.2 s and its window ends at 1.98 s. From 0.95 s every renewal is
+// blocked: by a table lock, or by a pool the application has exhausted. Before the trust
+// timers, the heartbeat sat in long's renewal until long's window ended (3.6 s), and short's
+// Done closed about 1.6 s late.
+func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc  string
+		block func(t *testing.T, ctx context.Context, b *bundle, pool *pgxpool.Pool) (unblock func())
+	}{
+		{"TableLocked", func(t *testing.T, ctx context.Context, b *bundle, _ *pgxpool.Pool) func() {
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `LOCK TABLE fencelock.leases IN EXCLUSIVE MODE`)
+			require.NoError(t, err)
+			return func() { _ = tx.Rollback(ctx) }
+		}},
+		{"PoolExhausted", func(t *testing.T, ctx context.Context, _ *bundle, pool *pgxpool.Pool) func() {
+			var conns []*pgxpool.Conn
+			for range int(pool.Config().MaxConns) {
+				c, err := pool.Acquire(ctx)
+				require.NoError(t, err)
+				conns = append(conns, c)
+			}
+			return func() {
+				for _, c := range conns {
+					c.Release()
+				}
+			}
+		}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			cfg, err := pgxpool.ParseConfig(b.db.URL)
+			require.NoError(t, err)
+			cfg.MaxConns = 2
+			pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			l := newLessor(t, pool, "busy")
+
+			start := time.Now()
+			long, err := l.TryAcquire(b.ctx, "long", 4*time.Second)
+			require.NoError(t, err)
+			time.Sleep(time.Until(start.Add(900 * time.Millisecond))) // staging the schedule, not awaiting an event
+			short, err := l.TryAcquire(b.ctx, "short", 1200*time.Millisecond)
+			require.NoError(t, err)
+			time.Sleep(time.Until(start.Add(950 * time.Millisecond)))
+			unblock := tc.block(t, b.ctx, b, pool)
+			defer unblock()
+
+			shortLate := doneLateness(t, short, 5*time.Second)
+			require.Less(t, shortLate, maxDoneLateness, "short's Done closed %v after its trust window", shortLate)
+			require.ErrorIs(t, short.Err(), fencelock.ErrTrustWindowExpired)
+			longLate := doneLateness(t, long, 5*time.Second)
+			require.Less(t, longLate, maxDoneLateness, "long's Done closed %v after its trust window", longLate)
+			t.Logf("Done lateness while renewals are blocked: short %v, long %v", shortLate, longLate)
+		})
+	}
+}
+
+// No amount of polling by other lessors costs a healthy holder its lease: a refused grant
+// never row-locks the holder's row, so renewals (which skip locked rows) never skip it.
+// Before the pre-check ran on every attempt, 6 pollers made a holder with a 300 ms TTL lose
+// its lease 1 to 3 times in 4 s.
+func TestPollersCannotCostHolderItsLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newLessor(t, b.pool, "holder")
+	lease, err := holder.TryAcquire(b.ctx, "hot", 300*time.Millisecond)
+	require.NoError(t, err)
+	ctx, stop := context.WithTimeout(b.ctx, 3*time.Second)
+	defer stop()
+	var polls, granted atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 8 {
+		poller := newLessor(t, b.pool, fmt.Sprintf("poller%d", i))
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				got, err := poller.TryAcquire(ctx, "hot", 300*time.Millisecond)
+				polls.Add(1)
+				if err == nil {
+					granted.Add(1)
+					_ = got.Release(context.WithoutCancel(ctx))
+				}
+			}
+		})
+	}
+	select {
+	case <-lease.Done():
+		t.Fatalf("the holder lost its lease to pollers: %v", lease.Err())
+	case <-ctx.Done():
+	}
+	wg.Wait()
+	require.NoError(t, lease.Err())
+	require.Zero(t, granted.Load(), "a poller was granted a held lease")
+	require.Greater(t, polls.Load(), int64(100), "the pollers hardly polled")
+	require.NoError(t, lease.Release(b.ctx))
+	t.Logf("%d refused polls in 3 s; the holder kept its lease", polls.Load())
+}
+
+// A grant whose reply arrives after its trust window is released on a context of its own, so
+// the name is free at once even when the caller's ctx ended meanwhile (before, the release
+// used the caller's ctx, was never sent, and the name stayed held for a whole TTL).
+func TestLateGrantReleasedAfterCallerCancels(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "late", fencelock.WithSafetyMargin(9900*time.Millisecond), fencelock.WithHeartbeatInterval(30*time.Millisecond))
+	ctx, cancel := context.WithCancel(b.ctx)
+	fencelock.SetAfterGrant(l, func() {
+		cancel()                           // the caller gives up as the reply arrives...
+		time.Sleep(150 * time.Millisecond) // ...which arrives past the 100 ms trust window
+	})
+	lease, err := l.TryAcquire(ctx, "slow", 10*time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	require.Nil(t, lease)
+	require.True(t, readLease(t, b.ctx, b.pool, "slow").Expired, "the late grant is still held")
+	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, "slow", time.Second)
+	require.NoError(t, err)
+	require.NoError(t, other.Release(b.ctx))
+}
+
+// Renewal costs O(n) in the batch: no plan node of the renewal statement does more than a few
+// rows' work per lease renewed (rows x loops), including when some leases are not renewed
+// (row locked by a guard) and the statement reports the rest. The anti-join it used before
+// ran a CTE scan once per lease: about n^2/2 rows (2 million at n = 2,000; 10 s at 16,000).
+func TestRenewalPlanLinear(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 2000
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+		SELECT 'lease:' || i, 'h', now(), now() + interval '1 hour' FROM generate_series(1, $1) AS i`, n)
+	require.NoError(t, err)
+	rows, err := b.pool.Query(b.ctx, `SELECT name, token FROM fencelock.leases ORDER BY name`)
+	require.NoError(t, err)
+	var names []string
+	var tokens, ttls []int64
+	for rows.Next() {
+		var name string
+		var token int64
+		require.NoError(t, rows.Scan(&name, &token))
+		names, tokens, ttls = append(names, name), append(tokens, token), append(ttls, 60_000_000)
+	}
+	require.NoError(t, rows.Err())
+	// One lease's row is locked by a guard-like transaction: the statement then reports the
+	// current leases too.
+	guard, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = guard.Rollback(b.ctx) }()
+	_, err = guard.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'lease:1' FOR SHARE`)
+	require.NoError(t, err)
+
+	var plan []map[string]any
+	// sqlc numbers the parameters in order of appearance: names, tokens, ttls_us, holder.
+	err = b.pool.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+fencelock.StatementSQL("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
+	require.NoError(t, err)
+	require.Len(t, plan, 1)
+	worst, where := 0.0, ""
+	var walk func(node map[string]any)
+	walk = func(node map[string]any) {
+		work := node["Actual Rows"].(float64) * node["Actual Loops"].(float64)
+		if work > worst {
+			worst, where = work, fmt.Sprint(node["Node Type"], " ", node["Relation Name"], node["CTE Name"])
+		}
+		children, _ := node["Plans"].([]any)
+		for _, c := range children {
+			walk(c.(map[string]any))
+		}
+	}
+	walk(plan[0]["Plan"].(map[string]any))
+	require.LessOrEqual(t, worst, 3.0*n, "plan node %s handles %.0f rows for %d leases: not linear\n%s", where, worst, n, mustJSON(plan))
+	t.Logf("renewal of %d leases: the busiest plan node (%s) handles %.0f rows", n, where, worst)
+}
+
+func mustJSON(v any) string {
+	out, _ := json.MarshalIndent(v, "", " ")
+	return string(out)
+}
+
+// A token sequence that cannot keep tokens in grant order (CACHE > 1: each backend hands out
+// its own block; CYCLE: it wraps) is refused with ErrTokenSequence before any token is issued,
+// on every path, and nothing is left held.
+func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
+	t.Parallel()
+	for _, alter := range []string{"CACHE 20", "CYCLE"} {
+		t.Run(alter, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			_, err := b.pool.Exec(b.ctx, `ALTER SEQUENCE fencelock.leases_token_seq `+alter)
+			require.NoError(t, err)
+			l := newLessor(t, b.pool, "a")
+			_, err = l.TryAcquire(b.ctx, "job", time.Minute)
+			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
+			err = l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil })
+			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
+			a, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithFencingTokens())
+			require.NoError(t, err)
+			_, err = a.TryLock(b.ctx, "job")
+			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
+			err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+				_, err := a.TryLockTx(b.ctx, tx, "job")
+				return err
+			})
+			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
+			var leases int
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases`).Scan(&leases))
+			require.Zero(t, leases, "a refused grant left a lease row")
+
+			// Nothing is left held: with the sequence repaired, every path grants at once.
+			_, err = b.pool.Exec(b.ctx, `ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 NO CYCLE`)
+			require.NoError(t, err)
+			lk, err := a.TryLock(b.ctx, "job")
+			require.NoError(t, err)
+			require.Positive(t, lk.Token())
+			require.NoError(t, lk.Unlock(b.ctx))
+			lease, err := l.TryAcquire(b.ctx, "job", time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, lease.Release(b.ctx))
+		})
+	}
+}
