@@ -35,11 +35,11 @@ func doneLateness(t *testing.T, lease *fencelock.Lease, limit time.Duration) tim
 const maxDoneLateness = 50 * time.Millisecond
 
 // Done closes at the end of the trust window while the heartbeat is busy with another lease's
-// renewal. Lease "long" (TTL 4 s) comes due at 1.0 s; lease "short" (TTL 1.2 s, granted at
-// 0.9 s) comes due only at 1.2 s and its window ends at 1.98 s. From 0.95 s every renewal is
-// blocked: by a table lock, or by a pool the application has exhausted. Before the trust
-// timers, the heartbeat sat in long's renewal until long's window ended (3.6 s), and short's
-// Done closed about 1.6 s late.
+// renewal. Lease "long" (TTL 4 s, heartbeat 1.33 s) comes due at 1.0 to 1.33 s; lease "short"
+// (TTL 2.4 s, heartbeat 0.8 s, granted at 0.9 s) comes due only at 1.5 to 1.7 s and its window
+// ends at 3.06 s. From 1.1 s every renewal is blocked: by a table lock, or by a pool the
+// application has exhausted. Before the trust timers, the heartbeat sat in long's renewal
+// (started at 1.33 s) until long's window ended (3.6 s), and short's Done closed 0.54 s late.
 func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -82,9 +82,9 @@ func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
 			long, err := l.TryAcquire(b.ctx, "long", 4*time.Second)
 			require.NoError(t, err)
 			time.Sleep(time.Until(start.Add(900 * time.Millisecond))) // staging the schedule, not awaiting an event
-			short, err := l.TryAcquire(b.ctx, "short", 1200*time.Millisecond)
+			short, err := l.TryAcquire(b.ctx, "short", 2400*time.Millisecond)
 			require.NoError(t, err)
-			time.Sleep(time.Until(start.Add(950 * time.Millisecond)))
+			time.Sleep(time.Until(start.Add(1100 * time.Millisecond)))
 			unblock := tc.block(t, b.ctx, b, pool)
 			defer unblock()
 
@@ -100,20 +100,28 @@ func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
 
 // No amount of polling by other lessors costs a healthy holder its lease: a refused grant
 // never row-locks the holder's row, so renewals (which skip locked rows) never skip it.
-// Before the pre-check ran on every attempt, 6 pollers made a holder with a 300 ms TTL lose
-// its lease 1 to 3 times in 4 s.
+// Before the pre-check ran on every attempt, each refused poll row-locked the holder's row
+// (6 pollers made a holder with a 300 ms TTL lose its lease 1 to 3 times in 4 s).
 func TestPollersCannotCostHolderItsLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder := newLessor(t, b.pool, "holder")
+	// A 200 ms heartbeat leaves room for three renewal attempts in the trust window: the
+	// fewer the attempts, the likelier that pollers holding the row lock make all of them skip.
+	holder := newLessor(t, b.pool, "holder", fencelock.WithHeartbeatInterval(200*time.Millisecond))
 	lease, err := holder.TryAcquire(b.ctx, "hot", 300*time.Millisecond)
 	require.NoError(t, err)
-	ctx, stop := context.WithTimeout(b.ctx, 3*time.Second)
+	ctx, stop := context.WithTimeout(b.ctx, 4*time.Second)
 	defer stop()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 16 // the pollers' own pool: they never wait for the holder's connections
+	pollers, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	defer pollers.Close()
 	var polls, granted atomic.Int64
 	var wg sync.WaitGroup
-	for i := range 8 {
-		poller := newLessor(t, b.pool, fmt.Sprintf("poller%d", i))
+	for i := range 16 {
+		poller := newLessor(t, pollers, fmt.Sprintf("poller%d", i))
 		wg.Go(func() {
 			for ctx.Err() == nil {
 				got, err := poller.TryAcquire(ctx, "hot", 300*time.Millisecond)
@@ -135,7 +143,7 @@ func TestPollersCannotCostHolderItsLease(t *testing.T) {
 	require.Zero(t, granted.Load(), "a poller was granted a held lease")
 	require.Greater(t, polls.Load(), int64(100), "the pollers hardly polled")
 	require.NoError(t, lease.Release(b.ctx))
-	t.Logf("%d refused polls in 3 s; the holder kept its lease", polls.Load())
+	t.Logf("%d refused polls in 4 s; the holder kept its lease", polls.Load())
 }
 
 // A grant whose reply arrives after its trust window is released on a context of its own, so
