@@ -138,3 +138,59 @@ func TestUpdateFencedTx(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n)
 }
+
+// Lease.FenceTx refuses a stale holder even when its successor has not written yet (a bare
+// FenceTx lets that holder through), refuses an older token once a newer one was written, and
+// lets the current holder write several times with one grant.
+func TestLeaseFenceTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	createWrites(t, b)
+	write := func(lease *fencelock.Lease, resource string) error {
+		return pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+			if err := lease.FenceTx(b.ctx, tx, resource); err != nil {
+				return err
+			}
+			_, err := tx.Exec(b.ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, resource, int64(lease.Token()))
+			return err
+		})
+	}
+	old, err := newLessor(t, b.pool, "old").TryAcquire(b.ctx, "payment:1", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, write(old, "payment:1"))
+	require.NoError(t, write(old, "payment:1")) // equal tokens pass
+
+	// The old holder pauses; its grant ends on the server (as by a TTL run out, or a forced
+	// release) and a new holder takes the name over, but writes nothing yet.
+	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'payment:1'`)
+	require.NoError(t, err)
+	cur, err := newLessor(t, b.pool, "new").TryAcquire(b.ctx, "payment:1", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, old.Err(), "the old holder still trusts its lease: the test is about the server's check")
+	require.NoError(t, fencedWrite(b.ctx, b.pool, "payment:1", old.Token()), "a bare FenceTx lets the paused holder through")
+	err = write(old, "payment:1")
+	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
+	waitDone(t, old, time.Second)
+
+	// A newer grant's write, then an older grant of another name fencing the same resource.
+	require.NoError(t, write(cur, "payment:1"))
+	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, "other", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, write(other, "shared"))
+	older, err := newLessor(t, b.pool, "older").TryAcquire(b.ctx, "older", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, write(older, "shared"))
+	err = write(other, "shared")
+	require.Equal(t, &fencelock.StaleTokenError{Resource: "shared", Token: other.Token(), Current: older.Token()}, errorsAsStale(t, err))
+	require.NoError(t, other.Err(), "a stale token is not a lost lease")
+
+	// Bad input is refused before any SQL.
+	require.ErrorIs(t, cur.FenceTx(b.ctx, nil, "payment:1"), fencelock.ErrInvalidArgument)
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return cur.FenceTx(b.ctx, tx, "") })
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+
+	require.Equal(t, []int64{int64(old.Token()), int64(old.Token()), int64(old.Token()), int64(cur.Token())}, writtenTokens(t, b, "payment:1"))
+	for _, l := range []*fencelock.Lease{cur, other, older} {
+		require.NoError(t, l.Release(b.ctx))
+	}
+}

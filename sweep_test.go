@@ -1,0 +1,87 @@
+package fencelock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// SweepLeases deletes exactly the rows expired for longer than the grace period, in pages,
+// keeps held rows, rows inside the grace period and rows a transaction holds, and a name
+// granted again after its row was swept still gets a larger token.
+func TestSweepLeases(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// 1,200 rows expired an hour ago (more than two pages), 10 expired a second ago, 10 held.
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+		SELECT 'old:' || i, 'h', now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, 1200) AS i`)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+		SELECT 'recent:' || i, 'h', now() - interval '1 minute', now() - interval '1 second' FROM generate_series(1, 10) AS i`)
+	require.NoError(t, err)
+	l := newLessor(t, b.pool, "holder")
+	var held []*fencelock.Lease
+	for _, name := range []string{"live:1", "live:2", "live:3", "live:4", "live:5", "live:6", "live:7", "live:8", "live:9", "live:10"} {
+		lease, err := l.TryAcquire(b.ctx, name, time.Minute)
+		require.NoError(t, err)
+		held = append(held, lease)
+	}
+	var maxToken int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(token) FROM fencelock.leases`).Scan(&maxToken))
+
+	// A transaction-scoped holder of an expired-looking row (RunLocked rows expire at their
+	// transaction's start) is skipped, not waited for.
+	inTx := make(chan struct{})
+	finish := make(chan struct{})
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- l.RunLocked(context.WithoutCancel(b.ctx), "old:1", func(context.Context, pgx.Tx, fencelock.Token) error {
+			close(inTx)
+			<-finish
+			return nil
+		})
+	}()
+	<-inTx
+
+	_, err = fencelock.SweepLeases(b.ctx, b.pool, -time.Second)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	_, err = fencelock.SweepLeases(b.ctx, nil, time.Minute)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+
+	deleted, err := fencelock.SweepLeases(b.ctx, b.pool, time.Minute)
+	require.NoError(t, err)
+	require.EqualValues(t, 1199, deleted) // every old row but the one a transaction holds
+	close(finish)
+	require.NoError(t, <-runErr)
+
+	count := func(pattern string) (n int) {
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE name LIKE $1`, pattern).Scan(&n))
+		return n
+	}
+	require.Equal(t, 1, count("old:%"))
+	require.Equal(t, 10, count("recent:%"))
+	require.Equal(t, 10, count("live:%"))
+	for _, lease := range held {
+		require.NoError(t, lease.Renew(b.ctx), "a held lease survives the sweep")
+	}
+
+	// Swept names are granted again with larger tokens.
+	again, err := l.TryAcquire(b.ctx, "old:2", time.Minute)
+	require.NoError(t, err)
+	require.Greater(t, int64(again.Token()), maxToken)
+	require.NoError(t, again.Release(b.ctx))
+
+	// With no grace, the rows expired a second ago go too (and the RunLocked row, expired at
+	// its transaction's start, now free).
+	deleted, err = fencelock.SweepLeases(b.ctx, b.pool, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 12, deleted) // 10 recent, old:1, old:2 (released above)
+	for _, lease := range held {
+		require.NoError(t, lease.Release(b.ctx))
+	}
+}
