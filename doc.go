@@ -18,8 +18,8 @@
 //	lease, err := l.TryAcquire(ctx, "payment:42", 10*time.Second) // ErrNotAcquired if held
 //	defer lease.Release(ctx)
 //	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-//		if err := fencelock.FenceTx(ctx, tx, "payment:42", lease.Token()); err != nil {
-//			return err // *StaleTokenError: a newer holder has written
+//		if err := lease.FenceTx(ctx, tx, "payment:42"); err != nil {
+//			return err // *LeaseLostError: no longer ours; *StaleTokenError: a newer holder wrote
 //		}
 //		_, err := tx.Exec(ctx, `UPDATE payments SET status = 'captured' WHERE id = 42`)
 //		return err
@@ -38,7 +38,9 @@
 //
 // # Fences
 //
-// [FenceTx] advances a resource's high-water mark inside the caller's transaction.
+// [Lease.FenceTx] checks the lease and advances a resource's high-water mark to its token, in
+// one statement inside the caller's transaction: the pattern for writes under a lease.
+// [FenceTx] advances the high-water mark alone, for tokens that travel without a lease.
 // [Lease.GuardTx] checks the lease itself inside the caller's transaction and holds its row
 // FOR SHARE until commit. [UpdateFencedTx] fences an update of the caller's own table that
 // carries a token column. [Lessor.RunLocked] holds a lease row FOR UPDATE for the length of a

@@ -46,7 +46,7 @@ func Example() {
 
 	capture := func(lease *fencelock.Lease) error {
 		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if err := fencelock.FenceTx(ctx, tx, "payment:42", lease.Token()); err != nil {
+			if err := lease.FenceTx(ctx, tx, "payment:42"); err != nil {
 				return err
 			}
 			// ... the protected write, in tx: UPDATE payments SET status = 'captured' ...
@@ -69,12 +69,19 @@ func Example() {
 	defer cur.Release(ctx)
 	fmt.Println("worker-2 captured:", capture(cur) == nil)
 
-	// worker-1 wakes up and writes with its old token: rejected, atomically.
+	// worker-1 wakes up and writes: the lease is no longer its own, so lease.FenceTx refuses.
 	err = capture(old)
-	fmt.Println("worker-1 rejected:", errors.Is(err, fencelock.ErrStaleToken))
+	fmt.Println("worker-1 refused:", err != nil)
+	// A write that carries only its token, as one sent by a holder paused after its check, is
+	// rejected by the fence, atomically: worker-2's token is larger.
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		return fencelock.FenceTx(ctx, tx, "payment:42", old.Token())
+	})
+	fmt.Println("worker-1's token rejected:", errors.Is(err, fencelock.ErrStaleToken))
 	// Output:
 	// worker-2 captured: true
-	// worker-1 rejected: true
+	// worker-1 refused: true
+	// worker-1's token rejected: true
 }
 
 func ExampleLessor_TryAcquire() {

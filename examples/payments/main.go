@@ -2,15 +2,17 @@
 // twice.
 //
 // Several workers capture pending payments, each under a lease named "payment:<id>". Each
-// capture is one transaction: fencelock.FenceTx advances the payment's high-water mark to the
-// lease's token, the payment is checked to still be pending, marked captured, and a row is
-// appended to payment_captures.
+// capture is one transaction: lease.FenceTx checks that the lease is still this worker's and
+// advances the payment's high-water mark to the lease's token, in one statement; the payment
+// is checked to still be pending, marked captured, and a row is appended to payment_captures.
 //
 // A few workers "pause" (think stop-the-world GC, CPU throttling, SIGSTOP) right after they
 // acquired a short lease and checked that it was still valid. They run without heartbeat, as a
 // paused process renews nothing. Their lease expires on the database clock, a regular worker
-// takes the payment over with a larger token and captures it, and when the paused worker wakes
-// up and writes, FenceTx rejects its stale token. The summary is counted from the database.
+// takes the payment over with a larger token and captures it. When the paused worker wakes up,
+// lease.FenceTx refuses: its lease is lost. It then writes anyway with its bare token, as a
+// holder paused between its check and its write would, and fencelock.FenceTx rejects the
+// stale token. The summary is counted from the database.
 //
 // Run it with an embedded PostgreSQL (local server binaries or Docker, through package pgtest):
 //
@@ -326,8 +328,16 @@ func pausedWorker(ctx context.Context, pool *pgxpool.Pool, ev *events, acquired 
 		return context.Cause(ctx)
 	}
 
-	logf("%s: wakes up and writes payment %d with token %d", holder, id, lease.Token())
-	captured, err := capture(ctx, pool, lease, holder, id)
+	logf("%s: wakes up and writes payment %d with lease.FenceTx", holder, id)
+	_, err = capture(ctx, pool, func(ctx context.Context, tx pgx.Tx) error { return lease.FenceTx(ctx, tx, name) }, lease.Token(), holder, id)
+	if !errors.Is(err, fencelock.ErrLeaseLost) {
+		return fmt.Errorf("payment %d: lease.FenceTx after the pause: %v, want fencelock.ErrLeaseLost", id, err)
+	}
+	logf("%s: refused: %v", holder, err)
+	// A holder paused between its check and its write gets no second look at its lease: its
+	// statement carries only its token. The fence is what stops it.
+	logf("%s: writes payment %d anyway with its bare token %d, as a holder paused after its check would", holder, id, lease.Token())
+	captured, err := capture(ctx, pool, func(ctx context.Context, tx pgx.Tx) error { return fencelock.FenceTx(ctx, tx, name, lease.Token()) }, lease.Token(), holder, id)
 	var stale *fencelock.StaleTokenError
 	switch {
 	case errors.As(err, &stale):
@@ -406,7 +416,7 @@ func regularWorker(ctx context.Context, pool *pgxpool.Pool, ev *events, holder s
 }
 
 func captureAndRelease(ctx context.Context, pool *pgxpool.Pool, ev *events, lease *fencelock.Lease, holder string, id int) error {
-	captured, err := capture(ctx, pool, lease, holder, id)
+	captured, err := capture(ctx, pool, func(ctx context.Context, tx pgx.Tx) error { return lease.FenceTx(ctx, tx, lease.Name()) }, lease.Token(), holder, id)
 	// Release even when ctx has ended, so an interrupted run leaves no lease held.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
@@ -428,15 +438,17 @@ func captureAndRelease(ctx context.Context, pool *pgxpool.Pool, ev *events, leas
 // errNotPending rolls back a capture whose payment was captured by someone else already.
 var errNotPending = errors.New("payment is not pending")
 
-// capture captures payment id under lease in one transaction: fence, check, update, append.
-// It reports whether it captured the payment (false: it was no longer pending). A stale token
-// comes back as a *fencelock.StaleTokenError, with the transaction rolled back.
-func capture(ctx context.Context, pool *pgxpool.Pool, lease *fencelock.Lease, holder string, id int) (bool, error) {
+// capture captures payment id in one transaction: fence, check, update, append. fence is
+// lease.FenceTx for a lease holder (the pattern to copy). It reports whether it captured the
+// payment (false: it was no longer pending). A lost lease comes back as a
+// *fencelock.LeaseLostError, a stale token as a *fencelock.StaleTokenError, with the
+// transaction rolled back.
+func capture(ctx context.Context, pool *pgxpool.Pool, fence func(context.Context, pgx.Tx) error, token fencelock.Token, holder string, id int) (bool, error) {
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		// The fence: advances fencelock.fences("payment:<id>") to our token, or fails if a
-		// larger token has been seen. Its row stays locked until commit, so fenced writers of
-		// one payment run one after the other and the check below sees the previous capture.
-		if err := fencelock.FenceTx(ctx, tx, lease.Name(), lease.Token()); err != nil {
+		// The fence: checks the lease is still ours and advances fencelock.fences("payment:<id>")
+		// to our token, or fails. Its rows stay locked until commit, so fenced writers of one
+		// payment run one after the other and the check below sees the previous capture.
+		if err := fence(ctx, tx); err != nil {
 			return err
 		}
 		var status string
@@ -448,12 +460,12 @@ func capture(ctx context.Context, pool *pgxpool.Pool, lease *fencelock.Lease, ho
 		}
 		if _, err := tx.Exec(ctx,
 			`UPDATE payments SET status = 'captured', captured_by = $2, captured_token = $3 WHERE id = $1`,
-			id, holder, int64(lease.Token())); err != nil {
+			id, holder, int64(token)); err != nil {
 			return fmt.Errorf("capture payment %d: %w", id, err)
 		}
 		if _, err := tx.Exec(ctx,
 			`INSERT INTO payment_captures (payment_id, worker, token) VALUES ($1, $2, $3)`,
-			id, holder, int64(lease.Token())); err != nil {
+			id, holder, int64(token)); err != nil {
 			return fmt.Errorf("record capture of payment %d: %w", id, err)
 		}
 		return nil
