@@ -29,11 +29,16 @@ const cleanupTimeout = 5 * time.Second
 // fencing token, an int64 > 0 drawn from a sequence under the row lock, so tokens for a name
 // rise strictly in grant order. TTLs are measured on the database clock. Held leases are
 // renewed by a heartbeat: one goroutine per lessor, running only while it holds leases, renews
-// all that are due in one statement.
+// the leases that are due in batches of at most 5,000, one statement each (a statement costs
+// O(n) in its batch), at most two statements at a time. Each lease's trust window is ended
+// by a timer of its own, whatever the heartbeat is doing. Acquiring or releasing a lease
+// costs O(log n) on the client in the n leases held (measured: docs/PERFORMANCE.md), and one
+// lessor holds 100,000 leases (TTL 10 s) without losing one.
 //
 // A Lessor is safe for concurrent use. Attempts by one lessor on one name are serialised
 // locally, so goroutines that share a lessor queue for a name instead of racing each other.
-// It needs no Close: with no lease held it owns no goroutine.
+// It needs no Close: with no lease held it owns no goroutine (renewal statements in flight
+// end by their deadline, the end of their leases' trust windows).
 //
 // The scheme is the fencing-token lease of Gray and Cheriton (1989) and Kleppmann (2016),
 // with Postgres as the lock service and the fence in the same database as the guarded data.
@@ -145,8 +150,9 @@ func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
 // Errors: [ErrNotAcquired] if another holder has it (or if the grant's reply came back after
 // its trust window had ended: the grant is then released again); an error wrapping
 // [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
-// [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby;
-// otherwise the pgx error, wrapped. If ctx ends while the grant is in flight, the grant may
+// [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; an
+// error wrapping [ErrTokenSequence] for a misconfigured token sequence; otherwise the pgx
+// error, wrapped. If ctx ends while the grant is in flight, the grant may
 // have happened on the server: TryAcquire then ends it (scoped to this holder) before it
 // returns, so nothing is left held.
 func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {

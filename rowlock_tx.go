@@ -21,13 +21,16 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, token Token) error
 // for its whole length, with a fresh fencing token: no TTL, no heartbeat, released by commit
 // or rollback, and exclusive with TTL leases of the same name (theirs wait or fail while the
 // transaction runs; it is refused while a TTL lease is held). The grant is one statement
-// after BEGIN; it forces synchronous_commit on for the transaction, so its token is durable
-// when the commit returns.
+// after BEGIN; it writes the lease row and forces synchronous_commit on for the transaction,
+// so its token is durable when the commit returns (even when it falls in a range of the token
+// sequence that a rolled-back transaction WAL-logged: the commit flushes the WAL up to its own
+// record). Before that, the token is the transaction's: do not hand it outside tx.
 //
 // It does not wait: [ErrNotAcquired] if a TTL holder has the lease or another transaction holds
 // the row. name is as for [Lessor.TryAcquire]. Errors: an [*ArgumentError] for a bad name or
 // nil fn (no SQL runs); fn's error, returned as is, after rollback; an error wrapping
-// [ErrReadOnly] on a hot standby; otherwise the pgx error, wrapped.
+// [ErrReadOnly] on a hot standby; an error wrapping [ErrTokenSequence] for a misconfigured
+// token sequence; otherwise the pgx error, wrapped.
 //
 // Because it needs one transaction only, this mode works behind PgBouncer transaction pooling.
 func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error {
