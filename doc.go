@@ -42,7 +42,7 @@
 // one statement inside the caller's transaction: the pattern for writes under a lease.
 // [FenceTx] advances the high-water mark alone, for tokens that travel without a lease.
 // [Lease.GuardTx] checks the lease itself inside the caller's transaction and holds its row
-// FOR SHARE until commit. [UpdateFencedTx] fences an update of the caller's own table that
+// FOR KEY SHARE until commit. [UpdateFencedTx] fences an update of the caller's own table that
 // carries a token column. [Lessor.RunLocked] holds a lease row FOR UPDATE for the length of a
 // transaction, with a fresh token and no TTL.
 //
@@ -69,7 +69,7 @@
 //
 // # Durability
 //
-// Statements that grant or renew force synchronous_commit on for themselves, so tokens never
+// Statements that grant or renew raise synchronous_commit from off to on for themselves, so tokens never
 // repeat after a crash even where the server's default is off. Migrations ship in package
 // [github.com/fencelock/fencelock/migrations] and are applied by [Migrate].
 package fencelock

@@ -128,13 +128,6 @@ func wrapPg(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-// isLockNotAvailable reports whether err is Postgres's lock_not_available (55P03), raised
-// when lock_timeout fires while a grant waits for a lease row.
-func isLockNotAvailable(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
-}
-
 // Advisory-lock errors.
 var (
 	// ErrLockLost matches every [*SessionLostError]: the session that held an advisory lock

@@ -24,7 +24,7 @@ type Token int64
 // transaction, in one statement; the caller's writes in tx then commit only together with it.
 // Equal tokens pass, so a holder may make several fenced writes with one grant. The fence row
 // stays locked until tx ends, so fenced writes to one resource commit in token order. It
-// forces synchronous_commit on for tx: an acknowledged fenced write lost in a crash would take
+// raises synchronous_commit from off to on for tx: an acknowledged fenced write lost in a crash would take
 // the high-water mark back with it.
 //
 // resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name); token is
@@ -65,14 +65,14 @@ func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error
 
 // GuardTx checks, inside tx, that this grant is still current on the database: the lease row
 // still has this holder and token and has not expired on the database clock. It holds the row
-// FOR SHARE until tx ends, so no takeover can commit before tx does: a write in tx after a
-// successful GuardTx commits before any newer grant of the name can. (The lease may still
-// expire on the database clock meanwhile; no one can take it over until tx ends.) One
-// statement.
+// FOR KEY SHARE until tx ends; a takeover locks the row FOR UPDATE, which conflicts, so no
+// takeover can commit before tx does: a write in tx after a successful GuardTx commits before
+// any newer grant of the name can. (The lease may still expire on the database clock
+// meanwhile; no one can take it over until tx ends.) The heartbeat's renewals of this lease do
+// not conflict with that lock and go on while tx is open, so guarded transactions may follow
+// each other back to back. One statement.
 //
-// Keep guarded transactions shorter than the TTL: while tx holds the row, the heartbeat cannot
-// renew this lease (it skips it and retries), and the trust window keeps running. Use READ
-// COMMITTED (the Postgres default): in a REPEATABLE READ or SERIALIZABLE transaction that began
+// Use READ COMMITTED (the Postgres default): in a REPEATABLE READ or SERIALIZABLE transaction that began
 // before the last renewal, the check reads an older row version and may report a held lease as
 // lost (the safe direction: the holder stops).
 //
@@ -102,16 +102,17 @@ func (lease *Lease) GuardTx(ctx context.Context, tx pgx.Tx) error {
 // resource to its token, in one statement inside tx, the caller's transaction: the pattern to
 // guard a write with a lease. It refuses a stale holder even when no newer holder has written
 // yet (a bare [FenceTx] lets that one through), and a newer holder's fenced write once it has.
-// The lease row is held FOR SHARE and the fence row locked until tx ends, so no takeover can
-// commit before tx, and fenced writes to resource commit in token order. It forces
-// synchronous_commit on for tx. One statement; a second only to describe a stale token.
+// The lease row is held FOR KEY SHARE (as by [Lease.GuardTx]: no takeover can commit before
+// tx, and renewals go on) and the fence row locked until tx ends, so fenced writes to resource
+// commit in token order. It raises synchronous_commit from off to on for tx. One statement; a
+// second only to describe a stale token.
 //
 // resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name). Errors:
 // an [*ArgumentError] before any SQL; [Lease.Err] when the lease has already ended locally (no
 // SQL runs); a [*LeaseLostError] when the database no longer has this grant (Done then
 // closes); a [*StaleTokenError] when resource has seen a larger token; otherwise the pgx
-// error, wrapped. After any error, roll tx back. Keep tx shorter than the TTL and use READ
-// COMMITTED, as for [Lease.GuardTx]. Safe for concurrent use on different transactions.
+// error, wrapped. After any error, roll tx back. Use READ COMMITTED, as for [Lease.GuardTx].
+// Safe for concurrent use on different transactions.
 func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) error {
 	if tx == nil {
 		return argError("tx", "must not be nil")
@@ -154,7 +155,7 @@ type Column struct {
 //	WHERE key... AND (tokenColumn IS NULL OR tokenColumn <= $token)
 //
 // This fences writes with a token column kept on the caller's own table, with no fences row.
-// It runs inside tx, the caller's transaction, and forces synchronous_commit on for tx, so an
+// It runs inside tx, the caller's transaction, and raises synchronous_commit from off to on for tx, so an
 // acknowledged fenced update is not lost in a crash (which would let an older token through). table is one identifier or schema-qualified
 // (pgx.Identifier{"public", "payments"}); every identifier is validated and quoted, never
 // pasted. key and set are matched and assigned in the order given; key must not be empty (an
@@ -207,11 +208,12 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	if sets != "" {
 		sets += ", "
 	}
-	// The FROM item forces synchronous_commit on for tx, as FenceTx does: with the server
-	// default off, a crash after the commit could lose the acknowledged write, and the token
-	// column with it, and let an older token through again.
-	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 FROM (SELECT set_config('synchronous_commit', 'on', true)) AS fencelock_sync(fencelock_synchronous_commit) WHERE %s AND (%s IS NULL OR %s <= $1)",
-		tbl, sets, tok, columnsSQL(key, 2+len(set), " AND "), tok, tok)
+	// The uncorrelated sub-select (run once) raises synchronous_commit from off to on for tx,
+	// as FenceTx does: with the server default off, a crash after the commit could lose the
+	// acknowledged write, and the token column with it, and let an older token through again.
+	// It names no table or column, so it cannot clash with the caller's names.
+	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 WHERE %s AND (%s IS NULL OR %s <= $1) AND %s IS NOT NULL",
+		tbl, sets, tok, columnsSQL(key, 2+len(set), " AND "), tok, tok, raiseSyncCommitSQL)
 	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
 		return 0, wrapPg("fenced update of "+tbl, err)
@@ -232,6 +234,11 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	}
 	return 0, &StaleTokenError{Resource: tbl, Token: token, Current: Token(*current)}
 }
+
+// raiseSyncCommitSQL raises synchronous_commit from off to on for the current transaction (any
+// other setting already waits for the local flush, and is kept); the same expression as in
+// the sqlc queries.
+const raiseSyncCommitSQL = `(SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true))`
 
 // columnsSQL renders cols as `"col" = $first<sep>"col2" = $first+1...`, names quoted.
 func columnsSQL(cols []Column, first int, sep string) string {

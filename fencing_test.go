@@ -1,6 +1,9 @@
 package fencelock_test
 
 import (
+	"context"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,8 +45,9 @@ func errorsAsStale(t *testing.T, err error) *fencelock.StaleTokenError {
 	return stale
 }
 
-// GuardTx holds the lease row FOR SHARE: even once the lease has expired on the database
-// clock, no takeover commits before the guarded transaction ends.
+// GuardTx holds the lease row FOR KEY SHARE, which a takeover's FOR UPDATE conflicts with: even
+// once the lease has expired on the database clock, no takeover commits before the guarded
+// transaction ends.
 func TestGuardTxBlocksTakeoverUntilCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -193,4 +197,49 @@ func TestLeaseFenceTx(t *testing.T) {
 	for _, l := range []*fencelock.Lease{cur, other, older} {
 		require.NoError(t, l.Release(b.ctx))
 	}
+}
+
+// The holder's own fenced transactions, back to back, never cost it its lease: Lease.FenceTx
+// and GuardTx hold the lease row FOR KEY SHARE, which renewals (FOR NO KEY UPDATE) do not
+// conflict with. When they held it FOR SHARE, renewals skipped the row while a guarded
+// transaction was open, and a worker writing continuously lost a 1 s lease within a second.
+func TestFencedWritesBackToBackKeepLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	createWrites(t, b)
+	lease, err := newLessor(t, b.pool, "busy").TryAcquire(b.ctx, "hot", time.Second)
+	require.NoError(t, err)
+	ctx, stop := context.WithTimeout(b.ctx, 3*time.Second)
+	defer stop()
+	var wg sync.WaitGroup
+	var writes atomic.Int64
+	for range 2 {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+					if err := lease.FenceTx(b.ctx, tx, "hot"); err != nil {
+						return err
+					}
+					if err := lease.GuardTx(b.ctx, tx); err != nil {
+						return err
+					}
+					_, err := tx.Exec(b.ctx, `SELECT pg_sleep(0.02)`) // the transaction's own work
+					return err
+				})
+				if err != nil {
+					return
+				}
+				writes.Add(1)
+			}
+		})
+	}
+	select {
+	case <-lease.Done():
+		t.Fatalf("the holder lost its lease to its own fenced writes: %v", lease.Err())
+	case <-ctx.Done():
+	}
+	wg.Wait()
+	require.NoError(t, lease.Err())
+	require.Greater(t, writes.Load(), int64(50))
+	require.NoError(t, lease.Release(b.ctx))
 }

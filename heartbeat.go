@@ -182,8 +182,11 @@ func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok boo
 }
 
 // renewBatch renews batch in one statement and queues each lease still held for its next
-// renewal. Its deadline is the latest trust window end in the batch: past it, no lease of the
-// batch can use the answer. (A lease whose window ends earlier is ended by its own timer.)
+// renewal. Its deadline is the latest trust window end in the batch (past it, no lease of the
+// batch can use the answer; a lease whose window ends earlier is ended by its own timer), but
+// at most the batch's shortest heartbeat from now: a statement stuck on a dead connection
+// gives its in-flight slot back in time for the next round, rather than hold up the renewal
+// of every other lease for most of a TTL.
 func (l *Lessor) renewBatch(batch []*Lease) {
 	defer func() {
 		l.mu.Lock()
@@ -196,20 +199,26 @@ func (l *Lessor) renewBatch(batch []*Lease) {
 		l.poke()
 	}()
 	var deadline time.Time
+	shortest := batch[0].times.heartbeat
 	for _, lease := range batch {
 		if t := lease.TrustedUntil(); t.After(deadline) {
 			deadline = t
 		}
+		shortest = min(shortest, lease.times.heartbeat)
+	}
+	if cap := time.Now().Add(shortest); cap.Before(deadline) {
+		deadline = cap
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
-	renewLeases(ctx, l, batch)
+	_, _ = renewLeases(ctx, l, batch) // outcomes applied to each lease; failures logged
 }
 
 // renewLeases renews leases (all of lessor l) in one statement and applies the outcome to
 // each: renewed, retry soon (the statement failed, or the row is locked by a transaction), or
-// lost (the database no longer has the grant). It returns the statement's error, if any.
-func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) error {
+// lost (the database no longer has the grant). It returns the statement's error, if any, and
+// how many of leases came back locked.
+func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, err error) {
 	p := db.LeaseRenewParams{
 		Holder: l.holder,
 		Names:  make([]string, len(leases)),
@@ -229,7 +238,7 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) error {
 		for _, lease := range leases {
 			lease.retryAfter(time.Now(), err)
 		}
-		return err
+		return 0, err
 	}
 	type key struct {
 		name  string
@@ -249,15 +258,17 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) error {
 			lease.lost(errGoneOnServer)
 		case !r.Renewed:
 			lease.retryAfter(time.Now(), errRowLocked)
+			locked++
 		default:
 			lease.renewed(sent, r.ExpiresAt)
 		}
 	}
-	return nil
+	return locked, nil
 }
 
-// errRowLocked is a renewal's verdict on a lease whose row a transaction holds locked.
-var errRowLocked = errors.New("lease row locked by a transaction (a GuardTx of this holder?)")
+// errRowLocked is a renewal's verdict on a lease whose row a transaction holds locked (a
+// transaction-scoped holder's, or a concurrent renewal of the same lease).
+var errRowLocked = errors.New("lease row locked by a transaction")
 
 // retryAfter schedules another renewal attempt a quarter heartbeat (at least 5ms) after a
 // failure at now. (Leases are renewed a quarter heartbeat early, hence the half here.)

@@ -185,24 +185,22 @@ func (lease *Lease) Err() error {
 // The heartbeat does this on its own; call Renew for leases taken with [WithoutHeartbeat].
 //
 // Errors: Err() when the lease has already ended (no SQL runs); a [*LeaseLostError] when the
-// database no longer has this grant (Done then closes); an error wrapping the row-locked
-// verdict when a transaction of this holder holds the row (a [Lease.GuardTx]): try again;
+// database no longer has this grant (Done then closes); an error saying the row is locked by a
+// transaction (a concurrent renewal of this lease by the heartbeat): try again;
 // otherwise the pgx error, wrapped, and the lease stays held until its trust window ends.
 func (lease *Lease) Renew(ctx context.Context) error {
 	if err := lease.Err(); err != nil {
 		return err
 	}
-	if err := renewLeases(ctx, lease.lessor, []*Lease{lease}); err != nil {
+	locked, err := renewLeases(ctx, lease.lessor, []*Lease{lease})
+	if err != nil {
 		return fmt.Errorf("renew lease %q: %w", lease.name, err)
 	}
 	if err := lease.Err(); err != nil {
 		return err
 	}
-	lease.mu.Lock()
-	locked := lease.lastErr
-	lease.mu.Unlock()
-	if locked != nil {
-		return fmt.Errorf("renew lease %q: %w; try again", lease.name, locked)
+	if locked > 0 {
+		return fmt.Errorf("renew lease %q: %w; try again", lease.name, errRowLocked)
 	}
 	l := lease.lessor
 	l.mu.Lock()

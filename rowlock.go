@@ -10,16 +10,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
 )
-
-// tryLockTimeout bounds how long a try-grant waits for a lease row that another transaction
-// holds FOR UPDATE (a transaction-scoped holder, see [Lessor.RunLocked]). Grants, renewals and
-// releases hold the row for one statement only, far less than this.
-const tryLockTimeout = "10ms"
 
 // cleanupTimeout bounds the statement that ends a grant whose outcome the client could not
 // learn (its acquire was cancelled mid-flight). Past it the grant expires by its TTL.
@@ -267,10 +261,11 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 	pid := conn.Conn().PgConn().PID()
 	sent := time.Now()
 	row, err := l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{
-		LockTimeout: pgtype.Text{String: tryLockTimeout, Valid: true},
-		Name:        name,
-		Holder:      l.holder,
-		TtlUs:       lt.ttl.Microseconds(),
+		Name:      name,
+		Holder:    l.holder,
+		TtlUs:     lt.ttl.Microseconds(),
+		Nowait:    true,
+		MayInsert: true,
 	})
 	if l.afterGrant != nil {
 		l.afterGrant()
@@ -280,7 +275,7 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 	abandoned := err != nil && conn.Conn().IsClosed()
 	conn.Release()
 	switch {
-	case errors.Is(err, pgx.ErrNoRows), isLockNotAvailable(err):
+	case errors.Is(err, pgx.ErrNoRows):
 		// Held and unexpired, or the row is held by a transaction: someone else has it.
 		return nil, errRefused
 	case err != nil:
@@ -293,7 +288,7 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 		// with ctx: it may have ended meanwhile, and the grant must not stay held for a TTL.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
-		if err := lease.Release(rctx); err != nil {
+		if err := lease.Release(rctx); err != nil && !errors.Is(err, ErrNotHeld) { // not held: expired, nothing left
 			l.log.Error("fencelock: could not end a grant that arrived after its trust window; it expires by its TTL",
 				"lease", name, "holder", l.holder, "error", err)
 		}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/fencelock/fencelock/internal/db"
 )
@@ -21,7 +20,7 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, token Token) error
 // for its whole length, with a fresh fencing token: no TTL, no heartbeat, released by commit
 // or rollback, and exclusive with TTL leases of the same name (theirs wait or fail while the
 // transaction runs; it is refused while a TTL lease is held). The grant is one statement
-// after BEGIN; it writes the lease row and forces synchronous_commit on for the transaction,
+// after BEGIN; it writes the lease row and raises synchronous_commit from off to on for the transaction,
 // so its token is durable when the commit returns (even when it falls in a range of the token
 // sequence that a rolled-back transaction WAL-logged: the commit flushes the WAL up to its own
 // record). Before that, the token is the transaction's: do not hand it outside tx.
@@ -71,15 +70,37 @@ func validateRunLocked(name string, fn TxFunc) error {
 }
 
 // runLockedOnce makes one attempt: fn's outcome, errRefused, or another error. BEGIN and
-// the grant travel in one batch, so the grant costs no round trip of its own.
+// the grant travel in one batch, so the grant costs no round trip of its own. The grant never
+// inserts the lease row inside the transaction (see LeaseGrant's may_insert); when the name
+// has no row yet, the attempt creates it and tries once more (ensured is then true).
 func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try bool) error {
-	var lockTimeout pgtype.Text
-	if try {
-		lockTimeout = pgtype.Text{String: tryLockTimeout, Valid: true}
+	return l.runLockedAttempt(ctx, name, fn, try, false)
+}
+
+// refusedOrAbsent tells a refused transaction-scoped grant (someone holds the name) from one
+// that found no row to lock: it then creates the row, committed on its own, and tries again,
+// once.
+func (l *Lessor) refusedOrAbsent(ctx context.Context, name string, fn TxFunc, try, ensured bool) error {
+	if ensured {
+		return errRefused // created, then deleted again (a sweep) or still being inserted
 	}
+	_, err := l.q.LeaseRemaining(ctx, l.pool, name)
+	switch {
+	case err == nil:
+		return errRefused
+	case !errors.Is(err, pgx.ErrNoRows):
+		return wrapPg(fmt.Sprintf("run locked %q", name), err)
+	}
+	if err := l.q.LeaseEnsureRow(ctx, l.pool, db.LeaseEnsureRowParams{Name: name, Holder: l.holder}); err != nil {
+		return wrapPg(fmt.Sprintf("run locked %q: create row", name), err)
+	}
+	return l.runLockedAttempt(ctx, name, fn, try, true)
+}
+
+func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, try, ensured bool) error {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0, LockTimeout: lockTimeout})
+	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0, Nowait: try, MayInsert: false})
 	br := l.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	// After Commit this is a no-op. Without ctx's cancellation, so a cancelled ctx still rolls
@@ -88,14 +109,14 @@ func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try 
 	_, beginErr := br.Exec()
 	var token int64
 	var expiresAt time.Time
-	var restored string
-	grantErr := br.QueryRow().Scan(&token, &expiresAt, &restored)
+	grantErr := br.QueryRow().Scan(&token, &expiresAt)
 	closeErr := br.Close() // repeats the first error, if any
 	switch {
 	case beginErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q: begin", name), beginErr)
-	case errors.Is(grantErr, pgx.ErrNoRows), try && isLockNotAvailable(grantErr):
-		return errRefused
+	case errors.Is(grantErr, pgx.ErrNoRows):
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return l.refusedOrAbsent(ctx, name, fn, try, ensured)
 	case grantErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
 	case closeErr != nil:

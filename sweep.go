@@ -17,6 +17,12 @@ const sweepPageSize = 500
 // the database clock, short enough that rows of finished work do not pile up.
 const DefaultSweepGrace = time.Hour
 
+// MinSweepGrace is the shortest grace period [SweepLeases] accepts. A grant that found no row
+// draws its token before it inserts one; were the row of an earlier grant deleted within that
+// one statement, the later grant could carry the smaller token. A minute is many times any
+// statement's length.
+const MinSweepGrace = time.Minute
+
 // SweepLeases deletes the rows of fencelock.leases that expired more than grace ago on the
 // database clock, and returns how many it deleted. Lease rows are never deleted otherwise, so a
 // workload keyed by entity ("payment:<id>") grows the table by a row (about 300 bytes) per name
@@ -25,15 +31,16 @@ const DefaultSweepGrace = time.Hour
 // Why it is safe: renewals, [Lease.GuardTx] and [Lease.FenceTx] act only on rows unexpired on
 // the database clock, so no grant can be renewed or guarded through an expired row; tokens come
 // from a sequence, not the row, so a name granted again after its row was deleted still gets a
-// larger token than every earlier grant. grace (a time.Duration >= 0; [DefaultSweepGrace] is a
-// sensible choice) keeps rows for that long after expiry: a database clock stepped back by less
-// than grace cannot bring a deleted row back to life, and the last holder of a name stays
-// visible that long.
+// larger token than every earlier grant. grace (a time.Duration of at least [MinSweepGrace];
+// [DefaultSweepGrace] is a sensible choice) keeps rows for that long after expiry: a database
+// clock stepped back by less than grace cannot bring a deleted row back to life, a grant in
+// flight cannot see its name's row vanish, and the last holder of a name stays visible.
 //
 // It works in pages of 500 rows in name order, one short statement each, so it reads every row
 // once and never holds more than 500 row locks at a time; rows locked by anyone (a grant taking
-// a name over, a transaction-scoped holder) are skipped, never waited for. A grant that finds
-// its expired row being deleted waits for that one statement (milliseconds; see
+// a name over, a transaction-scoped holder) are skipped, never waited for. A try grant of a
+// name whose expired row a page is deleting is refused ([ErrNotAcquired]; [Lessor.Acquire]
+// tries again), a RunLocked waits for that one statement (milliseconds; see
 // docs/PERFORMANCE.md). It also deletes the rows of fencelock.token_flushes left by exited
 // backends.
 //
@@ -42,14 +49,14 @@ const DefaultSweepGrace = time.Hour
 // a fence row only with the resource it guards, in the same transaction, when nothing will
 // ever write to that resource again.
 //
-// Errors: an [*ArgumentError] for a nil pool or a negative grace (before any SQL); ctx's
+// Errors: an [*ArgumentError] for a nil pool or a grace under MinSweepGrace (before any SQL); ctx's
 // error or the pgx error, wrapped, with the rows deleted so far. Safe for concurrent use.
 func SweepLeases(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) (int64, error) {
 	if pool == nil {
 		return 0, argError("pool", "must not be nil")
 	}
-	if grace < 0 {
-		return 0, argError("grace", "is %v; it must be >= 0", grace)
+	if grace < MinSweepGrace {
+		return 0, argError("grace", "is %v; it must be at least MinSweepGrace (%v)", grace, MinSweepGrace)
 	}
 	q := db.New()
 	var deleted int64

@@ -17,12 +17,12 @@ import (
 func TestSweepLeases(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	// 1,200 rows expired an hour ago (more than two pages), 10 expired a second ago, 10 held.
+	// 1,200 rows expired an hour ago (more than two pages), 10 expired 30 s ago, 10 held.
 	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
 		SELECT 'old:' || i, 'h', now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, 1200) AS i`)
 	require.NoError(t, err)
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
-		SELECT 'recent:' || i, 'h', now() - interval '1 minute', now() - interval '1 second' FROM generate_series(1, 10) AS i`)
+		SELECT 'recent:' || i, 'h', now() - interval '1 minute', now() - interval '30 seconds' FROM generate_series(1, 10) AS i`)
 	require.NoError(t, err)
 	l := newLessor(t, b.pool, "holder")
 	var held []*fencelock.Lease
@@ -48,12 +48,12 @@ func TestSweepLeases(t *testing.T) {
 	}()
 	<-inTx
 
-	_, err = fencelock.SweepLeases(b.ctx, b.pool, -time.Second)
+	_, err = fencelock.SweepLeases(b.ctx, b.pool, fencelock.MinSweepGrace-time.Second)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	_, err = fencelock.SweepLeases(b.ctx, nil, time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 
-	deleted, err := fencelock.SweepLeases(b.ctx, b.pool, time.Minute)
+	deleted, err := fencelock.SweepLeases(b.ctx, b.pool, 10*time.Minute)
 	require.NoError(t, err)
 	require.EqualValues(t, 1199, deleted) // every old row but the one a transaction holds
 	close(finish)
@@ -76,11 +76,13 @@ func TestSweepLeases(t *testing.T) {
 	require.Greater(t, int64(again.Token()), maxToken)
 	require.NoError(t, again.Release(b.ctx))
 
-	// With no grace, the rows expired a second ago go too (and the RunLocked row, expired at
-	// its transaction's start, now free).
-	deleted, err = fencelock.SweepLeases(b.ctx, b.pool, 0)
+	// The RunLocked row is free now, but it expired only at its transaction's start, under a
+	// minute ago: it stays, as do the recent rows (30 s). Moved an hour back, they go.
+	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = expires_at - interval '1 hour' WHERE name LIKE 'recent:%' OR name = 'old:1'`)
 	require.NoError(t, err)
-	require.EqualValues(t, 12, deleted) // 10 recent, old:1, old:2 (released above)
+	deleted, err = fencelock.SweepLeases(b.ctx, b.pool, fencelock.MinSweepGrace)
+	require.NoError(t, err)
+	require.EqualValues(t, 11, deleted) // 10 recent, old:1
 	for _, lease := range held {
 		require.NoError(t, lease.Release(b.ctx))
 	}

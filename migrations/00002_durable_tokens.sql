@@ -20,7 +20,7 @@ CREATE TABLE fencelock.token_flushes (
 
 -- next_token refuses a token sequence that cannot keep tokens in grant order: with CACHE > 1
 -- each backend hands out its own block (tokens of one name can go backwards); with CYCLE the
--- sequence wraps. SQLSTATE FL001, mapped to fencelock.ErrTokenSequence by the Go package.
+-- sequence wraps; with a negative INCREMENT it counts down. SQLSTATE FL001, mapped to fencelock.ErrTokenSequence by the Go package.
 -- +goose StatementBegin
 CREATE FUNCTION fencelock.next_token(durable boolean) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
@@ -28,21 +28,25 @@ AS $$
 DECLARE
     seq_cache bigint;
     seq_cycle boolean;
+    seq_increment bigint;
     t bigint;
 BEGIN
-    SELECT s.seqcache, s.seqcycle INTO seq_cache, seq_cycle
+    SELECT s.seqcache, s.seqcycle, s.seqincrement INTO seq_cache, seq_cycle, seq_increment
     FROM pg_catalog.pg_sequence AS s
     WHERE s.seqrelid = 'fencelock.leases_token_seq'::regclass;
-    IF seq_cache IS DISTINCT FROM 1 OR seq_cycle THEN
+    IF seq_cache IS DISTINCT FROM 1 OR seq_cycle OR seq_increment <= 0 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'FL001',
-            MESSAGE = format('fencelock: token sequence fencelock.leases_token_seq has CACHE %s%s; tokens would not rise in grant order',
-                             seq_cache, CASE WHEN seq_cycle THEN ' CYCLE' ELSE '' END),
-            HINT = 'ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 NO CYCLE';
+            MESSAGE = format('fencelock: token sequence fencelock.leases_token_seq has CACHE %s, INCREMENT %s%s; tokens would not rise in grant order',
+                             seq_cache, seq_increment, CASE WHEN seq_cycle THEN ', CYCLE' ELSE '' END),
+            HINT = 'ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 INCREMENT 1 NO CYCLE';
     END IF;
     t := pg_catalog.nextval('fencelock.leases_token_seq');
-    -- With the server default synchronous_commit = off, the commit would not wait for its flush.
-    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    -- With synchronous_commit = off (a server, role or session default), the commit would not
+    -- wait for its flush. Any other setting waits for at least the local flush: kept as it is.
+    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
     IF durable THEN
         INSERT INTO fencelock.token_flushes AS f (pid, token) VALUES (pg_catalog.pg_backend_pid(), t)
         ON CONFLICT (pid) DO UPDATE SET token = excluded.token;

@@ -8,6 +8,8 @@ func Statement(name string) string {
 	switch name {
 	case "LeaseRenew":
 		return leaseRenew
+	case "LeaseGrant":
+		return leaseGrant
 	case "LeaseSweep":
 		return leaseSweep
 	}

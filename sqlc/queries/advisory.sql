@@ -10,7 +10,7 @@
 -- pg_stat_activity joined with pg_locks shows who holds what, and returns the previous
 -- application_name to put back on unlock. With @tokens it draws a fencing token from the lease
 -- sequence after the grant with fencelock.next_token(true), which writes this backend's row of
--- fencelock.token_flushes and forces synchronous_commit on, so the statement's commit flushes
+-- fencelock.token_flushes and raises synchronous_commit from off to on, so the statement's commit flushes
 -- the WAL and the token is durable before the result returns, even when it falls in a range
 -- WAL-logged by a transaction that rolled back (a bare nextval writes no WAL there, and a
 -- commit that wrote no WAL flushes nothing). In a transaction lock (AdvisoryTryLockTx,

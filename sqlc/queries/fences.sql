@@ -2,12 +2,13 @@
 -- Advances the high-water mark of @resource to @token inside the caller's transaction, or
 -- leaves it alone when a larger token has been seen (0 rows). Equal tokens pass, so one holder
 -- may make several fenced writes with its grant. The row lock taken here is held until the
--- caller's transaction ends, so fenced writes to one resource commit in token order. It forces
--- synchronous_commit on for the caller's transaction: an acknowledged fenced write lost in a
--- crash would take the high-water mark back with it, and let an older token through again.
+-- caller's transaction ends, so fenced writes to one resource commit in token order. It raises
+-- synchronous_commit from off to on for the caller's transaction (any other setting already
+-- waits for the local flush, and is kept): an acknowledged fenced write lost in a crash would
+-- take the high-water mark back with it, and let an older token through again.
 INSERT INTO fencelock.fences AS f (resource, token)
 SELECT sqlc.arg(resource)::text, sqlc.arg(token)::bigint
-FROM (SELECT set_config('synchronous_commit', 'on', true)) AS cfg
+FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)) AS cfg
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token
 WHERE f.token <= excluded.token;
 

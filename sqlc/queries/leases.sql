@@ -5,20 +5,20 @@
 -- Why it is safe:
 --  * ON CONFLICT DO UPDATE locks the existing row before it evaluates the WHERE, so two grants
 --    of one name are serialised by the row lock and the second sees the first's expires_at.
+--    It sets name (to itself), a key column, so that lock is FOR UPDATE, not FOR NO KEY UPDATE:
+--    it conflicts with the FOR KEY SHARE that LeaseGuard and LeaseFence hold, so no takeover
+--    commits before a guarded transaction of the previous holder, while renewals and releases
+--    (FOR NO KEY UPDATE, a non-key update) do not wait for it. (The value does not change, so
+--    the update stays HOT.)
 --  * The token is drawn by fencelock.next_token under that row lock, after every earlier grant
 --    of the name committed, so tokens for a name rise strictly in grant order (and never
 --    repeat: one sequence serves all names). The INSERT path draws one too; a refused grant
 --    burns it, so tokens are increasing but not consecutive.
 --  * The token is durable when the grant returns, even when it falls in a range WAL-logged by
 --    a transaction that rolled back: a grant writes its lease row, so its transaction has an
---    xid and WAL of its own, and next_token forces synchronous_commit on, so the commit flushes
+--    xid and WAL of its own, and next_token raises synchronous_commit from off to on, so the commit flushes
 --    the WAL up to its own record, the sequence's logged range included. (This is the reason
 --    next_token(false) suffices here; see migrations/00002_durable_tokens.sql.)
---  * lock_timeout (@lock_timeout, e.g. '10ms'; NULL keeps the session's) bounds the wait for a
---    row held by another transaction (a transaction-scoped holder, a guarded transaction). The
---    previous value is stashed in fencelock.prev_lock_timeout and put back by RETURNING once
---    the row is granted, so a caller's transaction keeps its own setting. (The FROM list is
---    evaluated left to right, before the conflict check takes the row lock.)
 --  * @ttl_us is the TTL in microseconds; 0 (transaction-scoped grants) makes the row expire at
 --    transaction start, so it is free again as soon as the holding transaction ends.
 --  * A NOT EXISTS pre-check (the snapshot's view) refuses a lease that is plainly held without
@@ -27,19 +27,48 @@
 --    skip locked rows, would skip it while others poll, until its trust window ran out. The
 --    pre-check decides nothing: the WHERE of ON CONFLICT, under the row lock, does. It only
 --    keeps refused grants off rows that are held.
+--  * With @nowait (try grants, and each attempt of a waiting Acquire), a grant never waits for
+--    a row another transaction holds (a transaction-scoped holder, a concurrent grant of the
+--    name, a sweep deleting it): an expired row is locked FOR UPDATE SKIP LOCKED first, and a
+--    row that is locked refuses the grant at once. Only an expired row is locked there, so a
+--    held row is never locked by anyone else's grant. (A lock_timeout would bound the wait
+--    too, but it also fires on the relation extension lock that concurrent inserts of new
+--    names queue for, and refused free names under load.) The one wait left is for a
+--    statement inserting the same new name at the same moment (its own grant: milliseconds).
+--    Without @nowait (RunLocked) the grant queues on the row lock in the server's queue.
+--  * Without @may_insert (transaction-scoped grants) the grant never inserts a row: it returns
+--    no row when the name has none, and the caller creates the row with LeaseEnsureRow, in a
+--    statement of its own, and tries again. A row inserted by a transaction that stays open
+--    would make every other grant of the name wait for that whole transaction.
 INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
 SELECT sqlc.arg(name)::text, sqlc.arg(holder)::text, fencelock.next_token(false), now(),
        now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
-FROM (SELECT set_config('fencelock.prev_lock_timeout', current_setting('lock_timeout'), true),
-             set_config('lock_timeout', coalesce(sqlc.narg(lock_timeout)::text, current_setting('lock_timeout')), true)) AS cfg
 WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                   WHERE cur.name = sqlc.arg(name)::text AND cur.expires_at > clock_timestamp())
+  AND (NOT sqlc.arg(nowait)::boolean
+       OR NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = sqlc.arg(name)::text)
+       OR EXISTS (SELECT 1 FROM fencelock.leases AS cur
+                  WHERE cur.name = sqlc.arg(name)::text AND cur.expires_at <= clock_timestamp()
+                  FOR UPDATE SKIP LOCKED))
+  AND (sqlc.arg(may_insert)::boolean
+       OR EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = sqlc.arg(name)::text))
 ON CONFLICT (name) DO UPDATE
-    SET holder = excluded.holder, token = fencelock.next_token(false),
+    SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
     WHERE l.expires_at <= clock_timestamp()
-RETURNING l.token, l.expires_at,
-          set_config('lock_timeout', current_setting('fencelock.prev_lock_timeout'), true) AS restored;
+RETURNING l.token, l.expires_at;
+
+-- name: LeaseEnsureRow :exec
+-- Creates an expired placeholder row for @name when it has none, in a statement of its own,
+-- for a transaction-scoped grant (RunLocked) that found no row: the grant then locks a
+-- committed row instead of inserting one (a nowait grant skips a locked committed row at once,
+-- whereas a row inserted by a transaction that is still open would make every other grant of
+-- the name wait for the whole transaction). Token 0 and expiry 1970: no renewal, release or guard matches it
+-- (each needs its grant's token and an unexpired row), and the sweep deletes it. Draws no
+-- token, and writes nothing when the row exists.
+INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+VALUES (sqlc.arg(name)::text, sqlc.arg(holder)::text, 0, 'epoch', 'epoch')
+ON CONFLICT (name) DO NOTHING;
 
 -- name: LeaseRemaining :one
 -- The current grant's remaining TTL on the database clock, in microseconds (0 when expired).
@@ -55,12 +84,15 @@ WHERE l.name = sqlc.arg(name)::text;
 -- Why it is safe:
 --  * Scoped to (name, holder, token) and to rows not yet expired on the database clock, so a
 --    late renewal can never revive a lapsed lease or touch a newer grant.
---  * Rows locked by someone else (a guarded transaction of the holder's own, holding the row
---    FOR SHARE until it commits) are skipped rather than waited for, so one long transaction
---    cannot hold up the renewal of every other lease in the batch. Grants of other holders
---    never lock a held row (see LeaseGrant's pre-check), so polling cannot make a renewal skip.
---  * synchronous_commit is forced on: a renewal lost in a crash would let a new holder in while
---    the old one still trusts its renewal.
+--  * Rows locked by someone else are skipped rather than waited for, so one long transaction
+--    cannot hold up the renewal of every other lease in the batch. The holder's own guarded
+--    transactions (FOR KEY SHARE) do not conflict with this lock; grants of other holders
+--    never lock a held row (see LeaseGrant's pre-check), so neither fenced writes nor polling
+--    make a renewal skip. What is left is a row locked by a transaction-scoped holder
+--    (RunLocked) of the name, which this holder's lease cannot have.
+--  * synchronous_commit is raised from off to on (as everywhere: other settings already wait
+--    for the local flush): a renewal lost in a crash would let a new holder in while the old
+--    one still trusts its renewal.
 --
 -- What it returns: a row with renewed = true for each lease renewed. Only when some lease of
 -- the batch was not renewed (the count of renewed rows, read once, falls short), it also
@@ -70,7 +102,7 @@ WHERE l.name = sqlc.arg(name)::text;
 -- Cost: linear in the batch (index probes and one scalar count; no anti-join over a CTE,
 -- which the planner runs as a nested loop, quadratic in the batch size).
 WITH cfg AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'on', true) AS sync_commit
+    SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit
 ), v AS MATERIALIZED (
     SELECT unnest(sqlc.arg(names)::text[]) AS name, unnest(sqlc.arg(tokens)::bigint[]) AS token,
            unnest(sqlc.arg(ttls_us)::bigint[]) AS ttl_us
@@ -99,11 +131,11 @@ WHERE l.holder = sqlc.arg(holder)::text AND l.expires_at > clock_timestamp()
 -- Ends a grant now by moving its expiry to the current time. Scoped to (name, holder, token),
 -- so a late release from an old holder never frees a newer grant; 0 rows means the grant had
 -- already expired or been taken over. The row stays (tokens come from the sequence, not the
--- row), so the next grant of the name is a HOT update. synchronous_commit is forced on, so an
+-- row), so the next grant of the name is a HOT update. synchronous_commit is raised from off to on, so an
 -- acknowledged release is not undone by a crash (which would keep the name held for a TTL).
 UPDATE fencelock.leases
 SET expires_at = clock_timestamp()
-FROM (SELECT set_config('synchronous_commit', 'on', true)) AS cfg
+FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)) AS cfg
 WHERE name = sqlc.arg(name)::text AND holder = sqlc.arg(holder)::text AND token = sqlc.arg(token)::bigint
   AND expires_at > clock_timestamp();
 
@@ -119,31 +151,33 @@ WHERE name = sqlc.arg(name)::text AND holder = sqlc.arg(holder)::text
 
 -- name: LeaseGuard :one
 -- Checks, inside the caller's transaction, that the grant (name, holder, token) is still
--- current and unexpired on the database clock, and holds the row FOR SHARE until the caller's
--- transaction ends: a takeover updates the row, so it cannot commit before the caller does.
--- (FOR KEY SHARE would not do: a takeover is a non-key update and would not wait for it.)
+-- current and unexpired on the database clock, and holds the row FOR KEY SHARE until the
+-- caller's transaction ends: a takeover locks the row FOR UPDATE (LeaseGrant sets the key
+-- column), which conflicts, so it cannot commit before the caller does; the holder's own
+-- renewals and release (non-key updates, FOR NO KEY UPDATE) do not conflict and go on.
 SELECT l.expires_at
 FROM fencelock.leases AS l
 WHERE l.name = sqlc.arg(name)::text AND l.holder = sqlc.arg(holder)::text AND l.token = sqlc.arg(token)::bigint
   AND l.expires_at > clock_timestamp()
-FOR SHARE;
+FOR KEY SHARE;
 
 -- name: LeaseFence :one
 -- Checks the grant (name, holder, token) and advances the fence of @resource to its token, in
 -- one statement inside the caller's transaction: the lease row must still have this holder and
--- token and be unexpired on the database clock, and is then held FOR SHARE until the caller's
--- transaction ends (no takeover can commit before it); the fence row is advanced to the token,
+-- token and be unexpired on the database clock, and is then held FOR KEY SHARE until the
+-- caller's transaction ends (no takeover can commit before it, as for LeaseGuard; the holder's
+-- renewals are not held up); the fence row is advanced to the token,
 -- or left alone when a larger token has been seen, and stays locked until the transaction
 -- ends. held = 0: the grant is gone (nothing was fenced); advanced = 0 with held = 1: stale.
--- Forces synchronous_commit on for the caller's transaction, as FenceAdvance does.
+-- Raises synchronous_commit from off to on for the caller's transaction, as FenceAdvance does.
 WITH cfg AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'on', true) AS sync_commit
+    SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit
 ), held AS MATERIALIZED (
     SELECT l.token
     FROM fencelock.leases AS l, cfg
     WHERE l.name = sqlc.arg(name)::text AND l.holder = sqlc.arg(holder)::text AND l.token = sqlc.arg(token)::bigint
       AND l.expires_at > clock_timestamp()
-    FOR SHARE OF l
+    FOR KEY SHARE OF l
 ), advanced AS (
     INSERT INTO fencelock.fences AS f (resource, token)
     SELECT sqlc.arg(resource)::text, held.token FROM held
