@@ -149,6 +149,35 @@ func BenchmarkFenceTx(b *testing.B) {
 	ratio(b, write(true), write(false))
 }
 
+// BenchmarkLeaseFenceTx: a write transaction with Lease.FenceTx (the lease check and the fence
+// in one statement), beside the same transaction without it.
+func BenchmarkLeaseFenceTx(b *testing.B) {
+	e := benchSetup(b)
+	l, err := fencelock.NewLessor(e.pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	lease, err := l.TryAcquire(e.ctx, "bench", time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lease.Release(e.ctx)
+	write := func(fence bool) func() error {
+		return func() error {
+			return pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+				if fence {
+					if err := lease.FenceTx(e.ctx, tx, "bench"); err != nil {
+						return err
+					}
+				}
+				_, err := tx.Exec(e.ctx, `UPDATE bench SET v = v + 1 WHERE id = 2`)
+				return err
+			})
+		}
+	}
+	ratio(b, write(true), write(false))
+}
+
 // BenchmarkRunLocked: the transaction-scoped row lock around a one-row write, beside the bare
 // write transaction (target: within 1.3x).
 func BenchmarkRunLocked(b *testing.B) {
