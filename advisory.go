@@ -371,7 +371,8 @@ func (lk *AdvisoryLock) takeConn() *pgxpool.Conn {
 // Unlock releases the lock and puts the connection back in the pool, in one statement. When
 // the release cannot be confirmed (the statement failed, or the session did not hold the lock)
 // the connection is closed instead, which ends the session and any lock it held. Done closes
-// either way.
+// first, before the statement is sent (Err then reports [ErrUnlocked]): the statement may hang
+// on a broken network, and the holder must stop trusting the lock it is giving up at once.
 //
 // Errors: an error wrapping [ErrNotHeld] if the lock had already ended (Err says why) or the
 // session no longer held it; otherwise pgx's error, wrapped (the session was closed, so
@@ -388,6 +389,7 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 		}
 		return fmt.Errorf("%s: %w: its session was lost", what(), ErrNotHeld)
 	}
+	lk.finish(ErrUnlocked)
 	row, err := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
 		Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
 		Shared:              lk.mode == Shared,
@@ -405,7 +407,6 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	}
 	lk.connMu.Unlock()
 	lk.locker.unregister(lk)
-	lk.finish(ErrUnlocked)
 	return err
 }
 

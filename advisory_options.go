@@ -88,7 +88,7 @@ func WithMaxHeld(n int) Option {
 // statement's commit flushes the WAL: a session lock's token is durable before it is returned,
 // a transaction lock's once the caller's transaction commits (do not hand it to another system
 // before then), even when it falls in a range of the sequence that a rolled-back transaction
-// WAL-logged. A token sequence with CACHE > 1 or CYCLE is refused ([ErrTokenSequence]).
+// WAL-logged. A misconfigured token sequence is refused ([ErrTokenSequence]).
 // Without this option Token() is 0. Applies to [NewAdvisoryLocker] only.
 //
 // Default: off.

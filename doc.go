@@ -26,7 +26,8 @@
 //	})
 //
 // The grant is one statement. TTLs run on the database clock. A heartbeat renews held leases,
-// all that are due in one statement. The holder trusts a lease only inside its trust window:
+// those that are due in batches of up to 5,000, one statement each. The holder trusts a lease
+// only inside its trust window, which a timer of its own ends:
 //
 //	grant sent        heartbeat renewals ...       last renewal sent
 //	    |----------------|------------------------------|------------------------|

@@ -48,11 +48,11 @@ var (
 	// to write (SQLSTATE 25006, wrapped too); advisory locks from pg_is_in_recovery(), checked
 	// in the lock statement before anything is taken.
 	ErrReadOnly = errors.New("fencelock: server is read-only (hot standby?); locks must be taken on the primary")
-	// ErrTokenSequence is returned, wrapping the server's error, when the token sequence
-	// (fencelock.leases_token_seq) has CACHE > 1 or CYCLE: tokens for a name could then go
-	// backwards or repeat, so no token is issued. Fix it with
-	// ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 NO CYCLE.
-	ErrTokenSequence = errors.New("fencelock: token sequence misconfigured (CACHE > 1 or CYCLE); no token issued")
+	// ErrTokenSequence is returned, wrapping the server's error (SQLSTATE FL001), when the
+	// token sequence (fencelock.leases_token_seq) has CACHE > 1, CYCLE or an INCREMENT <= 0:
+	// tokens for a name could then go backwards or repeat, so no token is issued. Fix it with
+	// ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 INCREMENT 1 NO CYCLE.
+	ErrTokenSequence = errors.New("fencelock: token sequence misconfigured (CACHE > 1, CYCLE or INCREMENT <= 0); no token issued")
 )
 
 // ArgumentError reports bad input, found before any SQL ran. It matches

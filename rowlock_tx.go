@@ -103,6 +103,7 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0, Nowait: try, MayInsert: false})
 	br := l.pool.SendBatch(ctx, b)
 	tx := br.Tx()
+	pid := tx.Conn().PgConn().PID()
 	// After Commit this is a no-op. Without ctx's cancellation, so a cancelled ctx still rolls
 	// back (pgx closes the connection when even that fails).
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
@@ -117,6 +118,17 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	case errors.Is(grantErr, pgx.ErrNoRows):
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return l.refusedOrAbsent(ctx, name, fn, try, ensured)
+	case grantErr != nil && tx.Conn().IsClosed():
+		// Abandoned mid-flight (ctx ended while the grant waited on the row): the backend
+		// goes on waiting, and may still be granted the row once its holder commits, until it
+		// finds the connection gone. Return only once it has exited, so nothing is left
+		// waiting or held. (Behind a pooler the pid is not the backend's: no wait.)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if err := l.awaitBackendExit(cctx, pid); err != nil {
+			return fmt.Errorf("run locked %q: %w (and %w)", name, grantErr, err)
+		}
+		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
 	case grantErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
 	case closeErr != nil:

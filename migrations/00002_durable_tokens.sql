@@ -1,6 +1,7 @@
 -- +goose Up
--- Every fencing token is drawn by fencelock.next_token, which makes it durable before the
--- statement that drew it returns, whatever earlier transactions did.
+-- Every fencing token is drawn by fencelock.next_token, which makes it durable when the
+-- transaction that drew it commits (for a lease grant or a session lock, the statement itself),
+-- whatever earlier transactions did.
 --
 -- Why a function: nextval WAL-logs 32 values ahead and writes no WAL for a value inside an
 -- already logged range. When the transaction that logged the range rolled back (a RunLocked
@@ -11,7 +12,8 @@
 -- its synchronous commit flushes the WAL up to its commit record, the logged range included.
 -- An advisory grant writes nothing, so next_token(true) writes one row of its own: the row of
 -- this backend in fencelock.token_flushes (rows of other backends are never touched, so no
--- two transactions contend for one). Assigning an xid alone (pg_current_xact_id()) is not
+-- two transactions contend for one). Roles that take advisory tokens need INSERT and UPDATE
+-- on it; fencelock.SweepLeases deletes the rows of exited backends. Assigning an xid alone (pg_current_xact_id()) is not
 -- enough: the commit of a transaction with an xid but no WAL of its own is not flushed.
 CREATE TABLE fencelock.token_flushes (
     pid   integer PRIMARY KEY,

@@ -85,3 +85,42 @@ func TestRegressionDoneOpenDuringHungRelease(t *testing.T) {
 	require.True(t, closed, "Done not closed by Release while its statement hung")
 	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
 }
+
+// Regression test for the advisory twin of the hung-Release bug, found by reading: Unlock
+// closed Done only after its statement returned, so while the statement hung on a blackholed
+// connection a goroutine watching Done kept trusting a lock its holder was giving up (and the
+// watchdog skips a lock whose connection Unlock has taken). Unlock now closes Done first.
+func TestRegressionDoneOpenDuringHungUnlock(t *testing.T) {
+	t.Parallel()
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	tp, cfg := newToxiProxy(t, db.URL)
+	hpool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer hpool.Close()
+	a, err := fencelock.NewAdvisoryLocker(hpool)
+	require.NoError(t, err)
+	lk, err := a.TryLock(ctx, "hung-unlock")
+	require.NoError(t, err)
+	require.NoError(t, tp.add("bh-up", "timeout", "upstream", map[string]int64{"timeout": 0}))
+	require.NoError(t, tp.add("bh-down", "timeout", "downstream", map[string]int64{"timeout": 0}))
+	unlocked := make(chan error, 1)
+	go func() {
+		uctx, ucancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ucancel()
+		unlocked <- lk.Unlock(uctx)
+	}()
+	var closedAt time.Duration
+	start := time.Now()
+	select {
+	case <-lk.Done():
+		closedAt = time.Since(start)
+	case <-time.After(time.Second):
+		closedAt = -1
+	}
+	require.NoError(t, tp.reset())
+	<-unlocked
+	require.True(t, closedAt >= 0 && closedAt < 500*time.Millisecond, "Done closed %v after Unlock began (-1: not within 1 s) while its statement hung", closedAt)
+	require.ErrorIs(t, lk.Err(), fencelock.ErrUnlocked)
+}

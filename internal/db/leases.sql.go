@@ -132,7 +132,7 @@ type LeaseGrantRow struct {
 //     of the name committed, so tokens for a name rise strictly in grant order (and never
 //     repeat: one sequence serves all names). The INSERT path draws one too; a refused grant
 //     burns it, so tokens are increasing but not consecutive.
-//   - The token is durable when the grant returns, even when it falls in a range WAL-logged by
+//   - The token is durable when the grant commits, even when it falls in a range WAL-logged by
 //     a transaction that rolled back: a grant writes its lease row, so its transaction has an
 //     xid and WAL of its own, and next_token raises synchronous_commit from off to on, so the commit flushes
 //     the WAL up to its own record, the sequence's logged range included. (This is the reason
