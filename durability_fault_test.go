@@ -169,3 +169,93 @@ func TestUpdateFencedDurableAfterCrash(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&sc))
 	require.Equal(t, "off", sc)
 }
+
+// The control for the crash tests above: on a server started with pgtest.AsyncCommit, a crash
+// really loses commits that did not raise synchronous_commit themselves. Without this, the
+// durability tests could pass because the crash lost nothing.
+func TestAsyncCommitCrashLosesUnforcedCommits(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
+	db := srv.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE acked (i int)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `CHECKPOINT`)
+	require.NoError(t, err)
+	for i := range 100 {
+		_, err := db.Pool.Exec(ctx, `INSERT INTO acked VALUES ($1)`, i)
+		require.NoError(t, err)
+	}
+	require.NoError(t, srv.Crash(ctx))
+	require.NoError(t, srv.Restart(ctx))
+	db.Pool.Reset()
+	var n int
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		err = db.Pool.QueryRow(ctx, `SELECT count(*) FROM acked`).Scan(&n)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // the server is restarting: nothing to await but a connection
+	}
+	require.NoError(t, err)
+	require.Less(t, n, 100, "the crash lost no acknowledged commit: the durability tests would prove nothing")
+}
+
+// Each statement that acknowledges a write a fence or a lease relies on survives a crash where
+// the server default is synchronous_commit = off: FenceTx and Lease.FenceTx (the high-water
+// mark: a lost advance would let an older token through) and Lease.Renew (a lost renewal would
+// let a new holder in while the old one trusts it).
+func TestFencesAndRenewalsDurableAfterCrash(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc string
+		// act makes the acknowledged write with lease; check verifies it after the crash.
+		act   func(ctx context.Context, pool *pgxpool.Pool, lease *fencelock.Lease) error
+		check func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, lease *fencelock.Lease, before time.Time)
+	}{
+		{"FenceTx", func(ctx context.Context, pool *pgxpool.Pool, lease *fencelock.Lease) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fencelock.FenceTx(ctx, tx, "r", lease.Token()) })
+		}, checkFence},
+		{"LeaseFenceTx", func(ctx context.Context, pool *pgxpool.Pool, lease *fencelock.Lease) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return lease.FenceTx(ctx, tx, "r") })
+		}, checkFence},
+		{"Renew", func(ctx context.Context, _ *pgxpool.Pool, lease *fencelock.Lease) error {
+			return lease.Renew(ctx)
+		}, func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, lease *fencelock.Lease, before time.Time) {
+			var expires time.Time
+			require.NoError(t, pool.QueryRow(ctx, `SELECT expires_at FROM fencelock.leases WHERE name = 'job'`).Scan(&expires))
+			require.True(t, expires.After(before), "the acknowledged renewal was lost in the crash (expiry %v, granted with %v)", expires, before)
+			require.Equal(t, lease.ExpiresAt(), expires)
+		}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
+			db := srv.NewDB(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			lease, err := newLessor(t, db.Pool, "h", fencelock.WithoutHeartbeat()).TryAcquire(ctx, "job", time.Hour)
+			require.NoError(t, err)
+			granted := lease.ExpiresAt()
+			_, err = db.Pool.Exec(ctx, `CHECKPOINT`) // the grant is durable; the act below is what is tested
+			require.NoError(t, err)
+			time.Sleep(10 * time.Millisecond) // so a renewal's expiry differs from the grant's by more than rounding
+			require.NoError(t, tc.act(ctx, db.Pool, lease))
+			require.NoError(t, srv.Crash(ctx))
+			require.NoError(t, srv.Restart(ctx))
+			db.Pool.Reset()
+			require.Eventually(t, func() bool { return db.Pool.Ping(ctx) == nil }, 30*time.Second, 20*time.Millisecond)
+			tc.check(t, ctx, db.Pool, lease, granted)
+		})
+	}
+}
+
+// checkFence verifies that the high-water mark of "r" is lease's token.
+func checkFence(t *testing.T, ctx context.Context, pool *pgxpool.Pool, lease *fencelock.Lease, _ time.Time) {
+	t.Helper()
+	var token int64
+	err := pool.QueryRow(ctx, `SELECT token FROM fencelock.fences WHERE resource = 'r'`).Scan(&token)
+	require.NoError(t, err, "the acknowledged fence advance was lost in the crash")
+	require.Equal(t, int64(lease.Token()), token)
+}

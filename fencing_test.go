@@ -45,39 +45,72 @@ func errorsAsStale(t *testing.T, err error) *fencelock.StaleTokenError {
 	return stale
 }
 
-// GuardTx holds the lease row FOR KEY SHARE, which a takeover's FOR UPDATE conflicts with: even
-// once the lease has expired on the database clock, no takeover commits before the guarded
-// transaction ends.
-func TestGuardTxBlocksTakeoverUntilCommit(t *testing.T) {
+// GuardTx and Lease.FenceTx hold the lease row FOR KEY SHARE, which a takeover's FOR UPDATE
+// conflicts with: even once the lease has expired on the database clock, no takeover commits
+// before the guarded transaction ends, neither a try grant (refused) nor a waiting RunLocked
+// (it waits in the server's queue and gets the row only after the commit).
+func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
-	c := newLessor(t, b.pool, "c")
-	la, err := a.TryAcquire(b.ctx, "job", 300*time.Millisecond)
-	require.NoError(t, err)
+	for _, guard := range []struct {
+		desc  string
+		guard func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error
+	}{
+		{"GuardTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.GuardTx(ctx, tx) }},
+		{"LeaseFenceTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.FenceTx(ctx, tx, "r") }},
+	} {
+		t.Run(guard.desc, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
+			c := newLessor(t, b.pool, "c")
+			la, err := a.TryAcquire(b.ctx, "job", 300*time.Millisecond)
+			require.NoError(t, err)
 
-	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	require.NoError(t, la.GuardTx(b.ctx, tx))
-	// Wait, on the database, until the lease has expired there.
-	_, err = b.pool.Exec(b.ctx, `SELECT pg_sleep_until(expires_at + interval '10 milliseconds') FROM fencelock.leases WHERE name = 'job'`)
-	require.NoError(t, err)
-	require.True(t, readLease(t, b.ctx, b.pool, "job").Expired)
-	_, err = c.TryAcquire(b.ctx, "job", time.Second)
-	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "takeover while a guarded transaction is open")
+			tx, err := b.pool.Begin(b.ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(b.ctx) }()
+			require.NoError(t, guard.guard(b.ctx, la, tx))
+			// Wait, on the database, until the lease has expired there.
+			_, err = b.pool.Exec(b.ctx, `SELECT pg_sleep_until(expires_at + interval '10 milliseconds') FROM fencelock.leases WHERE name = 'job'`)
+			require.NoError(t, err)
+			require.True(t, readLease(t, b.ctx, b.pool, "job").Expired)
+			_, err = c.TryAcquire(b.ctx, "job", time.Second)
+			require.ErrorIs(t, err, fencelock.ErrNotAcquired, "takeover while a guarded transaction is open")
+			ran := make(chan fencelock.Token, 1)
+			waited := make(chan error, 1)
+			go func() {
+				waited <- newLessor(t, b.pool, "w").RunLocked(b.ctx, "job", func(_ context.Context, _ pgx.Tx, token fencelock.Token) error {
+					ran <- token
+					return nil
+				})
+			}()
+			// The RunLocked is queued on the row lock: seen waiting in pg_stat_activity.
+			require.Eventually(t, func() bool {
+				var n int
+				err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+				return err == nil && n == 1
+			}, 5*time.Second, 5*time.Millisecond)
+			select {
+			case token := <-ran:
+				t.Fatalf("a RunLocked took the row over (token %d) while the guarded transaction was open", token)
+			default:
+			}
 
-	require.NoError(t, tx.Commit(b.ctx))
-	lc, err := c.TryAcquire(b.ctx, "job", time.Second)
-	require.NoError(t, err)
-	require.Greater(t, lc.Token(), la.Token())
+			require.NoError(t, tx.Commit(b.ctx))
+			require.NoError(t, <-waited)
+			require.Greater(t, <-ran, la.Token())
+			lc, err := c.TryAcquire(b.ctx, "job", time.Second)
+			require.NoError(t, err)
+			require.Greater(t, lc.Token(), la.Token())
 
-	// The old lease is now lost: GuardTx refuses (locally, or on the server).
-	tx2, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx2.Rollback(b.ctx) }()
-	require.ErrorIs(t, la.GuardTx(b.ctx, tx2), fencelock.ErrLeaseLost)
-	require.NoError(t, lc.Release(b.ctx))
+			// The old lease is now lost: the guard refuses (locally, or on the server).
+			tx2, err := b.pool.Begin(b.ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx2.Rollback(b.ctx) }()
+			require.ErrorIs(t, guard.guard(b.ctx, la, tx2), fencelock.ErrLeaseLost)
+			require.NoError(t, lc.Release(b.ctx))
+		})
+	}
 }
 
 func TestGuardTxDetectsLossOnServer(t *testing.T) {

@@ -225,11 +225,11 @@ func mustJSON(v any) string {
 }
 
 // A token sequence that cannot keep tokens in grant order (CACHE > 1: each backend hands out
-// its own block; CYCLE: it wraps) is refused with ErrTokenSequence before any token is issued,
+// its own block; CYCLE: it wraps; a negative INCREMENT: it counts down) is refused with ErrTokenSequence before any token is issued,
 // on every path, and nothing is left held.
 func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
 	t.Parallel()
-	for _, alter := range []string{"CACHE 20", "CYCLE"} {
+	for _, alter := range []string{"CACHE 20", "CYCLE", "INCREMENT -1"} {
 		t.Run(alter, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
@@ -259,7 +259,10 @@ func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
 			// Nothing is left held: with the sequence repaired, every path grants (the advisory
 			// lock once the closed session's backend has exited: waited for in the server's
 			// lock queue, within 5 s).
-			_, err = b.pool.Exec(b.ctx, `ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 NO CYCLE`)
+			var lastValue int64
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&lastValue))
+			require.EqualValues(t, 1, lastValue, "a token was drawn from the misconfigured sequence")
+			_, err = b.pool.Exec(b.ctx, `ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 INCREMENT 1 NO CYCLE`)
 			require.NoError(t, err)
 			lctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
 			defer cancel()
@@ -272,4 +275,52 @@ func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
 			require.NoError(t, lease.Release(b.ctx))
 		})
 	}
+}
+
+// A failed Release still stops the renewals: the lease is left to expire within its TTL.
+func TestFailedReleaseStopsRenewals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "h", fencelock.WithHeartbeatInterval(20*time.Millisecond))
+	lease, err := l.TryAcquire(b.ctx, "job", 600*time.Millisecond)
+	require.NoError(t, err)
+	cancelled, cancel := context.WithCancel(b.ctx)
+	cancel()
+	require.Error(t, lease.Release(cancelled)) // never sent
+	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
+	before := readExpiry(t, b, "job")
+	time.Sleep(100 * time.Millisecond) // five heartbeats: waiting for renewals that must not come
+	require.Equal(t, before, readExpiry(t, b, "job"), "the heartbeat renewed a released lease")
+	_, err = b.pool.Exec(b.ctx, `SELECT pg_sleep_until($1::timestamptz + interval '10 milliseconds')`, before)
+	require.NoError(t, err)
+	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, "job", time.Second)
+	require.NoError(t, err, "the lease did not expire within its TTL")
+	require.NoError(t, other.Release(b.ctx))
+}
+
+func readExpiry(t *testing.T, b *bundle, name string) time.Time {
+	t.Helper()
+	var at time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT expires_at FROM fencelock.leases WHERE name = $1`, name).Scan(&at))
+	return at
+}
+
+// Acquire's wait is capped by the holder's remaining TTL on the database clock (plus a quarter
+// of the first backoff, as jitter): with a backoff of 4 s to 10 s (equal jitter: the first
+// wait is 2 to 4 s), a lease that expires 300 ms after the waiter starts is granted 0.8 to
+// 1.3 s after, not after a backoff period.
+func TestAcquireWaitCappedByRemainingTTL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder, err := newLessor(t, b.pool, "holder", fencelock.WithoutHeartbeat()).TryAcquire(b.ctx, "job", 300*time.Millisecond)
+	require.NoError(t, err)
+	slow := newLessor(t, b.pool, "slow", fencelock.WithBackoff(fencelock.ExponentialBackoff(4*time.Second, 10*time.Second)))
+	start := time.Now()
+	lease, err := slow.Acquire(b.ctx, "job", time.Second)
+	require.NoError(t, err)
+	waited := time.Since(start)
+	require.Less(t, waited, 1900*time.Millisecond, "Acquire slept its backoff instead of the holder's remaining TTL")
+	require.Greater(t, lease.Token(), holder.Token())
+	require.NoError(t, lease.Release(b.ctx))
+	t.Logf("granted %v after the waiter started (holder's TTL 300 ms, backoff from 4 s)", waited.Round(time.Millisecond))
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -72,4 +73,20 @@ func TestMigrateKeepsApplicationGooseTable(t *testing.T) {
 	lease, err := l.TryAcquire(b.ctx, "job", 10*time.Second)
 	require.NoError(t, err)
 	require.NoError(t, lease.Release(b.ctx))
+}
+
+// Migrate's session lock differs from goose's default, so fencelock's migrations never wait on
+// an application's own goose run holding its lock.
+func TestMigrateDoesNotWaitForApplicationGooseLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(b.ctx, `SELECT pg_advisory_lock($1)`, lock.DefaultLockID)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(b.ctx, `SELECT pg_advisory_unlock($1)`, lock.DefaultLockID) }()
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, fencelock.Migrate(ctx, b.pool), "Migrate waited for goose's default lock")
 }

@@ -2,10 +2,13 @@ package fencelock_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -86,4 +89,57 @@ func TestSweepLeases(t *testing.T) {
 	for _, lease := range held {
 		require.NoError(t, lease.Release(b.ctx))
 	}
+}
+
+// Concurrent sweeps are safe: four at once over 5,000 expired rows delete each row once
+// between them, while grants of the swept names go on and get larger tokens. SweepLeases also
+// deletes the token_flushes rows of backends that have exited, and keeps live ones'.
+func TestSweepLeasesConcurrent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+		SELECT 'old:' || i, 'h', now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, 5000) AS i`)
+	require.NoError(t, err)
+	var maxToken int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(token) FROM fencelock.leases`).Scan(&maxToken))
+	// A token_flushes row of a backend that has exited, and one of a live backend.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO fencelock.token_flushes VALUES (2147483000, 1), (pg_backend_pid(), 2)`)
+	require.NoError(t, err)
+
+	l := newLessor(t, b.pool, "g")
+	var wg sync.WaitGroup
+	counts := make([]int64, 4)
+	for i := range counts {
+		wg.Go(func() {
+			n, err := fencelock.SweepLeases(b.ctx, b.pool, fencelock.MinSweepGrace)
+			assert.NoError(t, err)
+			counts[i] = n
+		})
+	}
+	var granted int64
+	for i := 1; i <= 200; i += 7 {
+		lease, err := l.Acquire(b.ctx, fmt.Sprintf("old:%d", i), time.Minute)
+		require.NoError(t, err)
+		require.Greater(t, int64(lease.Token()), maxToken)
+		require.NoError(t, lease.Release(b.ctx))
+		granted++
+	}
+	wg.Wait()
+	var total int64
+	for _, n := range counts {
+		total += n
+	}
+	var left int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE expires_at < now() - interval '1 minute'`).Scan(&left))
+	require.Zero(t, left, "expired rows left after the sweeps")
+	// Every old row was deleted once, except those a grant took over before a sweep reached it.
+	require.LessOrEqual(t, total, int64(5000))
+	require.GreaterOrEqual(t, total, 5000-granted)
+	var pids []int32
+	rows, err := b.pool.Query(b.ctx, `SELECT pid FROM fencelock.token_flushes`)
+	require.NoError(t, err)
+	pids, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.NotContains(t, pids, int32(2147483000), "the row of an exited backend was not swept")
+	require.Len(t, pids, 1, "the row of a live backend was swept")
 }
