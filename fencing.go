@@ -72,9 +72,10 @@ func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error
 // not conflict with that lock and go on while tx is open, so guarded transactions may follow
 // each other back to back. One statement.
 //
-// Use READ COMMITTED (the Postgres default): in a REPEATABLE READ or SERIALIZABLE transaction that began
-// before the last renewal, the check reads an older row version and may report a held lease as
-// lost (the safe direction: the holder stops).
+// Use READ COMMITTED (the Postgres default). In a REPEATABLE READ or SERIALIZABLE transaction
+// whose snapshot was taken before the lease's last renewal, the check reads the older row
+// version: it fails with a serialization error (SQLSTATE 40001, retry the transaction) or, if
+// that version had expired, reports the lease lost (the safe direction: the holder stops).
 //
 // Errors: [Lease.Err] when the lease has already ended locally (no SQL runs); a
 // [*LeaseLostError] when the database no longer has this grant (Done then closes); an

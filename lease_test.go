@@ -348,3 +348,42 @@ func TestHeartbeatStopsAfterTrustWindowLoss(t *testing.T) {
 	require.ErrorIs(t, l.Err(), fencelock.ErrTrustWindowExpired)
 	goleak.VerifyNone(t, ignore)
 }
+
+// Attempts by one lessor on one name are serialised locally: 32 goroutines sharing a lessor
+// ask for one name at once; one is granted, every other is told the lessor holds it already
+// (ErrAlreadyHeld), never that someone else does.
+func TestLessorSerialisesAttemptsOnOneName(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "shared")
+	start := make(chan struct{})
+	errs := make(chan error, 32)
+	leases := make(chan *fencelock.Lease, 32)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			<-start
+			lease, err := l.TryAcquire(b.ctx, "job", time.Minute)
+			if err == nil {
+				leases <- lease
+			}
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	close(leases)
+	granted := 0
+	for err := range errs {
+		if err == nil {
+			granted++
+			continue
+		}
+		require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
+	}
+	require.Equal(t, 1, granted)
+	for lease := range leases {
+		require.NoError(t, lease.Release(b.ctx))
+	}
+}

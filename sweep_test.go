@@ -36,6 +36,8 @@ func TestSweepLeases(t *testing.T) {
 	}
 	var maxToken int64
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(token) FROM fencelock.leases`).Scan(&maxToken))
+	// A fence row is never swept, however old the lease that advanced it.
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "old:3", 1) }))
 
 	// A transaction-scoped holder of an expired-looking row (RunLocked rows expire at their
 	// transaction's start) is skipped, not waited for.
@@ -69,6 +71,9 @@ func TestSweepLeases(t *testing.T) {
 	require.Equal(t, 1, count("old:%"))
 	require.Equal(t, 10, count("recent:%"))
 	require.Equal(t, 10, count("live:%"))
+	var fences int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.fences`).Scan(&fences))
+	require.Equal(t, 1, fences, "the sweep deleted a fence row")
 	for _, lease := range held {
 		require.NoError(t, lease.Renew(b.ctx), "a held lease survives the sweep")
 	}
