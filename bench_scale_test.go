@@ -179,11 +179,12 @@ func BenchmarkSweep(b *testing.B) {
 		b.Fatal(err)
 	}
 	var refused int // grants refused: a name whose row the sweep held locked past lock_timeout
+	prefix := ""
 	grants := func(ctx context.Context, i *int) (lat []time.Duration) {
 		for ctx.Err() == nil {
 			*i++
 			t0 := time.Now()
-			lease, err := l.TryAcquire(e.ctx, fmt.Sprintf("old:%d", 1+(*i*7919)%100_000), time.Minute)
+			lease, err := l.TryAcquire(e.ctx, fmt.Sprintf("%s:%d", prefix, 1+(*i*7919)%100_000), time.Minute)
 			if errors.Is(err, fencelock.ErrNotAcquired) {
 				refused++
 				continue
@@ -208,8 +209,9 @@ func BenchmarkSweep(b *testing.B) {
 	var sweepTime time.Duration
 	var during, before []time.Duration
 	i := 0
-	for b.Loop() {
-		insertLeases(b, e, "h", "old", 100_000, true)
+	for round := 0; b.Loop(); round++ {
+		prefix = fmt.Sprintf("old%d", round) // rows re-granted in a round stay (inside the grace)
+		insertLeases(b, e, "h", prefix, 100_000, true)
 		ctx, stop := context.WithTimeout(e.ctx, 500*time.Millisecond)
 		before = append(before, grants(ctx, &i)...)
 		stop()
