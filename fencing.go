@@ -33,6 +33,13 @@ type Token int64
 // holds the fence row's lock and blocks every other fenced writer of the resource until it
 // ends; otherwise the pgx error, wrapped.
 //
+// A fence row is the resource's memory of the newest token: never delete it on a timer. A
+// paused holder can wake up any time later with its old token, and a fence row swept in the
+// meantime would let that token through, as if no newer one had ever been seen. Drop a fence
+// row only together with the resource it guards, in the same transaction, when nothing will
+// write to that resource again. For tokens kept on the resource's own row, [UpdateFencedTx]
+// needs no fence row at all, and the token goes when the row goes.
+//
 // A fence rejects a stale token only once a newer one has been written through it: a paused
 // holder whose successor has not written yet still passes. With a lease, use [Lease.FenceTx],
 // which checks the lease and advances the fence in one statement; FenceTx is for tokens that

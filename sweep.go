@@ -47,7 +47,8 @@ const MinSweepGrace = time.Minute
 // Fence rows (fencelock.fences) are not swept, and must not be on a timer: a fence row
 // dropped while a paused holder still carries an old token would let that token through. Drop
 // a fence row only with the resource it guards, in the same transaction, when nothing will
-// ever write to that resource again.
+// ever write to that resource again; or keep the token on the resource's own row with
+// [UpdateFencedTx], which needs no fence row.
 //
 // Errors: an [*ArgumentError] for a nil pool or a grace under MinSweepGrace (before any SQL); ctx's
 // error or the pgx error, wrapped, with the rows deleted so far. Safe for concurrent use.
