@@ -50,23 +50,27 @@ func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresA
 	return lease
 }
 
-// renewed records a successful grant or renewal sent at sent, and moves the trust-window
-// timer to the new end of the window. It changes nothing once the lease has ended.
+// renewed records a successful grant or renewal sent at sent. The trust window only grows:
+// two renewals of one lease that both succeed were serialised by the row lock, the later one
+// setting the later expiry, so the larger of their windows holds. It does not move the
+// trust-window timer: the timer fires at the window's end as it was when it was armed, which
+// is never later than the window's end now, and moves itself on (trustWindowCheck). That
+// keeps renewals from rewriting 100,000 runtime timers a heartbeat. It changes nothing once
+// the lease has ended.
 func (lease *Lease) renewed(sent, expiresAt time.Time) {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
 	if lease.err != nil {
 		return
 	}
-	lease.trustUntil = sent.Add(lease.times.ttl - lease.times.margin)
-	if lease.times.heartbeat > 0 {
-		lease.nextRenew = sent.Add(lease.times.heartbeat)
+	if t := sent.Add(lease.times.ttl - lease.times.margin); t.After(lease.trustUntil) {
+		lease.trustUntil = t
+		if lease.times.heartbeat > 0 {
+			lease.nextRenew = sent.Add(lease.times.heartbeat)
+		}
+		lease.expiresAt = expiresAt
 	}
-	lease.expiresAt = expiresAt
 	lease.lastErr = nil
-	if lease.trustTimer != nil {
-		lease.trustTimer.Reset(time.Until(lease.trustUntil))
-	}
 }
 
 // armTrustTimer starts the timer that ends the lease at the end of its trust window. It runs
