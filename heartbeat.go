@@ -182,11 +182,11 @@ func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok boo
 }
 
 // renewBatch renews batch in one statement and queues each lease still held for its next
-// renewal. Its deadline is the latest trust window end in the batch (past it, no lease of the
-// batch can use the answer; a lease whose window ends earlier is ended by its own timer), but
-// at most the batch's shortest heartbeat from now: a statement stuck on a dead connection
-// gives its in-flight slot back in time for the next round, rather than hold up the renewal
-// of every other lease for most of a TTL.
+// renewal. Its deadline is the latest trust window end in the batch: past it, no lease of the
+// batch can use the answer (a lease whose window ends earlier is ended by its own timer), and
+// a slow statement that would still come back in time is not cut short. (Two statements stuck
+// on dead connections hold both in-flight slots until then: TCP and pgx end such connections
+// first in practice.)
 func (l *Lessor) renewBatch(batch []*Lease) {
 	defer func() {
 		l.mu.Lock()
@@ -199,15 +199,10 @@ func (l *Lessor) renewBatch(batch []*Lease) {
 		l.poke()
 	}()
 	var deadline time.Time
-	shortest := batch[0].times.heartbeat
 	for _, lease := range batch {
 		if t := lease.TrustedUntil(); t.After(deadline) {
 			deadline = t
 		}
-		shortest = min(shortest, lease.times.heartbeat)
-	}
-	if cap := time.Now().Add(shortest); cap.Before(deadline) {
-		deadline = cap
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()

@@ -103,7 +103,10 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0, Nowait: try, MayInsert: false})
 	br := l.pool.SendBatch(ctx, b)
 	tx := br.Tx()
-	pid := tx.Conn().PgConn().PID()
+	var pid uint32 // 0 when the pool gave no connection (tx has none)
+	if c := tx.Conn(); c != nil {
+		pid = c.PgConn().PID()
+	}
 	// After Commit this is a no-op. Without ctx's cancellation, so a cancelled ctx still rolls
 	// back (pgx closes the connection when even that fails).
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
@@ -118,7 +121,7 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	case errors.Is(grantErr, pgx.ErrNoRows):
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return l.refusedOrAbsent(ctx, name, fn, try, ensured)
-	case grantErr != nil && tx.Conn().IsClosed():
+	case grantErr != nil && pid != 0 && tx.Conn().IsClosed():
 		// Abandoned mid-flight (ctx ended while the grant waited on the row): the backend
 		// goes on waiting, and may still be granted the row once its holder commits, until it
 		// finds the connection gone. Return only once it has exited, so nothing is left

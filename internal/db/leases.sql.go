@@ -278,7 +278,7 @@ WITH cfg AS MATERIALIZED (
     FOR NO KEY UPDATE OF l SKIP LOCKED
 ), renewed AS (
     UPDATE fencelock.leases AS l
-    SET expires_at = now() + target.ttl_us * interval '1 microsecond'
+    SET expires_at = greatest(l.expires_at, now() + target.ttl_us * interval '1 microsecond')
     FROM target
     WHERE l.name = target.name
     RETURNING l.name, l.token, l.expires_at
@@ -312,6 +312,10 @@ type LeaseRenewRow struct {
 // Why it is safe:
 //   - Scoped to (name, holder, token) and to rows not yet expired on the database clock, so a
 //     late renewal can never revive a lapsed lease or touch a newer grant.
+//   - The expiry never moves back: now() is the transaction's start, so of two renewals of one
+//     lease (the heartbeat's and a Lease.Renew) the one that commits last may have started
+//     first; greatest() keeps the later expiry, which the holder's trust window (the larger of
+//     the two) relies on.
 //   - Rows locked by someone else are skipped rather than waited for, so one long transaction
 //     cannot hold up the renewal of every other lease in the batch. The holder's own guarded
 //     transactions (FOR KEY SHARE) do not conflict with this lock; grants of other holders
