@@ -80,9 +80,10 @@ func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error
 // each other back to back. One statement.
 //
 // Use READ COMMITTED (the Postgres default). In a REPEATABLE READ or SERIALIZABLE transaction
-// whose snapshot was taken before the lease's last renewal, the check reads the older row
-// version: it fails with a serialization error (SQLSTATE 40001, retry the transaction) or, if
-// that version had expired, reports the lease lost (the safe direction: the holder stops).
+// the check reads the row version of tx's snapshot: when the lease was taken over since, it
+// fails with a serialization error (SQLSTATE 40001: retry the transaction); when it was only
+// renewed since, it passes if that version is unexpired and otherwise reports the lease lost
+// (the safe direction: the holder stops).
 //
 // Errors: [Lease.Err] when the lease has already ended locally (no SQL runs); a
 // [*LeaseLostError] when the database no longer has this grant (Done then closes); an

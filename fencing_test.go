@@ -2,12 +2,14 @@ package fencelock_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -275,4 +277,48 @@ func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 	require.NoError(t, lease.Err())
 	require.Greater(t, writes.Load(), int64(50))
 	require.NoError(t, lease.Release(b.ctx))
+}
+
+// Under REPEATABLE READ (and SERIALIZABLE), a guard whose snapshot predates a takeover fails
+// (a serialization error, 40001, or the lease reported lost), though its statement reads the
+// snapshot's row version, on which the old holder's grant still looks current. (Asked by
+// review: FOR KEY SHARE succeeds silently on a row only renewed since the snapshot.)
+func TestGuardRefusesTakeoverSinceSnapshot(t *testing.T) {
+	t.Parallel()
+	for _, guard := range []struct {
+		desc  string
+		guard func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error
+	}{
+		{"GuardTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.GuardTx(ctx, tx) }},
+		{"LeaseFenceTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.FenceTx(ctx, tx, "r") }},
+	} {
+		for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
+			t.Run(guard.desc+"/"+string(iso), func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				old, err := newLessor(t, b.pool, "old", fencelock.WithoutHeartbeat()).TryAcquire(b.ctx, "job", time.Minute)
+				require.NoError(t, err)
+				tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: iso})
+				require.NoError(t, err)
+				defer func() { _ = tx.Rollback(b.ctx) }()
+				_, err = tx.Exec(b.ctx, `SELECT count(*) FROM fencelock.leases`) // takes the snapshot
+				require.NoError(t, err)
+				// The grant ends on the server (a forced release) and a new holder takes over.
+				_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+				require.NoError(t, err)
+				cur, err := newLessor(t, b.pool, "new").TryAcquire(b.ctx, "job", time.Minute)
+				require.NoError(t, err)
+				require.NoError(t, old.Err(), "the old holder still trusts its lease: the test is about the server's check")
+
+				err = guard.guard(b.ctx, old, tx)
+				require.Error(t, err, "the guard passed on a snapshot older than the takeover")
+				var pgErr *pgconn.PgError
+				if !errors.Is(err, fencelock.ErrLeaseLost) {
+					require.ErrorAs(t, err, &pgErr)
+					require.Equal(t, "40001", pgErr.Code)
+				}
+				require.NoError(t, cur.Release(b.ctx))
+			})
+		}
+	}
 }
