@@ -29,8 +29,9 @@ const cleanupTimeout = 5 * time.Second
 // costs O(log n) on the client in the n leases held (measured: docs/PERFORMANCE.md), and one
 // lessor holds 100,000 leases (TTL 10 s) without losing one.
 //
-// A Lessor is safe for concurrent use. Attempts by one lessor on one name are serialised
-// locally, so goroutines that share a lessor queue for a name instead of racing each other.
+// A Lessor is safe for concurrent use. TTL grant attempts (TryAcquire, Acquire) by one lessor
+// on one name are serialised locally, so goroutines that share a lessor queue for a name
+// instead of racing each other (RunLocked attempts queue on the server's row lock instead).
 // It needs no Close: with no lease held it owns no goroutine (renewal statements in flight
 // end by their deadline, the end of their leases' trust windows).
 //

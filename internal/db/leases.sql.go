@@ -12,7 +12,7 @@ import (
 
 const leaseEnsureRow = `-- name: LeaseEnsureRow :exec
 INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
-VALUES ($1::text, $2::text, 0, 'epoch', 'epoch')
+VALUES ($1::text, $2::text, 0, now(), now())
 ON CONFLICT (name) DO NOTHING
 `
 
@@ -25,9 +25,10 @@ type LeaseEnsureRowParams struct {
 // for a transaction-scoped grant (RunLocked) that found no row: the grant then locks a
 // committed row instead of inserting one (a nowait grant skips a locked committed row at once,
 // whereas a row inserted by a transaction that is still open would make every other grant of
-// the name wait for the whole transaction). Token 0 and expiry 1970: no renewal, release or guard matches it
-// (each needs its grant's token and an unexpired row), and the sweep deletes it. Draws no
-// token, and writes nothing when the row exists.
+// the name wait for the whole transaction). Token 0 and expired on arrival: no renewal,
+// release or guard matches it (each needs its grant's token and an unexpired row); expired
+// now, not in 1970, so the sweep's grace keeps it while the RunLocked that created it tries
+// again. Draws no token, and writes nothing when the row exists.
 func (q *Queries) LeaseEnsureRow(ctx context.Context, db DBTX, arg LeaseEnsureRowParams) error {
 	_, err := db.Exec(ctx, leaseEnsureRow, arg.Name, arg.Holder)
 	return err
@@ -151,9 +152,12 @@ type LeaseGrantRow struct {
 //     row that is locked refuses the grant at once. Only an expired row is locked there, so a
 //     held row is never locked by anyone else's grant. (A lock_timeout would bound the wait
 //     too, but it also fires on the relation extension lock that concurrent inserts of new
-//     names queue for, and refused free names under load.) The one wait left is for a
-//     statement inserting the same new name at the same moment (its own grant: milliseconds).
-//     Without @nowait (RunLocked) the grant queues on the row lock in the server's queue.
+//     names queue for, and refused free names under load.) What is left are races inside the
+//     statement's own run: a row absent from its snapshot but committed before its insert
+//     (ON CONFLICT then waits for that row's lock: a concurrent grant's statement, or, if the
+//     row was created and locked by a RunLocked in those microseconds, its transaction), and a
+//     row deleted by a sweep in between (a waiting RunLocked then inserts it). Without @nowait
+//     (RunLocked) the grant queues on the row lock in the server's queue.
 //   - Without @may_insert (transaction-scoped grants) the grant never inserts a row: it returns
 //     no row when the name has none, and the caller creates the row with LeaseEnsureRow, in a
 //     statement of its own, and tries again. A row inserted by a transaction that stays open
