@@ -66,7 +66,7 @@ func TestOverlappingRenewalsNeverMoveExpiryBack(t *testing.T) {
 		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'holder1' AND wait_event = 'PgSleep'`).Scan(&n)
 		return err == nil && n == 1
 	}, 5*time.Second, 5*time.Millisecond)
-	time.Sleep(300 * time.Millisecond) // so the second renewal's now() is clearly later
+	time.Sleep(300 * time.Millisecond)     // so the second renewal's now() is clearly later
 	require.NoError(t, lease.Renew(b.ctx)) // commits first, with the later expiry
 	require.NoError(t, <-stalled)          // commits last, with the earlier now()
 	for {
