@@ -97,31 +97,14 @@ func TestTokenDurableAfterRolledBackRange(t *testing.T) {
 			require.NoError(t, srv.Crash(ctx))
 			require.NoError(t, srv.Restart(ctx))
 			db.Pool.Reset()
-			after := issueRetrying(t, ctx, db.Pool, tc.issue, 2)
+			awaitReconnect(t, ctx, db.Pool)
+			after, err := tc.issue(t, ctx, db.Pool, 2)
+			require.NoError(t, err)
 			require.Greater(t, after, inRange, "a token issued before the crash was issued again")
 			var sc string
 			require.NoError(t, db.Pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&sc))
 			require.Equal(t, "on", sc) // the server default the scenario is about
 		})
-	}
-}
-
-// issueRetrying issues a token through issue, retrying while the pool reconnects after a
-// restart; it fails the test after 30 s.
-func issueRetrying(t *testing.T, ctx context.Context, pool *pgxpool.Pool, issue tokenPath, i int) fencelock.Token {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	for {
-		token, err := issue(t, ctx, pool, i)
-		if err == nil {
-			return token
-		}
-		require.NoError(t, ctx.Err(), "last error: %v", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond): // the server is restarting: nothing to await but a connection
-		}
 	}
 }
 
@@ -152,16 +135,8 @@ func TestUpdateFencedDurableAfterCrash(t *testing.T) {
 	require.NoError(t, srv.Crash(ctx))
 	require.NoError(t, srv.Restart(ctx))
 	db.Pool.Reset()
-
-	var err2 error
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		err2 = update(5, 50)
-		if err2 == nil || errors.Is(err2, fencelock.ErrStaleToken) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // the server is restarting: nothing to await but a connection
-	}
-	require.ErrorIs(t, err2, fencelock.ErrStaleToken, "the acknowledged fenced update was lost in the crash")
+	awaitReconnect(t, ctx, db.Pool)
+	require.ErrorIs(t, update(5, 50), fencelock.ErrStaleToken, "the acknowledged fenced update was lost in the crash")
 	var balance int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = 1`).Scan(&balance))
 	require.Equal(t, 100, balance)
@@ -190,15 +165,9 @@ func TestAsyncCommitCrashLosesUnforcedCommits(t *testing.T) {
 	require.NoError(t, srv.Crash(ctx))
 	require.NoError(t, srv.Restart(ctx))
 	db.Pool.Reset()
+	awaitReconnect(t, ctx, db.Pool)
 	var n int
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		err = db.Pool.QueryRow(ctx, `SELECT count(*) FROM acked`).Scan(&n)
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // the server is restarting: nothing to await but a connection
-	}
-	require.NoError(t, err)
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM acked`).Scan(&n))
 	require.Less(t, n, 100, "the crash lost no acknowledged commit: the durability tests would prove nothing")
 }
 
@@ -245,7 +214,7 @@ func TestFencesAndRenewalsDurableAfterCrash(t *testing.T) {
 			require.NoError(t, srv.Crash(ctx))
 			require.NoError(t, srv.Restart(ctx))
 			db.Pool.Reset()
-			require.Eventually(t, func() bool { return db.Pool.Ping(ctx) == nil }, 30*time.Second, 20*time.Millisecond)
+			awaitReconnect(t, ctx, db.Pool)
 			tc.check(t, ctx, db.Pool, lease, granted)
 		})
 	}
@@ -258,4 +227,11 @@ func checkFence(t *testing.T, ctx context.Context, pool *pgxpool.Pool, lease *fe
 	err := pool.QueryRow(ctx, `SELECT token FROM fencelock.fences WHERE resource = 'r'`).Scan(&token)
 	require.NoError(t, err, "the acknowledged fence advance was lost in the crash")
 	require.Equal(t, int64(lease.Token()), token)
+}
+
+// awaitReconnect waits until pool reaches the restarted server again, failing the test after
+// 30 s. (Polled: a restarting server announces nothing to wait on.)
+func awaitReconnect(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
+	t.Helper()
+	require.Eventually(t, func() bool { return pool.Ping(ctx) == nil }, 30*time.Second, 20*time.Millisecond)
 }

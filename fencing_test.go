@@ -47,19 +47,22 @@ func errorsAsStale(t *testing.T, err error) *fencelock.StaleTokenError {
 	return stale
 }
 
+// guards are the two calls that check a lease inside the caller's transaction and hold its row.
+var guards = []struct {
+	desc  string
+	guard func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error
+}{
+	{"GuardTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.GuardTx(ctx, tx) }},
+	{"LeaseFenceTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.FenceTx(ctx, tx, "r") }},
+}
+
 // GuardTx and Lease.FenceTx hold the lease row FOR KEY SHARE, which a takeover's FOR UPDATE
 // conflicts with: even once the lease has expired on the database clock, no takeover commits
 // before the guarded transaction ends, neither a try grant (refused) nor a waiting RunLocked
 // (it waits in the server's queue and gets the row only after the commit).
 func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 	t.Parallel()
-	for _, guard := range []struct {
-		desc  string
-		guard func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error
-	}{
-		{"GuardTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.GuardTx(ctx, tx) }},
-		{"LeaseFenceTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.FenceTx(ctx, tx, "r") }},
-	} {
+	for _, guard := range guards {
 		t.Run(guard.desc, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
@@ -285,13 +288,7 @@ func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 // review: FOR KEY SHARE succeeds silently on a row only renewed since the snapshot.)
 func TestGuardRefusesTakeoverSinceSnapshot(t *testing.T) {
 	t.Parallel()
-	for _, guard := range []struct {
-		desc  string
-		guard func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error
-	}{
-		{"GuardTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.GuardTx(ctx, tx) }},
-		{"LeaseFenceTx", func(ctx context.Context, lease *fencelock.Lease, tx pgx.Tx) error { return lease.FenceTx(ctx, tx, "r") }},
-	} {
+	for _, guard := range guards {
 		for _, iso := range []pgx.TxIsoLevel{pgx.RepeatableRead, pgx.Serializable} {
 			t.Run(guard.desc+"/"+string(iso), func(t *testing.T) {
 				t.Parallel()
