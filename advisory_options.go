@@ -83,13 +83,13 @@ func WithMaxHeld(n int) Option {
 // WithFencingTokens makes every grant of the locker, session or transaction lock, also draw a
 // fencing token from the sequence leases use, in the same statement, after the lock is
 // granted: it is then larger than the token of any earlier holder of the lock, and [FenceTx]
-// works with it as with a lease's. The token is drawn by fencelock.next_token, which writes
-// the backend's row of fencelock.token_flushes and raises synchronous_commit from off to on, so that the
-// statement's commit flushes the WAL: a session lock's token is durable before it is returned,
+// works with it as with a lease's. The token is drawn by fencelock.next_token, which writes the
+// backend's row of fencelock.token_flushes and raises synchronous_commit from off to on, so that
+// the statement's commit flushes the WAL: a session lock's token is durable before it is returned,
 // a transaction lock's once the caller's transaction commits (do not hand it to another system
 // before then), even when it falls in a range of the sequence that a rolled-back transaction
-// WAL-logged. A misconfigured token sequence is refused ([ErrTokenSequence]).
-// Without this option Token() is 0. Applies to [NewAdvisoryLocker] only.
+// WAL-logged. A misconfigured token sequence is refused ([ErrTokenSequence]). Without this option
+// Token() is 0. Applies to [NewAdvisoryLocker] only.
 //
 // Default: off.
 func WithFencingTokens() Option {

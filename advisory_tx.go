@@ -16,9 +16,9 @@ import (
 // transaction pooling.
 //
 // It returns the grant's fencing token when the locker was built with [WithFencingTokens]
-// (an int64 > 0, usable with [FenceTx] in the same tx; durable once tx commits), else 0. Transaction locks stack in
-// Postgres and are not tracked by the locker: taking one twice in a transaction is allowed
-// and harmless, since both levels end with it.
+// (an int64 > 0, usable with [FenceTx] in the same tx; durable once tx commits), else 0.
+// Transaction locks stack in Postgres and are not tracked by the locker: taking one twice in a
+// transaction is allowed and harmless, since both levels end with it.
 //
 // Errors: [ErrNotAcquired] if another session or transaction holds it; an [*ArgumentError]
 // for a bad name or a nil tx (no SQL runs); an error wrapping [ErrReadOnly] on a hot standby;

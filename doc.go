@@ -70,7 +70,7 @@
 //
 // # Durability
 //
-// Statements that grant or renew raise synchronous_commit from off to on for themselves, so tokens never
-// repeat after a crash even where the server's default is off. Migrations ship in package
+// Statements that grant or renew raise synchronous_commit from off to on for themselves, so tokens
+// never repeat after a crash even where the server's default is off. Migrations ship in package
 // [github.com/fencelock/fencelock/migrations] and are applied by [Migrate].
 package fencelock

@@ -23,8 +23,8 @@ type Token int64
 // FenceTx advances the high-water mark of resource to token inside tx, the caller's
 // transaction, in one statement; the caller's writes in tx then commit only together with it.
 // Equal tokens pass, so a holder may make several fenced writes with one grant. The fence row
-// stays locked until tx ends, so fenced writes to one resource commit in token order. It
-// raises synchronous_commit from off to on for tx: an acknowledged fenced write lost in a crash would take
+// stays locked until tx ends, so fenced writes to one resource commit in token order. It raises
+// synchronous_commit from off to on for tx: an acknowledged fenced write lost in a crash would take
 // the high-water mark back with it.
 //
 // resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name); token is
@@ -42,9 +42,9 @@ type Token int64
 //
 // A fence rejects a stale token only once a newer one has been written through it: a paused
 // holder whose successor has not written yet still passes. With a lease, use [Lease.FenceTx],
-// which checks the lease and advances the fence in one statement; FenceTx is for tokens that
-// travel without a lease (advisory lock tokens, tokens handed to another system). Safe for concurrent use on different
-// transactions (a pgx.Tx itself is not).
+// which checks the lease and advances the fence in one statement; FenceTx is for tokens that travel
+// without a lease (advisory lock tokens, tokens handed to another system). Safe for concurrent use
+// on different transactions (a pgx.Tx itself is not).
 func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error {
 	if tx == nil {
 		return argError("tx", "must not be nil")
@@ -163,14 +163,14 @@ type Column struct {
 //	UPDATE table SET set..., tokenColumn = $token
 //	WHERE key... AND (tokenColumn IS NULL OR tokenColumn <= $token)
 //
-// This fences writes with a token column kept on the caller's own table, with no fences row.
-// It runs inside tx, the caller's transaction, and raises synchronous_commit from off to on for tx, so an
-// acknowledged fenced update is not lost in a crash (which would let an older token through). table is one identifier or schema-qualified
-// (pgx.Identifier{"public", "payments"}); every identifier is validated and quoted, never
-// pasted. key and set are matched and assigned in the order given; key must not be empty (an
-// unkeyed fenced update is almost surely a mistake), and set may be. key should pick one row:
-// where it picks several, only those whose token column is NULL or <= token are updated, and
-// the count says how many.
+// This fences writes with a token column kept on the caller's own table, with no fences row. It
+// runs inside tx, the caller's transaction, and raises synchronous_commit from off to on for tx, so
+// an acknowledged fenced update is not lost in a crash (which would let an older token through).
+// table is one identifier or schema-qualified (pgx.Identifier{"public", "payments"}); every
+// identifier is validated and quoted, never pasted. key and set are matched and assigned in the
+// order given; key must not be empty (an unkeyed fenced update is almost surely a mistake), and set
+// may be. key should pick one row: where it picks several, only those whose token column is NULL or
+// <= token are updated, and the count says how many.
 //
 // It returns the number of rows updated (>= 1) or: an [*ArgumentError] before any SQL; a
 // [*StaleTokenError] (matching [ErrStaleToken], Resource the table name) when rows match key

@@ -224,9 +224,9 @@ func mustJSON(v any) string {
 	return string(out)
 }
 
-// A token sequence that cannot keep tokens in grant order (CACHE > 1: each backend hands out
-// its own block; CYCLE: it wraps; a negative INCREMENT: it counts down) is refused with ErrTokenSequence before any token is issued,
-// on every path, and nothing is left held.
+// A token sequence that cannot keep tokens in grant order (CACHE > 1: each backend hands out its
+// own block; CYCLE: it wraps; a negative INCREMENT: it counts down) is refused with
+// ErrTokenSequence before any token is issued, on every path, and nothing is left held.
 func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
 	t.Parallel()
 	for _, alter := range []string{"CACHE 20", "CYCLE", "INCREMENT -1"} {

@@ -306,9 +306,9 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 // SafeToRetry says (it calls a reset after the send "conn closed", safe to retry): the
 // statement may still run, and commit, after the client gave up (it sits in the server's
 // socket buffer). So grantFailed first waits until that backend has exited (the backend
-// finishes the statement, fails to send the result and exits), then ends the grant, if any,
-// scoped to this holder and sparing the lessor's own current grant of the name. Behind a pooler the pid is not the
-// backend's and the wait ends at once: the cleanup is then best effort, and a late grant
+// finishes the statement, fails to send the result and exits), then ends the grant, if any, scoped
+// to this holder and sparing the lessor's own current grant of the name. Behind a pooler the pid is
+// not the backend's and the wait ends at once: the cleanup is then best effort, and a late grant
 // expires by its TTL.
 func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, abandoned bool, err error) error {
 	var pgErr *pgconn.PgError

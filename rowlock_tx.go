@@ -19,8 +19,8 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, token Token) error
 // TryRunLocked runs fn inside a new transaction that holds the lease row of name FOR UPDATE
 // for its whole length, with a fresh fencing token: no TTL, no heartbeat, released by commit
 // or rollback, and exclusive with TTL leases of the same name (theirs wait or fail while the
-// transaction runs; it is refused while a TTL lease is held). The grant is one statement
-// after BEGIN; it writes the lease row and raises synchronous_commit from off to on for the transaction,
+// transaction runs; it is refused while a TTL lease is held). The grant is one statement after
+// BEGIN; it writes the lease row and raises synchronous_commit from off to on for the transaction,
 // so its token is durable when the commit returns (even when it falls in a range of the token
 // sequence that a rolled-back transaction WAL-logged: the commit flushes the WAL up to its own
 // record). Before that, the token is the transaction's: do not hand it outside tx.
