@@ -379,17 +379,19 @@ func (lk *AdvisoryLock) takeConn() *pgxpool.Conn {
 // nothing is held).
 func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	what := func() string { return "unlock " + describeLock(lk.name, lk.key) } // for errors only
+	// Done closes first, before the connection's mutex is taken: the statement below may hang,
+	// and so may a watchdog probe that holds the mutex.
+	ended := !lk.finish(ErrUnlocked)
 	lk.connMu.Lock()
 	conn := lk.conn
 	lk.conn = nil
 	if conn == nil {
 		lk.connMu.Unlock()
-		if cause := lk.Err(); cause != nil {
+		if cause := lk.Err(); ended && cause != nil {
 			return fmt.Errorf("%s: %w: %w", what(), ErrNotHeld, cause)
 		}
 		return fmt.Errorf("%s: %w: its session was lost", what(), ErrNotHeld)
 	}
-	lk.finish(ErrUnlocked)
 	row, err := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
 		Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
 		Shared:              lk.mode == Shared,
