@@ -98,8 +98,9 @@ func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
 	}
 }
 
-// No amount of polling by other lessors costs a healthy holder its lease: a refused grant
-// never row-locks the holder's row, so renewals (which skip locked rows) never skip it.
+// No amount of polling or waiting by other lessors (TryAcquire in tight loops, Acquire and
+// RunLocked waiting) costs a healthy holder its lease: a refused grant never row-locks the
+// holder's row, so renewals (which skip locked rows) never skip it.
 // Before the pre-check ran on every attempt, each refused poll row-locked the holder's row
 // (6 pollers made a holder with a 300 ms TTL lose its lease 1 to 3 times in 4 s).
 func TestPollersCannotCostHolderItsLease(t *testing.T) {
@@ -133,6 +134,23 @@ func TestPollersCannotCostHolderItsLease(t *testing.T) {
 			}
 		})
 	}
+	// Waiters too: Acquire and RunLocked, with a short backoff, until the end.
+	waitBackoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 5*time.Millisecond))
+	for i := range 2 {
+		waiter := newLessor(t, pollers, fmt.Sprintf("waiter%d", i), waitBackoff)
+		wg.Go(func() {
+			if got, err := waiter.Acquire(ctx, "hot", 300*time.Millisecond); err == nil {
+				granted.Add(1)
+				_ = got.Release(context.WithoutCancel(ctx))
+			}
+		})
+		wg.Go(func() {
+			err := waiter.RunLocked(ctx, "hot", func(context.Context, pgx.Tx, fencelock.Token) error { return nil })
+			if err == nil {
+				granted.Add(1)
+			}
+		})
+	}
 	select {
 	case <-lease.Done():
 		t.Fatalf("the holder lost its lease to pollers: %v", lease.Err())
@@ -140,7 +158,7 @@ func TestPollersCannotCostHolderItsLease(t *testing.T) {
 	}
 	wg.Wait()
 	require.NoError(t, lease.Err())
-	require.Zero(t, granted.Load(), "a poller was granted a held lease")
+	require.Zero(t, granted.Load(), "a poller or waiter was granted a held lease")
 	require.Greater(t, polls.Load(), int64(100), "the pollers hardly polled")
 	require.NoError(t, lease.Release(b.ctx))
 	t.Logf("%d refused polls in 4 s; the holder kept its lease", polls.Load())
