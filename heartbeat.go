@@ -17,9 +17,9 @@ import (
 // wakes the loop only when it changes the loop's next wake-up; a round renews the k leases due
 // at O(k log n), never a scan of all held leases.
 //
-// The heartbeat does not end leases by their trust window: each lease has a timer of its own
-// (see Lease.armTrustTimer) that closes Done at the end of its trust window, whatever the
-// heartbeat, a statement, or the pool is doing at that moment.
+// The heartbeat does not end leases by their trust window: the lessor's trust watch
+// (trustwatch.go) closes Done at the end of each lease's trust window, whatever the heartbeat,
+// a statement, or the pool is doing at that moment.
 
 const (
 	// lapseSlack: a lease whose trust window ends sooner than this (or an eighth of its
@@ -57,15 +57,15 @@ func (q *renewQueue) Pop() any {
 }
 
 // add registers a held lease with the lessor, queues it for the heartbeat (starting the loop
-// if needed), and arms its trust-window timer. O(log n).
+// if needed) and for the trust watch. O(log n).
 func (l *Lessor) add(lease *Lease) {
 	l.mu.Lock()
 	l.active[lease.name] = lease
 	head := l.enqueueLocked(lease)
+	l.watchTrustLocked(lease)
 	start := !l.running
 	l.running = true
 	l.mu.Unlock()
-	lease.armTrustTimer()
 	switch {
 	case start:
 		go l.run()
@@ -102,6 +102,7 @@ func (l *Lessor) forget(lease *Lease) {
 	if lease.index >= 0 {
 		heap.Remove(&l.queue, lease.index)
 	}
+	l.unwatchTrustLocked(lease)
 	empty := len(l.active) == 0
 	l.mu.Unlock()
 	if empty {

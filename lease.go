@@ -33,30 +33,28 @@ type Lease struct {
 	mu         sync.Mutex
 	err        error       // set once, when done closes
 	trustUntil time.Time   // local monotonic
-	trustTimer *time.Timer // closes done at trustUntil; armed once the lease is registered
 	nextRenew  time.Time   // local monotonic; zero without heartbeat
 	expiresAt  time.Time   // database clock, as of the last grant or renewal
 	lastErr    error       // last renewal failure since the last success
 
-	// Guarded by lessor.mu: the lease's place in the lessor's renewal heap.
+	// Guarded by lessor.mu: the lease's places in the lessor's renewal heap and trust watch.
 	renewAt  time.Time // nextRenew less a quarter heartbeat, as of the last push
 	index    int       // in lessor.queue; -1 when not queued
 	inFlight bool      // in a renewal statement now
+	trustKey time.Time // trustUntil as of the last push into lessor.trust (never later than it)
+	tindex   int       // in lessor.trust; -1 when not watched
 }
 
 func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresAt time.Time) *Lease {
-	lease := &Lease{lessor: l, name: name, token: token, times: lt, done: make(chan struct{}), index: -1}
+	lease := &Lease{lessor: l, name: name, token: token, times: lt, done: make(chan struct{}), index: -1, tindex: -1}
 	lease.renewed(sent, expiresAt)
 	return lease
 }
 
-// renewed records a successful grant or renewal sent at sent. The trust window only grows:
-// two renewals of one lease that both succeed were serialised by the row lock, the later one
-// setting the later expiry, so the larger of their windows holds. It does not move the
-// trust-window timer: the timer fires at the window's end as it was when it was armed, which
-// is never later than the window's end now, and moves itself on (trustWindowCheck). That
-// keeps renewals from rewriting 100,000 runtime timers a heartbeat. It changes nothing once
-// the lease has ended.
+// renewed records a successful grant or renewal sent at sent. The trust window only grows
+// (LeaseRenew never moves the expiry back: greatest()), so the larger of two windows holds.
+// It does not touch the lessor's trust watch, which finds the extension when the lease's old
+// window end comes up (trustwatch.go). It changes nothing once the lease has ended.
 func (lease *Lease) renewed(sent, expiresAt time.Time) {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
@@ -73,35 +71,9 @@ func (lease *Lease) renewed(sent, expiresAt time.Time) {
 	lease.lastErr = nil
 }
 
-// armTrustTimer starts the timer that ends the lease at the end of its trust window. It runs
-// on its own goroutine when it fires, so Done closes on time whatever the heartbeat, a
-// renewal statement or the pool is doing. Called once, after the lease is registered.
-func (lease *Lease) armTrustTimer() {
-	lease.mu.Lock()
-	defer lease.mu.Unlock()
-	lease.trustTimer = time.AfterFunc(time.Until(lease.trustUntil), lease.trustWindowCheck)
-}
-
-// trustWindowCheck ends the lease when its trust window is over, and otherwise moves the timer
-// to the window's current end (a renewal may have extended it while the timer fired).
-func (lease *Lease) trustWindowCheck() {
-	lease.mu.Lock()
-	if lease.err != nil {
-		lease.mu.Unlock()
-		return
-	}
-	if d := time.Until(lease.trustUntil); d > 0 {
-		lease.trustTimer.Reset(d)
-		lease.mu.Unlock()
-		return
-	}
-	lease.mu.Unlock()
-	lease.lost(ErrTrustWindowExpired)
-}
-
-// end is the one way a lease ends: it unregisters the lease from its lessor (no more renewals;
-// the lessor may grant the name again), then closes Done with err and stops the trust timer,
-// once; later calls change nothing. It reports whether this call ended the lease.
+// end is the one way a lease ends: it unregisters the lease from its lessor (no more renewals,
+// no more trust watch; the lessor may grant the name again), then closes Done with err, once;
+// later calls change nothing. It reports whether this call ended the lease.
 func (lease *Lease) end(err error) bool {
 	lease.lessor.forget(lease)
 	lease.mu.Lock()
@@ -111,9 +83,6 @@ func (lease *Lease) end(err error) bool {
 	}
 	lease.err = err
 	close(lease.done)
-	if lease.trustTimer != nil {
-		lease.trustTimer.Stop()
-	}
 	return true
 }
 

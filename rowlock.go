@@ -24,8 +24,8 @@ const cleanupTimeout = 5 * time.Second
 // rise strictly in grant order. TTLs are measured on the database clock. Held leases are
 // renewed by a heartbeat: one goroutine per lessor, running only while it holds leases, renews
 // the leases that are due in batches of at most 5,000, one statement each (a statement costs
-// O(n) in its batch), at most two statements at a time. Each lease's trust window is ended
-// by a timer of its own, whatever the heartbeat is doing. Acquiring or releasing a lease
+// O(n) in its batch), at most two statements at a time. Each lease's trust window is ended by
+// the lessor's trust watch (one timer), whatever the heartbeat is doing. Acquiring or releasing a lease
 // costs O(log n) on the client in the n leases held (measured: docs/PERFORMANCE.md), and one
 // lessor holds 100,000 leases (TTL 10 s) without losing one.
 //
@@ -45,13 +45,15 @@ type Lessor struct {
 	backoff Backoff
 	log     *slog.Logger
 
-	mu       sync.Mutex
-	active   map[string]*Lease // held leases by name (at most one each: no re-entry)
-	queue    renewQueue        // held leases with a heartbeat, not in flight, by renewal time
-	inFlight int               // renewal statements in flight
-	running  bool              // run is live; it exits when active is empty and nothing is in flight
-	wake     chan struct{}     // cap 1: poke run after its next wake-up moved
-	gates    map[string]*gate  // per-name serialisation of attempts
+	mu         sync.Mutex
+	active     map[string]*Lease // held leases by name (at most one each: no re-entry)
+	queue      renewQueue        // held leases with a heartbeat, not in flight, by renewal time
+	trust      trustQueue        // held leases by the end of their trust window (trustwatch.go)
+	trustTimer *time.Timer       // fires at trust[0]'s trustKey; nil until the first lease
+	inFlight   int               // renewal statements in flight
+	running    bool              // run is live; it exits when active is empty and nothing is in flight
+	wake       chan struct{}     // cap 1: poke run after its next wake-up moved
+	gates      map[string]*gate  // per-name serialisation of attempts
 
 	afterGrant func() // tests only: runs after each grant statement returns
 }
