@@ -27,7 +27,7 @@
 //
 // The grant is one statement. TTLs run on the database clock. A heartbeat renews held leases,
 // those that are due in batches of up to 5,000, one statement each. The holder trusts a lease
-// only inside its trust window, which a timer of its own ends:
+// only inside its trust window, which the lessor's trust watch ends:
 //
 //	grant sent        heartbeat renewals ...       last renewal sent
 //	    |----------------|------------------------------|------------------------|

@@ -157,7 +157,7 @@ func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok boo
 		lease.mu.Unlock()
 		switch {
 		case lapsing:
-			// Left to its trust-window timer, which ends it within lapseSlack.
+			// Left to the trust watch, which ends it within lapseSlack.
 			continue
 		case !due: // renewed meanwhile by Lease.Renew: queue it at its new time
 			l.enqueueLocked(lease)
@@ -184,7 +184,7 @@ func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok boo
 
 // renewBatch renews batch in one statement and queues each lease still held for its next
 // renewal. Its deadline is the latest trust window end in the batch: past it, no lease of the
-// batch can use the answer (a lease whose window ends earlier is ended by its own timer), and
+// batch can use the answer (a lease whose window ends earlier is ended by the trust watch), and
 // a slow statement that would still come back in time is not cut short. (Two statements stuck
 // on dead connections hold both in-flight slots until then: TCP and pgx end such connections
 // first in practice.)

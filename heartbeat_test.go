@@ -38,7 +38,7 @@ const maxDoneLateness = 50 * time.Millisecond
 // renewal. Lease "long" (TTL 4 s, heartbeat 1.33 s) comes due at 1.0 to 1.33 s; lease "short"
 // (TTL 2.4 s, heartbeat 0.8 s, granted at 0.9 s) comes due only at 1.5 to 1.7 s and its window
 // ends at 3.06 s. From 1.1 s every renewal is blocked: by a table lock, or by a pool the
-// application has exhausted. Before the trust timers, the heartbeat sat in long's renewal
+// application has exhausted. Before the trust watch, the heartbeat sat in long's renewal
 // (started at 1.33 s) until long's window ended (3.6 s), and short's Done closed 0.54 s late.
 func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
 	t.Parallel()

@@ -31,11 +31,11 @@ type Lease struct {
 	done   chan struct{}
 
 	mu         sync.Mutex
-	err        error       // set once, when done closes
-	trustUntil time.Time   // local monotonic
-	nextRenew  time.Time   // local monotonic; zero without heartbeat
-	expiresAt  time.Time   // database clock, as of the last grant or renewal
-	lastErr    error       // last renewal failure since the last success
+	err        error     // set once, when done closes
+	trustUntil time.Time // local monotonic
+	nextRenew  time.Time // local monotonic; zero without heartbeat
+	expiresAt  time.Time // database clock, as of the last grant or renewal
+	lastErr    error     // last renewal failure since the last success
 
 	// Guarded by lessor.mu: the lease's places in the lessor's renewal heap and trust watch.
 	renewAt  time.Time // nextRenew less a quarter heartbeat, as of the last push
