@@ -105,3 +105,5 @@ func writtenTokens(t *testing.T, b *bundle, resource string) []int64 {
 }
 
 type pgxTx = pgx.Tx
+
+type pgxRows = pgx.Rows

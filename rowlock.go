@@ -337,8 +337,27 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, aband
 	return fmt.Errorf("acquire lease %q: %w", name, err)
 }
 
-// backendAliveSQL is plain SQL, not sqlc's: sqlc's catalog has no pg_stat_activity.
-const backendAliveSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`
+// backendAliveSQL and cancelGrantSQL are plain SQL, not sqlc's: sqlc's catalog has no
+// pg_stat_activity. cancelGrantSQL cancels the backend only while it runs a grant statement
+// (sqlc's text starts with its name) in this database: behind a pooler the pid a connection
+// reported is not its backend's, and another session's statement must never be cancelled.
+const (
+	backendAliveSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND datname = current_database())`
+	cancelGrantSQL  = `SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity AS a
+		WHERE a.pid = $1 AND a.datname = current_database() AND a.query LIKE '-- name: LeaseGrant %'`
+)
+
+// endAbandonedGrant cancels the grant statement that the backend with pid may still run for
+// a connection the client abandoned, and waits until that backend has exited, for at most
+// cleanupTimeout, detached from ctx.
+func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if _, err := l.pool.Exec(cctx, cancelGrantSQL, int32(pid)); err != nil {
+		return fmt.Errorf("cancel abandoned grant on backend %d: %w", pid, err)
+	}
+	return l.awaitBackendExit(cctx, pid)
+}
 
 // awaitBackendExit polls, every 2ms, until no backend with pid is left, or ctx ends. There
 // is no event to wait on: Postgres does not notify a backend's exit.

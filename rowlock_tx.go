@@ -115,23 +115,22 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	var expiresAt time.Time
 	grantErr := br.QueryRow().Scan(&token, &expiresAt)
 	closeErr := br.Close() // repeats the first error, if any
+	if (beginErr != nil || grantErr != nil) && pid != 0 && tx.Conn().IsClosed() {
+		// Abandoned mid-flight (ctx ended while the grant waited on the row; pgx then closes
+		// the connection, and reports it on whichever result it was reading): the backend
+		// would go on waiting, unaware, and take the row once its holder commits, until it
+		// found the connection gone. End it, and return only once it has exited, so nothing
+		// is left waiting or held.
+		if err := l.endAbandonedGrant(ctx, pid); err != nil {
+			return fmt.Errorf("run locked %q: %w (and %w)", name, errors.Join(beginErr, grantErr), err)
+		}
+	}
 	switch {
 	case beginErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q: begin", name), beginErr)
 	case errors.Is(grantErr, pgx.ErrNoRows):
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return l.refusedOrAbsent(ctx, name, fn, try, ensured)
-	case grantErr != nil && pid != 0 && tx.Conn().IsClosed():
-		// Abandoned mid-flight (ctx ended while the grant waited on the row): the backend
-		// goes on waiting, and may still be granted the row once its holder commits, until it
-		// finds the connection gone. Return only once it has exited, so nothing is left
-		// waiting or held. (Behind a pooler the pid is not the backend's: no wait.)
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		if err := l.awaitBackendExit(cctx, pid); err != nil {
-			return fmt.Errorf("run locked %q: %w (and %w)", name, grantErr, err)
-		}
-		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
 	case grantErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
 	case closeErr != nil:
