@@ -1,7 +1,6 @@
 package fencelock
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"time"
@@ -33,29 +32,6 @@ const (
 	maxRenewInFlight = 2
 )
 
-// renewQueue is a min-heap of leases by renewAt. Guarded by Lessor.mu.
-type renewQueue []*Lease
-
-func (q renewQueue) Len() int           { return len(q) }
-func (q renewQueue) Less(i, j int) bool { return q[i].renewAt.Before(q[j].renewAt) }
-func (q renewQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].index, q[j].index = i, j
-}
-func (q *renewQueue) Push(x any) {
-	lease := x.(*Lease)
-	lease.index = len(*q)
-	*q = append(*q, lease)
-}
-func (q *renewQueue) Pop() any {
-	old := *q
-	lease := old[len(old)-1]
-	old[len(old)-1] = nil
-	lease.index = -1
-	*q = old[:len(old)-1]
-	return lease
-}
-
 // add registers a held lease with the lessor, queues it for the heartbeat (starting the loop
 // if needed) and for the trust watch. O(log n).
 func (l *Lessor) add(lease *Lease) {
@@ -78,18 +54,17 @@ func (l *Lessor) add(lease *Lease) {
 // queued or in flight already; it reports whether lease is now the heap's head (the loop's
 // next wake-up moved). l.mu must be held.
 func (l *Lessor) enqueueLocked(lease *Lease) bool {
-	if lease.times.heartbeat <= 0 || lease.index >= 0 || lease.inFlight || l.active[lease.name] != lease {
+	if lease.times.heartbeat <= 0 || l.queue.queued(lease) || lease.inFlight || l.active[lease.name] != lease {
 		return false
 	}
 	lease.mu.Lock()
-	lease.renewAt = lease.nextRenew.Add(-lease.times.heartbeat / 4) // renew a quarter heartbeat early
+	renewAt := lease.nextRenew.Add(-lease.times.heartbeat / 4) // renew a quarter heartbeat early
 	ended := lease.err != nil
 	lease.mu.Unlock()
 	if ended {
 		return false
 	}
-	heap.Push(&l.queue, lease)
-	return lease.index == 0
+	return l.queue.push(lease, renewAt)
 }
 
 // forget unregisters lease: no longer held, no longer renewed. O(log n). It wakes the loop
@@ -99,9 +74,7 @@ func (l *Lessor) forget(lease *Lease) {
 	if l.active[lease.name] == lease {
 		delete(l.active, lease.name)
 	}
-	if lease.index >= 0 {
-		heap.Remove(&l.queue, lease.index)
-	}
+	l.queue.remove(lease)
 	l.unwatchTrustLocked(lease)
 	empty := len(l.active) == 0
 	l.mu.Unlock()
@@ -149,8 +122,11 @@ func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok boo
 		return nil, now, false
 	}
 	var batch []*Lease
-	for len(l.queue) > 0 && l.inFlight < maxRenewInFlight && !l.queue[0].renewAt.After(now) {
-		lease := heap.Pop(&l.queue).(*Lease)
+	for l.inFlight < maxRenewInFlight {
+		if e, ok := l.queue.head(); !ok || e.at.After(now) {
+			break
+		}
+		lease := l.queue.pop()
 		lease.mu.Lock()
 		due := !lease.nextRenew.Add(-lease.times.heartbeat / 4).After(now)
 		lapsing := lease.trustUntil.Sub(now) <= max(lapseSlack, lease.times.heartbeat/8)
@@ -176,8 +152,8 @@ func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok boo
 		l.inFlight++
 	}
 	next = now.Add(time.Hour)
-	if len(l.queue) > 0 && l.inFlight < maxRenewInFlight {
-		next = l.queue[0].renewAt
+	if e, ok := l.queue.head(); ok && l.inFlight < maxRenewInFlight {
+		next = e.at
 	}
 	return batches, next, true
 }

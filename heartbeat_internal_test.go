@@ -14,7 +14,8 @@ import (
 // its timer, and one that Renew moved is queued again at its new time. (No database: the
 // renewal statements are never sent.)
 func TestHeartbeatTakeBatches(t *testing.T) {
-	l := &Lessor{active: map[string]*Lease{}, wake: make(chan struct{}, 1), gates: map[string]*gate{}}
+	l := &Lessor{active: map[string]*Lease{}, wake: make(chan struct{}, 1), gates: map[string]*gate{},
+		queue: leaseHeap{which: renewHeap}, trust: leaseHeap{which: trustHeap}}
 	lt := leaseTimes{ttl: 9 * time.Second, heartbeat: 3 * time.Second, margin: time.Second}
 	start := time.Now()
 	sent := start.Add(-3 * time.Second) // granted a heartbeat ago: due now
@@ -42,7 +43,7 @@ func TestHeartbeatTakeBatches(t *testing.T) {
 	require.Equal(t, maxRenewInFlight, l.inFlight)
 	require.Equal(t, start.Add(time.Hour), next, "with every statement slot taken, the loop waits for a batch to return")
 	l.mu.Lock()
-	queued := len(l.queue)
+	queued := l.queue.Len()
 	l.mu.Unlock()
 	// The 2,000 due leases left, and "moved" (re-queued at its new time); "lapsing" is not queued
 	// unless it was popped after the slots were full.
@@ -53,5 +54,5 @@ func TestHeartbeatTakeBatches(t *testing.T) {
 			require.NotSame(t, moved, lease)
 		}
 	}
-	require.GreaterOrEqual(t, moved.index, 0, "a lease Renew moved was dropped from the heap")
+	require.True(t, l.queue.queued(moved), "a lease Renew moved was dropped from the heap")
 }

@@ -37,16 +37,13 @@ type Lease struct {
 	expiresAt  time.Time // database clock, as of the last grant or renewal
 	lastErr    error     // last renewal failure since the last success
 
-	// Guarded by lessor.mu: the lease's places in the lessor's renewal heap and trust watch.
-	renewAt  time.Time // nextRenew less a quarter heartbeat, as of the last push
-	index    int       // in lessor.queue; -1 when not queued
-	inFlight bool      // in a renewal statement now
-	trustKey time.Time // trustUntil as of the last push into lessor.trust (never later than it)
-	tindex   int       // in lessor.trust; -1 when not watched
+	// Guarded by lessor.mu.
+	slots    [2]int // index in the lessor's renewal heap and trust watch (leaseheap.go); -1: not in it
+	inFlight bool   // in a renewal statement now
 }
 
 func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresAt time.Time) *Lease {
-	lease := &Lease{lessor: l, name: name, token: token, times: lt, done: make(chan struct{}), index: -1, tindex: -1}
+	lease := &Lease{lessor: l, name: name, token: token, times: lt, done: make(chan struct{}), slots: [2]int{-1, -1}}
 	lease.renewed(sent, expiresAt)
 	return lease
 }

@@ -25,9 +25,9 @@ const cleanupTimeout = 5 * time.Second
 // renewed by a heartbeat: one goroutine per lessor, running only while it holds leases, renews
 // the leases that are due in batches of at most 5,000, one statement each (a statement costs
 // O(n) in its batch), at most two statements at a time. Each lease's trust window is ended by
-// the lessor's trust watch (one timer), whatever the heartbeat is doing. Acquiring or releasing a lease
-// costs O(log n) on the client in the n leases held (measured: docs/PERFORMANCE.md), and one
-// lessor holds 100,000 leases (TTL 10 s) without losing one.
+// the lessor's trust watch (one timer), whatever the heartbeat is doing. Acquiring or releasing
+// a lease costs O(log n) on the client in the n leases held (measured: docs/PERFORMANCE.md),
+// and one lessor holds 100,000 leases (TTL 10 s) without losing one (TestScaleManyLeases).
 //
 // A Lessor is safe for concurrent use. TTL grant attempts (TryAcquire, Acquire) by one lessor
 // on one name are serialised locally, so goroutines that share a lessor queue for a name
@@ -47,9 +47,9 @@ type Lessor struct {
 
 	mu         sync.Mutex
 	active     map[string]*Lease // held leases by name (at most one each: no re-entry)
-	queue      renewQueue        // held leases with a heartbeat, not in flight, by renewal time
-	trust      trustQueue        // held leases by the end of their trust window (trustwatch.go)
-	trustTimer *time.Timer       // fires at trust[0]'s trustKey; nil until the first lease
+	queue      leaseHeap         // held leases with a heartbeat, not in flight, by renewal time
+	trust      leaseHeap         // held leases by the end of their trust window (trustwatch.go)
+	trustTimer *time.Timer       // fires at the trust watch's head; nil until the first lease
 	inFlight   int               // renewal statements in flight
 	running    bool              // run is live; it exits when active is empty and nothing is in flight
 	wake       chan struct{}     // cap 1: poke run after its next wake-up moved
@@ -91,6 +91,8 @@ func NewLessor(pool *pgxpool.Pool, opts ...Option) (*Lessor, error) {
 		backoff: cfg.backoff,
 		log:     cfg.logger,
 		active:  make(map[string]*Lease),
+		queue:   leaseHeap{which: renewHeap},
+		trust:   leaseHeap{which: trustHeap},
 		wake:    make(chan struct{}, 1),
 		gates:   make(map[string]*gate),
 	}

@@ -1,9 +1,6 @@
 package fencelock
 
-import (
-	"container/heap"
-	"time"
-)
+import "time"
 
 // The trust watch: each lessor keeps its held leases in a second min-heap, by the end of their
 // trust window, and one timer set for the earliest. When it fires (on a goroutine of the
@@ -14,60 +11,35 @@ import (
 // at every renewal. One timer rather than one per lease: 100,000 runtime timers re-armed every
 // heartbeat made the runtime rescan its timer heap (docs/PERFORMANCE.md).
 
-// trustQueue is a min-heap of leases by trustKey. Guarded by Lessor.mu.
-type trustQueue []*Lease
-
-func (q trustQueue) Len() int           { return len(q) }
-func (q trustQueue) Less(i, j int) bool { return q[i].trustKey.Before(q[j].trustKey) }
-func (q trustQueue) Swap(i, j int) {
-	q[i], q[j] = q[j], q[i]
-	q[i].tindex, q[j].tindex = i, j
-}
-func (q *trustQueue) Push(x any) {
-	lease := x.(*Lease)
-	lease.tindex = len(*q)
-	*q = append(*q, lease)
-}
-func (q *trustQueue) Pop() any {
-	old := *q
-	lease := old[len(old)-1]
-	old[len(old)-1] = nil
-	lease.tindex = -1
-	*q = old[:len(old)-1]
-	return lease
-}
-
 // watchTrustLocked queues lease in the trust watch at the end of its trust window, and moves
 // the timer if lease is now the earliest. l.mu must be held.
 func (l *Lessor) watchTrustLocked(lease *Lease) {
 	lease.mu.Lock()
-	lease.trustKey = lease.trustUntil
+	until := lease.trustUntil
 	lease.mu.Unlock()
-	heap.Push(&l.trust, lease)
-	if lease.tindex == 0 {
+	if l.trust.push(lease, until) {
 		l.armTrustLocked()
 	}
 }
 
 // unwatchTrustLocked takes lease out of the trust watch. l.mu must be held.
 func (l *Lessor) unwatchTrustLocked(lease *Lease) {
-	if lease.tindex >= 0 {
-		heap.Remove(&l.trust, lease.tindex)
-	}
-	if len(l.trust) == 0 && l.trustTimer != nil {
+	l.trust.remove(lease)
+	if l.trust.Len() == 0 && l.trustTimer != nil {
 		l.trustTimer.Stop()
 	}
 }
 
 // armTrustLocked sets the timer for the earliest trust window end. l.mu must be held.
 func (l *Lessor) armTrustLocked() {
-	if len(l.trust) == 0 {
+	head, ok := l.trust.head()
+	if !ok {
 		if l.trustTimer != nil {
 			l.trustTimer.Stop()
 		}
 		return
 	}
-	d := time.Until(l.trust[0].trustKey)
+	d := time.Until(head.at)
 	if l.trustTimer == nil {
 		l.trustTimer = time.AfterFunc(d, l.checkTrust)
 		return
@@ -81,19 +53,22 @@ func (l *Lessor) checkTrust() {
 	now := time.Now()
 	var over []*Lease
 	l.mu.Lock()
-	for len(l.trust) > 0 && !l.trust[0].trustKey.After(now) {
-		lease := l.trust[0]
+	for {
+		head, ok := l.trust.head()
+		if !ok || head.at.After(now) {
+			break
+		}
+		lease := head.lease
 		lease.mu.Lock()
 		until, ended := lease.trustUntil, lease.err != nil
 		lease.mu.Unlock()
 		switch {
 		case ended:
-			heap.Pop(&l.trust)
+			l.trust.pop()
 		case until.After(now): // renewed since it was queued
-			lease.trustKey = until
-			heap.Fix(&l.trust, 0)
+			l.trust.rekeyHead(until)
 		default:
-			heap.Pop(&l.trust)
+			l.trust.pop()
 			over = append(over, lease)
 		}
 	}
