@@ -53,36 +53,15 @@ func TestRegressionErrNilPastTrustWindow(t *testing.T) {
 // Release now closes Done before it sends the statement.
 func TestRegressionDoneOpenDuringHungRelease(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	tp, cfg := newToxiProxy(t, db.URL)
-	hpool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer hpool.Close()
+	ctx, hpool, blackhole := blackholedPool(t)
 	l, err := fencelock.NewLessor(hpool, fencelock.WithHolder("h"))
 	require.NoError(t, err)
 	lease, err := l.TryAcquire(ctx, "hung-release", 500*time.Millisecond)
 	require.NoError(t, err)
-	require.NoError(t, tp.add("bh-up", "timeout", "upstream", map[string]int64{"timeout": 0}))
-	require.NoError(t, tp.add("bh-down", "timeout", "downstream", map[string]int64{"timeout": 0}))
-	released := make(chan error, 1)
-	go func() {
-		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
-		defer rcancel()
-		released <- lease.Release(rctx)
-	}()
-	// Release closes Done at once, long before the trust window's end (when the lease's own
-	// timer would close it anyway).
-	var closed bool
-	select {
-	case <-lease.Done():
-		closed = time.Until(lease.TrustedUntil()) > 200*time.Millisecond
-	case <-time.After(time.Until(lease.TrustedUntil()) + doneSlack):
-	}
-	require.NoError(t, tp.reset())
-	<-released
-	require.True(t, closed, "Done not closed by Release while its statement hung")
+	// Release closes Done at once, long before the trust window's end (450 ms, when the trust
+	// watch would close it anyway).
+	closedAfter := doneWhileHung(t, ctx, blackhole, lease.Done(), lease.Release)
+	require.True(t, closedAfter >= 0 && closedAfter < 200*time.Millisecond, "Done closed %v after Release began (-1: not within 1 s) while its statement hung", closedAfter)
 	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
 }
 
@@ -92,35 +71,55 @@ func TestRegressionDoneOpenDuringHungRelease(t *testing.T) {
 // watchdog skips a lock whose connection Unlock has taken). Unlock now closes Done first.
 func TestRegressionDoneOpenDuringHungUnlock(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	tp, cfg := newToxiProxy(t, db.URL)
-	hpool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer hpool.Close()
+	ctx, hpool, blackhole := blackholedPool(t)
 	a, err := fencelock.NewAdvisoryLocker(hpool)
 	require.NoError(t, err)
 	lk, err := a.TryLock(ctx, "hung-unlock")
 	require.NoError(t, err)
-	require.NoError(t, tp.add("bh-up", "timeout", "upstream", map[string]int64{"timeout": 0}))
-	require.NoError(t, tp.add("bh-down", "timeout", "downstream", map[string]int64{"timeout": 0}))
-	unlocked := make(chan error, 1)
-	go func() {
-		uctx, ucancel := context.WithTimeout(ctx, 2*time.Second)
-		defer ucancel()
-		unlocked <- lk.Unlock(uctx)
-	}()
-	var closedAt time.Duration
-	start := time.Now()
-	select {
-	case <-lk.Done():
-		closedAt = time.Since(start)
-	case <-time.After(time.Second):
-		closedAt = -1
-	}
-	require.NoError(t, tp.reset())
-	<-unlocked
-	require.True(t, closedAt >= 0 && closedAt < 500*time.Millisecond, "Done closed %v after Unlock began (-1: not within 1 s) while its statement hung", closedAt)
+	closedAfter := doneWhileHung(t, ctx, blackhole, lk.Done(), lk.Unlock)
+	require.True(t, closedAfter >= 0 && closedAfter < 200*time.Millisecond, "Done closed %v after Unlock began (-1: not within 1 s) while its statement hung", closedAfter)
 	require.ErrorIs(t, lk.Err(), fencelock.ErrUnlocked)
+}
+
+// blackholedPool returns a context for the test, a pool whose connections go through
+// toxiproxy, and a function that blackholes them both ways (bytes dropped, nothing closed)
+// and returns the function that lifts the blackhole.
+func blackholedPool(t *testing.T) (context.Context, *pgxpool.Pool, func() (lift func())) {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	tp, cfg := newToxiProxy(t, db.URL)
+	hpool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(hpool.Close)
+	return ctx, hpool, func() func() {
+		require.NoError(t, tp.add("bh-up", "timeout", "upstream", map[string]int64{"timeout": 0}))
+		require.NoError(t, tp.add("bh-down", "timeout", "downstream", map[string]int64{"timeout": 0}))
+		return func() { require.NoError(t, tp.reset()) }
+	}
+}
+
+// doneWhileHung blackholes the connection, calls end (a Release or an Unlock, which then
+// hangs) in a goroutine, and returns how long after it began done closed (-1: not within 1
+// s). It lifts the blackhole and waits for end to return before it returns.
+func doneWhileHung(t *testing.T, ctx context.Context, blackhole func() func(), done <-chan struct{}, end func(context.Context) error) time.Duration {
+	t.Helper()
+	lift := blackhole()
+	ended := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		ectx, ecancel := context.WithTimeout(ctx, 2*time.Second)
+		defer ecancel()
+		ended <- end(ectx)
+	}()
+	closedAfter := time.Duration(-1)
+	select {
+	case <-done:
+		closedAfter = time.Since(start)
+	case <-time.After(time.Second):
+	}
+	lift()
+	<-ended
+	return closedAfter
 }
