@@ -21,3 +21,8 @@ func SetAfterGrant(l *Lessor, f func()) { l.afterGrant = f }
 
 // StatementSQL returns the SQL text of the generated query called name ("LeaseRenew").
 func StatementSQL(name string) string { return db.Statement(name) }
+
+// EndAbandonedGrant runs l's cleanup of a grant abandoned on the backend with pid.
+func EndAbandonedGrant(ctx context.Context, l *Lessor, pid uint32) error {
+	return l.endAbandonedGrant(ctx, pid)
+}

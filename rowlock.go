@@ -345,18 +345,23 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, aband
 // reported is not its backend's, and another session's statement must never be cancelled.
 const (
 	backendAliveSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND datname = current_database())`
-	cancelGrantSQL  = `SELECT pg_cancel_backend(a.pid) FROM pg_stat_activity AS a
+	cancelGrantSQL  = `SELECT count(pg_cancel_backend(a.pid)) FROM pg_stat_activity AS a
 		WHERE a.pid = $1 AND a.datname = current_database() AND a.query LIKE '-- name: LeaseGrant %'`
 )
 
 // endAbandonedGrant cancels the grant statement that the backend with pid may still run for
-// a connection the client abandoned, and waits until that backend has exited, for at most
-// cleanupTimeout, detached from ctx.
+// a connection the client abandoned, and then waits until that backend has exited, for at
+// most cleanupTimeout, detached from ctx. When no backend with pid runs a grant in this
+// database (it has exited, or pid is a pooler's), there is nothing to cancel or await.
 func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	if _, err := l.pool.Exec(cctx, cancelGrantSQL, int32(pid)); err != nil {
+	var cancelled int64
+	if err := l.pool.QueryRow(cctx, cancelGrantSQL, int32(pid)).Scan(&cancelled); err != nil {
 		return fmt.Errorf("cancel abandoned grant on backend %d: %w", pid, err)
+	}
+	if cancelled == 0 {
+		return nil
 	}
 	return l.awaitBackendExit(cctx, pid)
 }
