@@ -66,7 +66,10 @@ func TestOverlappingRenewalsNeverMoveExpiryBack(t *testing.T) {
 		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'holder1' AND wait_event = 'PgSleep'`).Scan(&n)
 		return err == nil && n == 1
 	}, 5*time.Second, 5*time.Millisecond)
-	time.Sleep(300 * time.Millisecond)     // so the second renewal's now() is clearly later
+	// Staging: the second renewal starts 1 s after the stalled one, so its expiry is later by
+	// more than the 300 ms safety margin, and an expiry moved back would leave the first holder
+	// trusting a lease the database has already given up (by about 0.7 s).
+	time.Sleep(time.Second)
 	require.NoError(t, lease.Renew(b.ctx)) // commits first, with the later expiry
 	require.NoError(t, <-stalled)          // commits last, with the earlier now()
 	for {
