@@ -246,9 +246,12 @@ type localServer struct {
 	// it), false for a standby (a base backup of its primary).
 	pristineRef bool
 
-	mu     sync.Mutex // guards run and closed
+	mu     sync.Mutex // guards run, closed and paused
 	run    *run       // the current postmaster; nil when stopped
 	closed bool
+	// paused are the pids of the WAL senders PauseWALSenders stopped (SIGSTOP) and nothing
+	// has resumed or killed since.
+	paused []int
 }
 
 // run is one postmaster process. A goroutine owned by the run waits for the process and
@@ -376,7 +379,7 @@ func (l *localServer) start(ctx context.Context) (logStart int64, err error) {
 			err = fmt.Errorf("%w: %w", err, r.err)
 		}
 		l.run = nil
-		_ = r.stop()
+		_ = r.stop(nil)
 		return logStart, fmt.Errorf("%w\nserver log (%s):\n%s", err, l.logPath, l.logSince(logStart))
 	}
 	return logStart, nil
@@ -409,11 +412,14 @@ func (r *run) kill() error {
 	return nil
 }
 
-// stop shuts the postmaster down immediately (SIGQUIT) and waits for it; after stopTimeout
-// it sends SIGKILL and waits again.
-func (r *run) stop() error {
+// stop shuts the postmaster down immediately (SIGQUIT), calls afterQuit (if not nil), and
+// waits for the postmaster; after stopTimeout it sends SIGKILL and waits again.
+func (r *run) stop(afterQuit func()) error {
 	if err := r.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("pgtest: stop server: %w", err)
+	}
+	if afterQuit != nil {
+		afterQuit()
 	}
 	timer := time.NewTimer(stopTimeout)
 	defer timer.Stop()
@@ -444,6 +450,7 @@ func (l *localServer) crash(ctx context.Context) error {
 	if err := r.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("pgtest: crash: %w", err)
 	}
+	l.killPaused() // after SIGQUIT: the postmaster is in immediate shutdown and restarts nothing
 	select {
 	case <-r.exited:
 		l.run = nil
@@ -481,7 +488,7 @@ func (l *localServer) close() error {
 	l.closed = true
 	var errs []error
 	if l.run != nil {
-		errs = append(errs, l.run.stop())
+		errs = append(errs, l.run.stop(l.killPaused))
 		l.run = nil
 	}
 	if err := os.RemoveAll(l.dir); err != nil {

@@ -25,7 +25,9 @@ func (*localServer) close() error                            { return nil }
 func (*localServer) startStandby(context.Context, *url.URL) (*localServer, *url.URL, error) {
 	return nil, nil, errNoLocal
 }
-func findPgBouncer() (string, error) { return "", errNoLocal }
+func (*localServer) pauseWALSenders([]int) error { return errNoLocal }
+func (*localServer) resumeWALSenders() error     { return errNoLocal }
+func findPgBouncer() (string, error)             { return "", errNoLocal }
 func launchPgBouncer(context.Context, string, string, string, string) (*PgBouncer, error) {
 	return nil, errNoLocal
 }

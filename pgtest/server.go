@@ -80,8 +80,9 @@ type Server struct {
 
 	local *localServer                  // kindLocal only
 	ctr   *tcpostgres.PostgresContainer // kindContainer only
-	// primary is the server this one is a hot standby of (see StartStandby); nil otherwise.
-	primary *Server
+	// primary is the server this one is a hot standby of (see StartStandby); nil otherwise,
+	// and nil again once [Server.Promote] has promoted it.
+	primary atomic.Pointer[Server]
 
 	tplMu    sync.Mutex // guards tplDone; held while the template is built
 	tplDone  bool
@@ -288,7 +289,7 @@ var dbCounter atomic.Uint64
 // says so; on a hot standby ([Server.StartStandby]), an error saying to create the database
 // on the primary.
 func (s *Server) CreateDatabase(ctx context.Context) (name, url string, err error) {
-	if s.primary != nil {
+	if s.primary.Load() != nil {
 		return "", "", errors.New("pgtest: create database: this server is a read-only hot standby; create the database on its primary (then WaitReplay)")
 	}
 	if err := s.ensureTemplate(ctx); err != nil {

@@ -37,7 +37,7 @@ func (s *Server) StartStandby(ctx context.Context) (*Server, error) {
 	if s.kind != kindLocal {
 		return nil, fmt.Errorf("pgtest: StartStandby needs a server started from local binaries, this is %s: %w", s.kind, errors.ErrUnsupported)
 	}
-	if s.primary != nil {
+	if s.primary.Load() != nil {
 		return nil, errors.New("pgtest: start standby: this server is itself a standby; start standbys of its primary instead")
 	}
 	if !s.running() {
@@ -47,7 +47,8 @@ func (s *Server) StartStandby(ctx context.Context) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	standby := &Server{kind: kindLocal, base: base, maintDB: s.maintDB, tplName: s.tplName, local: l, primary: s}
+	standby := &Server{kind: kindLocal, base: base, maintDB: s.maintDB, tplName: s.tplName, local: l}
+	standby.primary.Store(s)
 	if err := standby.checkInRecovery(ctx); err != nil {
 		return nil, errors.Join(err, standby.Close())
 	}
@@ -108,7 +109,7 @@ func (s *Server) NewStandby(t testing.TB) *Server {
 // saying standby has left recovery (was promoted); on timeout, one wrapping
 // [context.DeadlineExceeded] (or ctx's error) with the LSNs reached.
 func (s *Server) WaitReplay(ctx context.Context, standby *Server) error {
-	if standby == nil || standby.primary != s {
+	if standby == nil || standby.primary.Load() != s {
 		return errors.New("pgtest: wait replay: the server passed is not a standby of this server")
 	}
 	ctx, cancel := context.WithTimeout(ctx, replayTimeout)
