@@ -88,7 +88,8 @@ func WithMaxHeld(n int) Option {
 // the statement's commit flushes the WAL: a session lock's token is durable before it is returned,
 // a transaction lock's once the caller's transaction commits (do not hand it to another system
 // before then), even when it falls in a range of the sequence that a rolled-back transaction
-// WAL-logged. A misconfigured token sequence is refused ([ErrTokenSequence]). Without this option
+// WAL-logged. A misconfigured token sequence is refused ([ErrTokenSequence]), and so is a
+// grant past the token budget ([ErrTokenBudget]). Without this option
 // Token() is 0. Applies to [NewAdvisoryLocker] only.
 //
 // Default: off.

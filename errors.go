@@ -53,6 +53,12 @@ var (
 	// tokens for a name could then go backwards or repeat, so no token is issued. Fix it with
 	// ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 INCREMENT 1 NO CYCLE.
 	ErrTokenSequence = errors.New("fencelock: token sequence misconfigured (CACHE > 1, CYCLE or INCREMENT <= 0); no token issued")
+	// ErrTokenBudget is returned, wrapping the server's error (SQLSTATE FL002), when a token
+	// would not fit the layout of [Token]: the sequence fencelock.leases_token_seq is past
+	// 2^47 - 1, or the server's timeline is past 65535. No token is issued and nothing is
+	// held: a token that no longer carries the epoch could go backwards after a failover.
+	// Migration 00003 fails with the same SQLSTATE when the sequence is already past 2^47 - 1.
+	ErrTokenBudget = errors.New("fencelock: token budget exhausted (sequence past 2^47 - 1 or timeline past 65535); no token issued")
 )
 
 // ArgumentError reports bad input, found before any SQL ran. It matches
@@ -116,7 +122,7 @@ func (e *LeaseLostError) Unwrap() error { return e.Cause }
 var errGoneOnServer = errors.New("the database no longer has this grant (expired or taken over)")
 
 // wrapPg wraps err from a statement with what, mapping the server's read-only refusal to
-// [ErrReadOnly] and fencelock.next_token's refusal to [ErrTokenSequence].
+// [ErrReadOnly] and fencelock.next_token's refusals to [ErrTokenSequence] and [ErrTokenBudget].
 func wrapPg(what string, err error) error {
 	var pgErr *pgconn.PgError
 	switch {
@@ -124,6 +130,8 @@ func wrapPg(what string, err error) error {
 		return fmt.Errorf("%s: %w: %w", what, ErrReadOnly, err)
 	case errors.As(err, &pgErr) && pgErr.Code == "FL001": // raised by fencelock.next_token
 		return fmt.Errorf("%s: %w: %w", what, ErrTokenSequence, err)
+	case errors.As(err, &pgErr) && pgErr.Code == "FL002": // raised by fencelock.next_token
+		return fmt.Errorf("%s: %w: %w", what, ErrTokenBudget, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }

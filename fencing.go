@@ -13,13 +13,6 @@ import (
 	"github.com/fencelock/fencelock/internal/db"
 )
 
-// Token is a fencing token: an int64 > 0 that a grant carries, larger than the token of every
-// earlier grant of the same lease name (and unique across all names). A write guarded by a
-// token is rejected once a larger token has been seen for the resource. Zero is never a valid
-// token. This is the fencing-token scheme of Kleppmann (2016), "How to do distributed
-// locking".
-type Token int64
-
 // FenceTx advances the high-water mark of resource to token inside tx, the caller's
 // transaction, in one statement; the caller's writes in tx then commit only together with it.
 // Equal tokens pass, so a holder may make several fenced writes with one grant. The fence row

@@ -29,8 +29,12 @@ const migrateLockID int64 = 0x66656e63656c6f63 // "fencelock" in ASCII, truncate
 // once: one applies, the others wait (polling every second, for at most five minutes) and
 // then find nothing pending. It is idempotent.
 //
+// Migration 00003 makes tokens epoch tokens (see [Token]): every token issued after it is
+// larger than every token issued before. It refuses, with an error wrapping [ErrTokenBudget]
+// and changing nothing, a database whose token sequence is already past 2^47 - 1.
+//
 // The role needs CREATE on the database. Errors: an [*ArgumentError] for a nil pool (before any
-// SQL runs); otherwise goose's and pgx's errors, wrapped.
+// SQL runs); one wrapping [ErrTokenBudget] as said; otherwise goose's and pgx's errors, wrapped.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return argError("pool", "must not be nil")
@@ -61,7 +65,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("fencelock: migrations: %w", err)
 	}
 	if _, err := p.Up(ctx); err != nil {
-		return fmt.Errorf("fencelock: migrate: %w", err)
+		return wrapPg("fencelock: migrate", err)
 	}
 	return nil
 }

@@ -150,7 +150,8 @@ func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
 // its trust window had ended: the grant is then released again); an error wrapping
 // [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
 // [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; an
-// error wrapping [ErrTokenSequence] for a misconfigured token sequence; otherwise the pgx
+// error wrapping [ErrTokenSequence] for a misconfigured token sequence or [ErrTokenBudget]
+// when the token budget is spent; otherwise the pgx
 // error, wrapped. If ctx ends while the grant is in flight, the grant may
 // have happened on the server: TryAcquire then ends it (scoped to this holder) before it
 // returns, so nothing is left held.
