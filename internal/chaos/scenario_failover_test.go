@@ -1,0 +1,345 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// failoverTTL is the lease TTL of the failover scenario.
+const failoverTTL = time.Second
+
+// failoverStats are the figures of one failover run.
+type failoverStats struct {
+	promote     time.Duration // from the crash of the primary to the end of the promotion
+	resume      time.Duration // from the promotion to the first acknowledged append after it
+	takeover    time.Duration // from the promotion to the paused holder's lease granted anew
+	heldAtCrash int           // leases and advisory locks held when the primary crashed, but the paused holder's
+	lost        int           // of those, how many ended lost (Done closed, not released)
+	acked       int           // acknowledged appends
+	writesLost  int           // acknowledged appends missing from the final ledgers
+	afterLoss   int           // appends with an older token accepted after a newer write was lost
+}
+
+func (s failoverStats) String() string {
+	return fmt.Sprintf("promote=%s resume=%s takeover=%s held_at_crash=%d leases_lost=%d acked_writes=%d writes_lost=%d older_after_loss=%d",
+		fmtDur(s.promote), fmtDur(s.resume), fmtDur(s.takeover), s.heldAtCrash, s.lost, s.acked, s.writesLost, s.afterLoss)
+}
+
+// Scenario 8: the primary of a streaming-replication pair crashes (immediate shutdown) under
+// load and its standby is promoted, with synchronous or asynchronous replication, with and
+// without lag injected by pausing the primary's WAL sender for 300 ms before the crash. Every
+// client reaches the cluster through one multi-host URL (target_session_attrs=read-write), so
+// it follows the promotion, as an application behind an HA setup does. The load: lease
+// workers making fenced appends, advisory locks with tokens making fenced appends, a churn of
+// advisory tokens (over 32 during the lag, so a lagged promotion loses sequence increments),
+// and a holder paused across the failover: it took its lease on the old primary, wrote, and
+// wakes after a new holder has written on the new primary.
+//
+// Checked: tokens never repeat and only rise per name; no append with an older token is
+// accepted after a newer one that committed for good; the paused holder's late write is
+// rejected as stale; Done closes by the end of each holder's trust window; with synchronous
+// replication, no acknowledged write is lost and the history is linearizable. Reported: time
+// to promote, to resume writes and to take the paused holder's lease over, leases lost and,
+// with asynchronous replication, acknowledged writes lost.
+func TestScenarioFailover(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc string
+		sync bool
+		lag  time.Duration
+	}{
+		{"async", false, 0},
+		{"async-lag", false, 300 * time.Millisecond},
+		{"sync", true, 0},
+		{"sync-lag", true, 300 * time.Millisecond},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			report := &Report{Scenario: "8-failover-" + tc.desc}
+			for run := range runs(1) {
+				s := failoverRun(t, report, tc.sync, tc.lag)
+				t.Logf("chaos: failover scenario=%s run=%d %s", report.Scenario, run, s)
+				report.AddTakeover(s.takeover)
+			}
+			logReport(t, report)
+		})
+	}
+}
+
+// failoverRun runs one failover of a fresh primary and standby and checks its history.
+func failoverRun(t *testing.T, report *Report, syncRep bool, lag time.Duration) failoverStats {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const leaseName, advName, churnName, pausedName = "lease", "adv", "churn", "paused"
+	primary := pgtest.NewServer(t, pgtest.Crashable())
+	db := primary.NewDB(t)
+	require.NoError(t, SetupRegister(ctx, db.Pool, leaseName, advName, pausedName))
+	standby := primary.NewStandby(t)
+	if syncRep {
+		require.NoError(t, primary.SetSynchronousStandbys(ctx, "*"))
+	}
+	url, err := pgtest.ClusterURL(db.Name, primary, standby)
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=16")
+	require.NoError(t, err)
+	defer pool.Close()
+	rec := newRecorder(t, ctx, pool)
+	backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))
+
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	var wg sync.WaitGroup
+	for i := range 3 {
+		w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("w%d", i), name: leaseName, ttl: failoverTTL, writes: 4, gap: 5 * time.Millisecond, opts: []fencelock.Option{backoff}}
+		wg.Go(func() { w.run(wctx) })
+	}
+	wg.Go(func() { advisoryAppender(t, wctx, rec, pool, "adv", advName) })
+	wg.Go(func() { tokenChurn(t, wctx, rec, pool, "churn", churnName) })
+	time.Sleep(jitter(300*time.Millisecond, 500*time.Millisecond))
+
+	// The paused holder takes its lease just before the crash, through a pool of the old
+	// primary alone, so that it renews nothing once the primary is gone, as a paused process
+	// would not; it writes once, and writes again (through the cluster URL) when it wakes.
+	// With asynchronous replication and lag, it takes the lease after the WAL sender paused,
+	// so the promotion loses its grant, as the issue's measurement had it; with synchronous
+	// replication a grant would wait for the paused sender, so it takes the lease first.
+	pause := func() {
+		if lag > 0 {
+			_, err := primary.PauseWALSenders(ctx)
+			require.NoError(t, err)
+			rec.Record(Op{Kind: KindFault, Value: "pause-wal-sender"})
+		}
+	}
+	if !syncRep {
+		pause()
+	}
+	sleeper, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("paused"))
+	require.NoError(t, err)
+	held, ok := acquireRecorded(ctx, rec, sleeper, "paused", pausedName, failoverTTL)
+	require.True(t, ok, "the paused holder's grant")
+	var watchers sync.WaitGroup
+	defer watchers.Wait()
+	sleeperWorker := &leaseWorker{rec: rec, worker: "paused"}
+	watchers.Go(func() { sleeperWorker.watch(held) })
+	sleeperApp := &Appender{Pool: pool, Rec: rec, Worker: "paused", Holder: "paused"}
+	require.True(t, checkHeld(rec, "paused", held))
+	require.NoError(t, sleeperApp.Append(ctx, pausedName, held.Token()))
+	// The taker contends for the paused holder's lease from now on: it cannot have it before
+	// the crash, since the paused holder renews it until then.
+	taker := &leaseWorker{rec: rec, pool: pool, worker: "taker", name: pausedName, ttl: failoverTTL, writes: 4, gap: 10 * time.Millisecond, opts: []fencelock.Option{backoff}}
+	wg.Go(func() { taker.run(wctx) })
+	if syncRep {
+		pause()
+	}
+	time.Sleep(lag)
+
+	crashed := rec.Now()
+	require.NoError(t, primary.Crash(ctx))
+	rec.Record(Op{Kind: KindFault, Value: "crash-primary", Invoke: crashed, Return: rec.Now()})
+	require.NoError(t, standby.Promote(ctx))
+	if syncRep {
+		// The promoted server inherited synchronous_standby_names and has no standby: clear it,
+		// as an HA manager does, or its commits wait for ever.
+		require.NoError(t, standby.SetSynchronousStandbys(ctx, ""))
+	}
+	promoted := rec.Now()
+	rec.Record(Op{Kind: KindFault, Value: "promote-standby", Invoke: crashed, Return: promoted})
+
+	// The paused holder wakes once the taker has written on the new primary, and writes with
+	// its old token.
+	takerEntries := func(entries []string) int {
+		n := 0
+		for _, e := range entries {
+			if strings.HasPrefix(e, "(taker,") {
+				n++
+			}
+		}
+		return n
+	}
+	base := -1
+	require.NoError(t, awaitLedger(ctx, pool, pausedName, func(entries []string) bool {
+		if base < 0 {
+			base = takerEntries(entries)
+			return false
+		}
+		return takerEntries(entries) > base
+	}), "no new holder wrote on the new primary")
+	lateErr := sleeperApp.Append(ctx, pausedName, held.Token())
+	releaseRecorded(rec, "paused", held)
+
+	time.Sleep(2 * failoverTTL) // load on the new primary, and every old trust window ends
+	stop()
+	wg.Wait()
+	watchers.Wait()
+
+	fences := map[string]int64{}
+	for _, name := range []string{leaseName, advName, pausedName} {
+		_, err := ReadLedger(ctx, pool, rec, "checker", name)
+		require.NoError(t, err)
+		fences[name], err = FenceOf(ctx, pool, name)
+		require.NoError(t, err)
+	}
+	h := rec.History()
+	vs := CheckFailover(h, fences, doneSlack, checkTimeout, syncRep)
+	for i, v := range vs {
+		if i == 20 {
+			t.Errorf("... and %d more violations", len(vs)-i)
+			break
+		}
+		t.Errorf("violation: %v", v)
+	}
+	report.AddRun(h, vs)
+	report.AddDetect(doneDetect(h)...)
+	require.ErrorIs(t, lateErr, fencelock.ErrStaleToken, "the holder paused across the failover wrote with its old token")
+
+	s := failoverStats{promote: promoted - crashed, resume: -1, takeover: -1}
+	_, s.afterLoss = OlderTokenAccepts(h)
+	s.writesLost = LostWrites(h)
+	for _, op := range h {
+		switch {
+		case op.Kind == KindAppend && op.Outcome == OK:
+			s.acked++
+			if op.Invoke >= promoted && (s.resume < 0 || op.Return-promoted < s.resume) {
+				s.resume = op.Return - promoted
+			}
+		case op.Kind == KindGrant && op.Outcome == OK && op.Name == pausedName && op.Return >= promoted:
+			if s.takeover < 0 || op.Return-promoted < s.takeover {
+				s.takeover = op.Return - promoted
+			}
+		}
+	}
+	s.heldAtCrash, s.lost = heldAtCrash(h, crashed)
+	return s
+}
+
+// heldAtCrash counts the grants (leases and advisory locks) held at time crashed, the paused
+// holder's left out, and of those the ones that ended lost rather than released.
+func heldAtCrash(h History, crashed time.Duration) (held, lost int) {
+	type key struct {
+		worker string
+		token  int64
+	}
+	ended := map[key]Op{}
+	for _, op := range h {
+		if op.Kind == KindDone || op.Kind == KindRelease {
+			k := key{op.Worker, op.Token}
+			if prev, ok := ended[k]; !ok || op.Invoke < prev.Invoke {
+				ended[k] = op
+			}
+		}
+	}
+	for _, op := range h {
+		if op.Kind != KindGrant || op.Outcome != OK || op.Return >= crashed || op.Worker == "paused" {
+			continue
+		}
+		end, ok := ended[key{op.Worker, op.Token}]
+		if ok && end.Invoke < crashed {
+			continue
+		}
+		held++
+		if ok && end.Kind == KindDone && end.Err != fencelock.ErrReleased.Error() {
+			lost++
+		}
+	}
+	return held, lost
+}
+
+// awaitLedger polls the ledger of resource until ok(entries) or ctx ends (at most 30 s).
+func awaitLedger(ctx context.Context, pool *pgxpool.Pool, resource string, ok func([]string) bool) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for {
+		var entries []string
+		err := pool.QueryRow(ctx, `SELECT entries FROM ledger WHERE resource = $1`, resource).Scan(&entries)
+		if err == nil && ok(entries) {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return errors.Join(ctx.Err(), err)
+		}
+		sleepCtx(ctx, 20*time.Millisecond)
+	}
+}
+
+// advisoryAppender takes the session advisory lock name with a fencing token in a loop and
+// makes three fenced appends to the ledger of name while the lock is held.
+func advisoryAppender(t *testing.T, ctx context.Context, rec *Recorder, pool *pgxpool.Pool, worker, name string) {
+	locker, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens(), fencelock.WithWatchdogInterval(100*time.Millisecond))
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	app := &Appender{Pool: pool, Rec: rec, Worker: worker, Holder: worker}
+	for ctx.Err() == nil {
+		lk, ok := tryLockRecorded(ctx, rec, locker, worker, name)
+		if !ok {
+			sleepCtx(ctx, 5*time.Millisecond)
+			continue
+		}
+		for range 3 {
+			if lk.Err() != nil {
+				break
+			}
+			_ = app.Append(ctx, name, lk.Token())
+			sleepCtx(ctx, 5*time.Millisecond)
+		}
+		unlockRecorded(rec, worker, lk)
+	}
+}
+
+// tokenChurn takes and releases the session advisory lock name with a fencing token as fast
+// as it can, recording each grant: it draws sequence values, hundreds a second.
+func tokenChurn(t *testing.T, ctx context.Context, rec *Recorder, pool *pgxpool.Pool, worker, name string) {
+	locker, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens())
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for ctx.Err() == nil {
+		lk, ok := tryLockRecorded(ctx, rec, locker, worker, name)
+		if !ok {
+			sleepCtx(ctx, 5*time.Millisecond)
+			continue
+		}
+		unlockRecorded(rec, worker, lk)
+	}
+}
+
+// tryLockRecorded runs AdvisoryLocker.TryLock and records it as a grant. An error is recorded
+// as a failed grant: TryLock returns no lock, and none is held (a broken session holds
+// nothing).
+func tryLockRecorded(ctx context.Context, rec *Recorder, locker *fencelock.AdvisoryLocker, worker, name string) (*fencelock.AdvisoryLock, bool) {
+	id := rec.Invoke(Op{Worker: worker, Kind: KindGrant, Name: name, Holder: worker})
+	lk, err := locker.TryLock(ctx, name)
+	if err != nil {
+		rec.Complete(id, Fail, err, nil)
+		return nil, false
+	}
+	rec.Complete(id, OK, nil, func(op *Op) { op.Token = int64(lk.Token()) })
+	return lk, true
+}
+
+// unlockRecorded records lk's loss (as a Done closing) if it had been lost already, then
+// unlocks it with a fresh context and records the release.
+func unlockRecorded(rec *Recorder, worker string, lk *fencelock.AdvisoryLock) {
+	if err := lk.Err(); err != nil {
+		now := rec.Now()
+		rec.Record(Op{Worker: worker, Kind: KindDone, Name: lk.Name(), Token: int64(lk.Token()), Err: err.Error(), Invoke: now, Return: now})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	id := rec.Invoke(Op{Worker: worker, Kind: KindRelease, Name: lk.Name(), Token: int64(lk.Token())})
+	err := lk.Unlock(ctx)
+	rec.Complete(id, Classify(err), err, nil)
+}
