@@ -2,10 +2,14 @@ package fencelock_test
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -201,4 +205,128 @@ func TestTokenBudgetExhausted(t *testing.T) {
 	require.Zero(t, leases, "a refused grant left a lease row")
 	require.Zero(t, flushes, "a refused advisory token left its flush row")
 	require.Zero(t, advisory, "a refused advisory token left its lock held")
+}
+
+// A logical copy (as pg_dump and restore make it) onto a server on an earlier timeline hands
+// out smaller tokens until RebaseTokenEpoch; after it, every token is above the source's.
+func TestRebaseTokenEpochAfterLogicalCopy(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// The source: a database on timeline 2, after a promotion.
+	primary := pgtest.NewServer(t, pgtest.Crashable())
+	src := primary.NewDB(t)
+	standby := primary.NewStandby(t)
+	require.NoError(t, primary.Crash(ctx))
+	require.NoError(t, standby.Promote(ctx))
+	srcPool, err := pgxpool.New(ctx, standby.URL(src.Name))
+	require.NoError(t, err)
+	t.Cleanup(srcPool.Close)
+	lease, err := newLessor(t, srcPool, "src").TryAcquire(ctx, "copied", time.Minute)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, lease.Token().Epoch())
+	require.NoError(t, fenceOnly(ctx, srcPool, "copied", lease.Token()))
+	require.NoError(t, lease.Release(ctx))
+
+	// The copy, on a fresh server's timeline 1: fencelock's rows and the sequence, as pg_dump
+	// carries them.
+	dst := setup(t)
+	var leases, fences [][]any
+	var seq int64
+	collect := func(q string) [][]any {
+		rows, err := srcPool.Query(ctx, q)
+		require.NoError(t, err)
+		var out [][]any
+		for rows.Next() {
+			v, err := rows.Values()
+			require.NoError(t, err)
+			out = append(out, v)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	leases = collect(`SELECT name, holder, token, acquired_at, expires_at FROM fencelock.leases`)
+	fences = collect(`SELECT resource, token FROM fencelock.fences`)
+	require.NoError(t, srcPool.QueryRow(ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&seq))
+	for _, r := range leases {
+		_, err := dst.pool.Exec(ctx, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at) VALUES ($1, $2, $3, $4, $5)`, r...)
+		require.NoError(t, err)
+	}
+	for _, r := range fences {
+		_, err := dst.pool.Exec(ctx, `INSERT INTO fencelock.fences (resource, token) VALUES ($1, $2)`, r...)
+		require.NoError(t, err)
+	}
+	_, err = dst.pool.Exec(ctx, `SELECT setval('fencelock.leases_token_seq', $1)`, seq)
+	require.NoError(t, err)
+
+	l := newLessor(t, dst.pool, "dst")
+	before, err := l.TryAcquire(ctx, "control", time.Minute)
+	require.NoError(t, err)
+	require.Less(t, before.Token(), lease.Token(), "control: before the rebase, the copy's tokens are below the source's")
+
+	epoch, err := fencelock.RebaseTokenEpoch(ctx, dst.pool, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, epoch, "above the source's epoch 2, found in its rows")
+	after, err := l.TryAcquire(ctx, "copied", time.Minute)
+	require.NoError(t, err)
+	require.Greater(t, after.Token(), lease.Token())
+	require.Equal(t, epoch, after.Token().Epoch())
+	require.NoError(t, fenceOnly(ctx, dst.pool, "copied", after.Token()), "the new holder passes the copied fence")
+
+	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.pool, 10)
+	require.NoError(t, err)
+	require.EqualValues(t, 10, epoch)
+	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.pool, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 10, epoch, "a rebase never lowers the epoch")
+
+	_, err = fencelock.RebaseTokenEpoch(ctx, nil, 0)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	_, err = fencelock.RebaseTokenEpoch(ctx, dst.pool, 65536)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.pool, 65535)
+	require.NoError(t, err)
+	require.EqualValues(t, 65535, epoch)
+	last, err := l.TryAcquire(ctx, "last-epoch", time.Minute)
+	require.NoError(t, err)
+	require.Positive(t, last.Token())
+	require.EqualValues(t, 65535, last.Token().Epoch())
+}
+
+// fenceOnly advances the fence of resource to token in a transaction of its own.
+func fenceOnly(ctx context.Context, pool *pgxpool.Pool, resource string, token fencelock.Token) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fencelock.FenceTx(ctx, tx, resource, token) })
+}
+
+// The privileges README.md lists are enough for every token path: the epoch needs SELECT on
+// fencelock.token_epoch, and the timeline functions are open to every role.
+func TestTokenPathsForUnprivilegedRole(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	role := "app_" + strings.TrimPrefix(b.db.Name, "t_")
+	_, err := b.pool.Exec(b.ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN;
+		GRANT USAGE ON SCHEMA fencelock TO %[1]s;
+		GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.leases, fencelock.fences TO %[1]s;
+		GRANT SELECT, INSERT, UPDATE ON fencelock.token_flushes TO %[1]s;
+		GRANT SELECT ON fencelock.token_epoch TO %[1]s;
+		GRANT USAGE ON SEQUENCE fencelock.leases_token_seq TO %[1]s`, role))
+	require.NoError(t, err)
+	u, err := url.Parse(b.db.URL)
+	require.NoError(t, err)
+	u.User = url.User(role)
+	pool, err := pgxpool.New(b.ctx, u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		pool.Close()
+		_, err := b.pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
+		require.NoError(t, err)
+	})
+	var super bool
+	require.NoError(t, pool.QueryRow(b.ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super))
+	require.False(t, super)
+	for i, tc := range tokenPaths {
+		token, err := tc.issue(t, b.ctx, pool, i)
+		require.NoError(t, err, tc.desc)
+		require.Positive(t, token.Epoch(), tc.desc)
+	}
 }

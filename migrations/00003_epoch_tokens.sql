@@ -22,6 +22,14 @@
 -- Tokens issued after this migration are larger than every token issued before it: those are
 -- sequence values below 2^47 (checked here) with epoch 0, while every new token has an epoch
 -- of at least 1.
+--
+-- The epoch is the timeline plus fencelock.token_epoch.epoch_offset (0 until changed). Physical
+-- copies keep the timeline's order: a standby, a point-in-time recovery, pg_upgrade (which
+-- carries the old cluster's timeline over). A logical copy does not: pg_dump and restore, or
+-- logical replication, into another cluster starts at that cluster's timeline, often 1. After
+-- one, call fencelock.rebase_token_epoch(), which raises the offset so that the next epoch is
+-- above every epoch found in fencelock's tables (and above its argument, for tokens kept only
+-- elsewhere), before any grant on the copy.
 
 -- +goose StatementBegin
 DO $$
@@ -35,6 +43,54 @@ BEGIN
             MESSAGE = format('fencelock: token sequence is at %s, past the 2^47 - 1 that epoch tokens leave for the sequence', last),
             HINT = 'epoch tokens cannot be larger than every token issued so far; see fencelock migration 00003';
     END IF;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TABLE fencelock.token_epoch (
+    id           boolean PRIMARY KEY DEFAULT true CHECK (id),
+    epoch_offset integer NOT NULL DEFAULT 0 CHECK (epoch_offset >= 0)
+);
+INSERT INTO fencelock.token_epoch DEFAULT VALUES;
+
+-- fencelock.timeline() is the timeline the server writes WAL on: the first 8 hex digits of the
+-- name of the segment at the insert position. It fails on a hot standby.
+-- +goose StatementBegin
+CREATE FUNCTION fencelock.timeline() RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$
+SELECT ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint
+$$;
+-- +goose StatementEnd
+
+-- fencelock.rebase_token_epoch(at_least) raises fencelock.token_epoch.epoch_offset so that the
+-- epoch of the next token is at least at_least and above the epoch of every token in
+-- fencelock.leases, fencelock.fences and fencelock.token_flushes; it never lowers the offset.
+-- It returns the epoch of the next token. Call it on a logical copy (see above) before any
+-- grant there.
+-- +goose StatementBegin
+CREATE FUNCTION fencelock.rebase_token_epoch(at_least integer DEFAULT 0) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    top bigint;
+    tli bigint := fencelock.timeline();
+    off bigint;
+BEGIN
+    SELECT greatest(
+        (SELECT max(l.token) FROM fencelock.leases AS l),
+        (SELECT max(f.token) FROM fencelock.fences AS f),
+        (SELECT max(k.token) FROM fencelock.token_flushes AS k)) INTO top;
+    SELECT e.epoch_offset INTO off FROM fencelock.token_epoch AS e FOR UPDATE;
+    off := greatest(coalesce(off, 0), coalesce(top >> 47, 0) + 1 - tli, at_least - tli);
+    IF tli + off > 65535 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'FL002',
+            MESSAGE = format('fencelock: token budget exhausted: epoch %s is past the 65535 that epoch tokens allow', tli + off);
+    END IF;
+    INSERT INTO fencelock.token_epoch AS e (id, epoch_offset) VALUES (true, off)
+    ON CONFLICT (id) DO UPDATE SET epoch_offset = excluded.epoch_offset;
+    RETURN tli + off;
 END
 $$;
 -- +goose StatementEnd
@@ -70,12 +126,11 @@ BEGIN
             MESSAGE = format('fencelock: token budget exhausted: sequence value %s is past 2^47 - 1', s),
             HINT = 'see fencelock migration 00003 for the layout of a token';
     END IF;
-    -- The timeline the server writes WAL on now: the first 8 hex digits of the segment name.
-    epoch := ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint;
+    epoch := fencelock.timeline() + coalesce((SELECT e.epoch_offset FROM fencelock.token_epoch AS e), 0);
     IF epoch < 1 OR epoch > 65535 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'FL002',
-            MESSAGE = format('fencelock: token budget exhausted: timeline %s is past the 65535 that epoch tokens allow', epoch),
+            MESSAGE = format('fencelock: token budget exhausted: epoch %s (timeline plus fencelock.token_epoch.epoch_offset) is past the 65535 that epoch tokens allow', epoch),
             HINT = 'see fencelock migration 00003 for the layout of a token';
     END IF;
     t := (epoch << 47) | s;
@@ -94,6 +149,9 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+DROP FUNCTION fencelock.rebase_token_epoch(integer);
+DROP FUNCTION fencelock.timeline();
+DROP TABLE fencelock.token_epoch;
 -- Back to plain sequence tokens. Tokens drawn after this are smaller than the epoch tokens
 -- already issued: every fence and every external system that keeps a high-water mark would
 -- reject the new holders. Migrate down only a database whose tokens nobody keeps.

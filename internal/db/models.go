@@ -21,6 +21,11 @@ type FencelockLease struct {
 	ExpiresAt  time.Time
 }
 
+type FencelockTokenEpoch struct {
+	ID          bool
+	EpochOffset int32
+}
+
 type FencelockTokenFlush struct {
 	Pid   int32
 	Token int64
