@@ -24,7 +24,7 @@ type failoverStats struct {
 	promote     time.Duration // from the crash of the primary to the end of the promotion
 	resume      time.Duration // from the promotion to the first acknowledged append after it
 	takeover    time.Duration // from the promotion to the paused holder's lease granted anew
-	heldAtCrash int           // leases and advisory locks held when the primary crashed, but the paused holder's
+	heldAtCrash int           // leases of the lease workers held when the primary crashed
 	lost        int           // of those, how many ended lost (Done closed, not released)
 	acked       int           // acknowledged appends
 	writesLost  int           // acknowledged appends missing from the final ledgers
@@ -223,8 +223,9 @@ func failoverRun(t *testing.T, report *Report, syncRep bool, lag time.Duration) 
 	return s
 }
 
-// heldAtCrash counts the grants (leases and advisory locks) held at time crashed, the paused
-// holder's left out, and of those the ones that ended lost rather than released.
+// heldAtCrash counts the leases of the lease workers (name "lease") held at time crashed, and
+// of those the ones that ended lost (Done closed) rather than released. (Advisory locks held
+// at the crash are all lost with their sessions.)
 func heldAtCrash(h History, crashed time.Duration) (held, lost int) {
 	type key struct {
 		worker string
@@ -240,7 +241,7 @@ func heldAtCrash(h History, crashed time.Duration) (held, lost int) {
 		}
 	}
 	for _, op := range h {
-		if op.Kind != KindGrant || op.Outcome != OK || op.Return >= crashed || op.Worker == "paused" {
+		if op.Kind != KindGrant || op.Outcome != OK || op.Return >= crashed || op.Name != "lease" {
 			continue
 		}
 		end, ok := ended[key{op.Worker, op.Token}]
