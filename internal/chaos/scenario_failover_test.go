@@ -36,7 +36,7 @@ func (s failoverStats) String() string {
 		fmtDur(s.promote), fmtDur(s.resume), fmtDur(s.takeover), s.heldAtCrash, s.lost, s.acked, s.writesLost, s.afterLoss)
 }
 
-// Scenario 8: the primary of a streaming-replication pair crashes (immediate shutdown) under
+// Scenario 10: the primary of a streaming-replication pair crashes (immediate shutdown) under
 // load and its standby is promoted, with synchronous or asynchronous replication, with and
 // without lag injected by pausing the primary's WAL sender for 300 ms before the crash. Every
 // client reaches the cluster through one multi-host URL (target_session_attrs=read-write), so
@@ -66,7 +66,7 @@ func TestScenarioFailover(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			report := &Report{Scenario: "8-failover-" + tc.desc}
+			report := &Report{Scenario: "10-failover-" + tc.desc}
 			for run := range runs(1) {
 				s := failoverRun(t, report, tc.sync, tc.lag)
 				t.Logf("chaos: failover scenario=%s run=%d %s", report.Scenario, run, s)
