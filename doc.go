@@ -73,4 +73,13 @@
 // Statements that grant or renew raise synchronous_commit from off to on for themselves, so tokens
 // never repeat after a crash even where the server's default is off. Migrations ship in package
 // [github.com/fencelock/fencelock/migrations] and are applied by [Migrate].
+//
+// # Failover
+//
+// A [Token] carries an epoch, the server's timeline, in its high bits: a standby's promotion
+// starts a new timeline, so every token drawn after it is larger than every token the old
+// primary issued, even when an asynchronous standby lost the last commits. The writes those
+// commits made are lost with them; synchronous replication keeps them. After a logical copy
+// of the database (dump and restore, logical replication), call [RebaseTokenEpoch] before any
+// grant. docs/FAILOVER.md in the repository says what survives which failover, measured.
 package fencelock

@@ -43,7 +43,11 @@
 //
 // [Server.NewStandby] (or [Server.StartStandby]) starts a streaming hot standby of a local
 // server, from a pg_basebackup of it; [Server.WaitReplay] waits until the standby has replayed
-// what the primary committed. [NewPgBouncer] (or [StartPgBouncer]) puts PgBouncer, in session,
+// what the primary committed. [Server.Promote] promotes a standby, [Server.PauseWALSenders]
+// holds its primary's WAL back (lag, for failovers that lose commits),
+// [Server.SetSynchronousStandbys] makes replication synchronous, and [ClusterURL] gives one
+// multi-host URL (target_session_attrs=read-write) whose pools follow the promotion.
+// [NewPgBouncer] (or [StartPgBouncer]) puts PgBouncer, in session,
 // transaction or statement pool mode, in front of a server; it needs the pgbouncer binary
 // (apt-get install pgbouncer) and fails the test without it.
 //
