@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
@@ -256,8 +257,20 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		row, err = a.q.AdvisoryTryLock(ctx, conn, p)
 	}
 	if err != nil {
-		// A failed try holds nothing; a failed wait may have been granted as ctx ended.
+		// A failed wait may have been granted as ctx ended; a statement that failed after its
+		// grant (fencelock.next_token refused the token: ErrTokenBudget, ErrTokenEpochBehind,
+		// ...) took the lock, which a session keeps through the statement's rollback. Closing
+		// the session ends it once the backend exits: wait for that, so that nothing is held
+		// when the error returns.
 		destroySession(ctx, conn, wait)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) {
+			cctx, stop := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+			if werr := awaitBackendExit(cctx, a.pool, startupPID); werr != nil {
+				err = fmt.Errorf("%w (and its session, which may hold the lock, did not end: %w)", err, werr)
+			}
+			stop()
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%s: %w", what(), context.Cause(ctx))
 		}

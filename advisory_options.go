@@ -89,7 +89,8 @@ func WithMaxHeld(n int) Option {
 // a transaction lock's once the caller's transaction commits (do not hand it to another system
 // before then), even when it falls in a range of the sequence that a rolled-back transaction
 // WAL-logged. A misconfigured token sequence is refused ([ErrTokenSequence]), and so is a
-// grant past the token budget ([ErrTokenBudget]). Without this option
+// grant past the token budget ([ErrTokenBudget]) or on an epoch that went back
+// ([ErrTokenEpochBehind]). Without this option
 // Token() is 0. Applies to [NewAdvisoryLocker] only.
 //
 // Default: off.

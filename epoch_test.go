@@ -197,12 +197,19 @@ func TestTokenBudgetExhausted(t *testing.T) {
 		_, err := tc.issue(t, b.ctx, b.pool, 10+i)
 		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.desc)
 	}
+	requireNothingHeld(t, b.ctx, b.pool, "lease:0")
+}
+
+// requireNothingHeld checks that refused grants left nothing behind: no lease row with a token
+// but those of names in granted, no flush row, no advisory lock.
+func requireNothingHeld(t *testing.T, ctx context.Context, pool *pgxpool.Pool, granted ...string) {
+	t.Helper()
 	var leases, flushes, advisory int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT
-		(SELECT count(*) FROM fencelock.leases WHERE token > 0 AND name <> 'lease:0'),
+	require.NoError(t, pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM fencelock.leases WHERE token > 0 AND name <> ALL ($1::text[]) AND expires_at > now()),
 		(SELECT count(*) FROM fencelock.token_flushes),
-		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory')`).Scan(&leases, &flushes, &advisory))
-	require.Zero(t, leases, "a refused grant left a lease row")
+		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`, granted).Scan(&leases, &flushes, &advisory))
+	require.Zero(t, leases, "a refused grant left a lease held")
 	require.Zero(t, flushes, "a refused advisory token left its flush row")
 	require.Zero(t, advisory, "a refused advisory token left its lock held")
 }
@@ -258,15 +265,29 @@ func TestRebaseTokenEpochAfterLogicalCopy(t *testing.T) {
 	}
 	_, err = dst.pool.Exec(ctx, `SELECT setval('fencelock.leases_token_seq', $1)`, seq)
 	require.NoError(t, err)
+	var lastEpoch int32
+	require.NoError(t, srcPool.QueryRow(ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&lastEpoch))
+	require.EqualValues(t, 2, lastEpoch, "the source recorded the epoch it issued tokens in")
 
+	// A copy without fencelock.token_epoch's row cannot know: its tokens are smaller.
 	l := newLessor(t, dst.pool, "dst")
 	before, err := l.TryAcquire(ctx, "control", time.Minute)
 	require.NoError(t, err)
-	require.Less(t, before.Token(), lease.Token(), "control: before the rebase, the copy's tokens are below the source's")
+	require.Less(t, before.Token(), lease.Token(), "control: without the row and before the rebase, the copy's tokens are below the source's")
+	require.NoError(t, before.Release(ctx))
+
+	// With it, as pg_dump carries it, every grant is refused until the rebase.
+	_, err = dst.pool.Exec(ctx, `UPDATE fencelock.token_epoch SET last_epoch = $1`, lastEpoch)
+	require.NoError(t, err)
+	for i, tc := range tokenPaths {
+		_, err := tc.issue(t, ctx, dst.pool, 100+i)
+		require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, tc.desc)
+	}
+	requireNothingHeld(t, ctx, dst.pool, "control")
 
 	epoch, err := fencelock.RebaseTokenEpoch(ctx, dst.pool, 0)
 	require.NoError(t, err)
-	require.EqualValues(t, 3, epoch, "above the source's epoch 2, found in its rows")
+	require.EqualValues(t, 3, epoch, "above the source's epoch 2")
 	after, err := l.TryAcquire(ctx, "copied", time.Minute)
 	require.NoError(t, err)
 	require.Greater(t, after.Token(), lease.Token())
@@ -298,35 +319,131 @@ func fenceOnly(ctx context.Context, pool *pgxpool.Pool, resource string, token f
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fencelock.FenceTx(ctx, tx, resource, token) })
 }
 
-// The privileges README.md lists are enough for every token path: the epoch needs SELECT on
-// fencelock.token_epoch, and the timeline functions are open to every role.
+// A least-privilege role can take tokens on every path: one granted before migration 00003
+// keeps working (the migration extends its grants), and one granted after needs the list
+// docs/FAILOVER.md gives.
 func TestTokenPathsForUnprivilegedRole(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	role := "app_" + strings.TrimPrefix(b.db.Name, "t_")
-	_, err := b.pool.Exec(b.ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN;
-		GRANT USAGE ON SCHEMA fencelock TO %[1]s;
+	const baseGrants = `GRANT USAGE ON SCHEMA fencelock TO %[1]s;
 		GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.leases, fencelock.fences TO %[1]s;
 		GRANT SELECT, INSERT, UPDATE ON fencelock.token_flushes TO %[1]s;
-		GRANT SELECT ON fencelock.token_epoch TO %[1]s;
-		GRANT USAGE ON SEQUENCE fencelock.leases_token_seq TO %[1]s`, role))
-	require.NoError(t, err)
-	u, err := url.Parse(b.db.URL)
-	require.NoError(t, err)
-	u.User = url.User(role)
-	pool, err := pgxpool.New(b.ctx, u.String())
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		pool.Close()
-		_, err := b.pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
-		require.NoError(t, err)
-	})
-	var super bool
-	require.NoError(t, pool.QueryRow(b.ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super))
-	require.False(t, super)
-	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.ctx, pool, i)
-		require.NoError(t, err, tc.desc)
-		require.Positive(t, token.Epoch(), tc.desc)
+		GRANT USAGE ON SEQUENCE fencelock.leases_token_seq TO %[1]s`
+	for _, tc := range []struct {
+		desc   string
+		before bool // granted before migration 00003
+		grants string
+	}{
+		{"GrantedBeforeMigration", true, baseGrants},
+		{"GrantedAfter", false, baseGrants + `; GRANT SELECT, UPDATE (last_epoch) ON fencelock.token_epoch TO %[1]s`},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			if tc.before {
+				_, err := gooseProvider(t, b.pool).DownTo(b.ctx, 2)
+				require.NoError(t, err)
+			}
+			role := "app_" + strings.TrimPrefix(b.db.Name, "t_")
+			_, err := b.pool.Exec(b.ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN; `+tc.grants, role))
+			require.NoError(t, err)
+			t.Cleanup(func() {
+				_, err := b.pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
+				require.NoError(t, err)
+			})
+			if tc.before {
+				require.NoError(t, fencelock.Migrate(b.ctx, b.pool))
+			}
+			u, err := url.Parse(b.db.URL)
+			require.NoError(t, err)
+			u.User = url.User(role)
+			pool, err := pgxpool.New(b.ctx, u.String())
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			var super bool
+			require.NoError(t, pool.QueryRow(b.ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super))
+			require.False(t, super)
+			// The first token of the epoch records it (UPDATE of last_epoch): start from 0.
+			_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET last_epoch = 0`)
+			require.NoError(t, err)
+			for i, path := range tokenPaths {
+				token, err := path.issue(t, b.ctx, pool, i)
+				require.NoError(t, err, path.desc)
+				require.Positive(t, token.Epoch(), path.desc)
+			}
+			var last int32
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
+			require.EqualValues(t, timelineOf(t, b.ctx, b.pool), last, "the role recorded the epoch")
+		})
 	}
+}
+
+// Where the epoch went back (as after pg_upgrade, which starts timeline 1 again, or a restored
+// copy), every path refuses with ErrTokenEpochBehind and holds nothing, until RebaseTokenEpoch.
+func TestTokenEpochBehindRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	first, err := tokenPaths[0].issue(t, b.ctx, b.pool, 0)
+	require.NoError(t, err)
+	var last int32
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
+	require.EqualValues(t, first.Epoch(), last, "the first token of the epoch recorded it")
+
+	// The database has issued tokens in epoch 7; its server is on an earlier timeline.
+	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET last_epoch = 7`)
+	require.NoError(t, err)
+	for i, tc := range tokenPaths {
+		_, err := tc.issue(t, b.ctx, b.pool, 10+i)
+		require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, tc.desc)
+	}
+	requireNothingHeld(t, b.ctx, b.pool, "lease:0")
+
+	epoch, err := fencelock.RebaseTokenEpoch(b.ctx, b.pool, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 8, epoch)
+	for i, tc := range tokenPaths {
+		token, err := tc.issue(t, b.ctx, b.pool, 20+i)
+		require.NoError(t, err, tc.desc)
+		require.EqualValues(t, 8, token.Epoch(), tc.desc)
+	}
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
+	require.EqualValues(t, 8, last)
+}
+
+// Migration 00003 waits for a transaction that drew a token and holds off new token draws
+// until it commits: a transaction open across it would keep running the old next_token (its
+// cached plan) and could draw an epoch-0 token after others drew epoch tokens.
+func TestMigrationWaitsForTokenTransactions(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := gooseProvider(t, b.pool).DownTo(b.ctx, 2)
+	require.NoError(t, err)
+	a, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithFencingTokens())
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(context.Background())
+	x, err := a.TryLockTx(b.ctx, tx, "x")
+	require.NoError(t, err)
+	require.Zero(t, x.Epoch())
+
+	migrated := make(chan error, 1)
+	go func() { migrated <- fencelock.Migrate(context.WithoutCancel(b.ctx), b.pool) }()
+	// The migration waits for tx: its lock on fencelock.token_flushes is not granted.
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation IN ('fencelock.leases'::regclass, 'fencelock.token_flushes'::regclass))`).Scan(&waiting)
+		return err == nil && waiting
+	}, 30*time.Second, 5*time.Millisecond, "the migration did not wait for the open token transaction")
+	y, err := a.TryLockTx(b.ctx, tx, "y") // still before the migration
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, <-migrated)
+
+	var later fencelock.Token
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) (err error) {
+		later, err = a.TryLockTx(b.ctx, tx, "y")
+		return err
+	}))
+	require.Greater(t, later, y)
+	require.Positive(t, later.Epoch())
 }

@@ -59,6 +59,13 @@ var (
 	// held: a token that no longer carries the epoch could go backwards after a failover.
 	// Migration 00003 fails with the same SQLSTATE when the sequence is already past 2^47 - 1.
 	ErrTokenBudget = errors.New("fencelock: token budget exhausted (sequence past 2^47 - 1 or timeline past 65535); no token issued")
+	// ErrTokenEpochBehind is returned, wrapping the server's error (SQLSTATE FL003), when the
+	// server's token epoch (timeline plus offset, see [Token]) is below the highest epoch the
+	// database has issued tokens in: the timeline went back, as it does after pg_upgrade, a
+	// logical copy (dump and restore) or a base backup restored without recovery. No token is
+	// issued and nothing is held, since every new token would be smaller than tokens already
+	// handed out. [RebaseTokenEpoch] fixes it.
+	ErrTokenEpochBehind = errors.New("fencelock: token epoch below the highest one issued (timeline went back: pg_upgrade, logical copy?); call RebaseTokenEpoch; no token issued")
 )
 
 // ArgumentError reports bad input, found before any SQL ran. It matches
@@ -122,7 +129,8 @@ func (e *LeaseLostError) Unwrap() error { return e.Cause }
 var errGoneOnServer = errors.New("the database no longer has this grant (expired or taken over)")
 
 // wrapPg wraps err from a statement with what, mapping the server's read-only refusal to
-// [ErrReadOnly] and fencelock.next_token's refusals to [ErrTokenSequence] and [ErrTokenBudget].
+// [ErrReadOnly] and fencelock.next_token's refusals to [ErrTokenSequence], [ErrTokenBudget]
+// and [ErrTokenEpochBehind].
 func wrapPg(what string, err error) error {
 	var pgErr *pgconn.PgError
 	switch {
@@ -132,6 +140,8 @@ func wrapPg(what string, err error) error {
 		return fmt.Errorf("%s: %w: %w", what, ErrTokenSequence, err)
 	case errors.As(err, &pgErr) && pgErr.Code == "FL002": // raised by fencelock.next_token
 		return fmt.Errorf("%s: %w: %w", what, ErrTokenBudget, err)
+	case errors.As(err, &pgErr) && pgErr.Code == "FL003": // raised by fencelock.next_token
+		return fmt.Errorf("%s: %w: %w", what, ErrTokenEpochBehind, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }

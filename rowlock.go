@@ -150,8 +150,8 @@ func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
 // its trust window had ended: the grant is then released again); an error wrapping
 // [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
 // [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; an
-// error wrapping [ErrTokenSequence] for a misconfigured token sequence or [ErrTokenBudget]
-// when the token budget is spent; otherwise the pgx
+// error wrapping [ErrTokenSequence] for a misconfigured token sequence, [ErrTokenBudget]
+// when the token budget is spent or [ErrTokenEpochBehind] when the epoch went back; otherwise the pgx
 // error, wrapped. If ctx ends while the grant is in flight, the grant may
 // have happened on the server: TryAcquire then ends it (scoped to this holder) before it
 // returns, so nothing is left held.
@@ -370,9 +370,15 @@ func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
 // awaitBackendExit polls, every 2ms, until no backend with pid is left, or ctx ends. There
 // is no event to wait on: Postgres does not notify a backend's exit.
 func (l *Lessor) awaitBackendExit(ctx context.Context, pid uint32) error {
+	return awaitBackendExit(ctx, l.pool, pid)
+}
+
+// awaitBackendExit polls pool, every 2ms, until no backend with pid is left in this database,
+// or ctx ends.
+func awaitBackendExit(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
 	for {
 		var alive bool
-		if err := l.pool.QueryRow(ctx, backendAliveSQL, int32(pid)).Scan(&alive); err != nil {
+		if err := pool.QueryRow(ctx, backendAliveSQL, int32(pid)).Scan(&alive); err != nil {
 			return fmt.Errorf("await exit of backend %d: %w", pid, err)
 		}
 		if !alive {

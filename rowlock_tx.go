@@ -29,7 +29,8 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, token Token) error
 // the row. name is as for [Lessor.TryAcquire]. Errors: an [*ArgumentError] for a bad name or
 // nil fn (no SQL runs); fn's error, returned as is, after rollback; an error wrapping
 // [ErrReadOnly] on a hot standby; an error wrapping [ErrTokenSequence] for a misconfigured
-// token sequence or [ErrTokenBudget] when the token budget is spent; otherwise the pgx error, wrapped.
+// token sequence, [ErrTokenBudget] when the token budget is spent or [ErrTokenEpochBehind]
+// when the epoch went back; otherwise the pgx error, wrapped.
 //
 // Because it needs one transaction only, this mode works behind PgBouncer transaction pooling.
 func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error {

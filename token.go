@@ -15,27 +15,34 @@ import (
 // locking".
 //
 // A token is an epoch token: its high [TokenEpochBits] bits hold the epoch, the server's
-// timeline when the token was drawn, and its low [TokenSequenceBits] bits a value of the
-// sequence fencelock.leases_token_seq. A promotion of a standby starts a new timeline, so every
-// token drawn after it is larger than every token the old primary issued, even when the
-// promotion lost WAL (asynchronous replication). Tokens issued before migration 00003 have
+// timeline when the token was drawn (plus an offset that [RebaseTokenEpoch] may raise), and
+// its low [TokenSequenceBits] bits a value of the sequence fencelock.leases_token_seq. A
+// promotion of a standby starts a new timeline, numbered above every timeline the promoted
+// server knows of, so every token drawn after it is larger than every token the old primary
+// issued, even when the promotion lost WAL (asynchronous replication). This holds when the
+// promoted server knows every earlier timeline: a standby that never received a newer
+// timeline's history file (it never followed that timeline's primary, and there is no shared
+// WAL archive) picks that timeline's number again. Tokens issued before migration 00003 have
 // epoch 0 and are smaller than every later token. The budget: 2^47 - 1 grants over the
-// database's life and timelines 1 to 65535; past either, grants fail with [ErrTokenBudget].
-// The timeline as the epoch is the idea of the WAL's own history: PostgreSQL numbers each
-// promotion's timeline above every timeline the promoted server knows of.
+// database's life and epochs 1 to 65535; past either, grants fail with [ErrTokenBudget]. Where
+// the timeline went back (pg_upgrade, a logical copy, a base backup restored without
+// recovery), grants fail with [ErrTokenEpochBehind] until [RebaseTokenEpoch]. The timeline as
+// the epoch is the idea of the WAL's own history: PostgreSQL advances it, durably, exactly
+// when a server leaves recovery. docs/FAILOVER.md has the details and the measurements.
 type Token int64
 
 const (
 	// TokenEpochBits is the number of high bits of a [Token] that hold its epoch (the
-	// server's timeline): epochs 1 to 65535.
+	// server's timeline plus an offset): epochs 1 to 65535.
 	TokenEpochBits = 16
 	// TokenSequenceBits is the number of low bits of a [Token] that hold its sequence value:
 	// 1 to 2^47 - 1.
 	TokenSequenceBits = 63 - TokenEpochBits
 )
 
-// Epoch returns the epoch of t: the timeline of the server that issued it, 1 to 65535, or 0
-// for a token issued before epoch tokens (migration 00003). Safe for concurrent use.
+// Epoch returns the epoch of t: the timeline of the server that issued it plus the offset of
+// [RebaseTokenEpoch] (0 unless raised), 1 to 65535, or 0 for a token issued before epoch
+// tokens (migration 00003). Safe for concurrent use.
 func (t Token) Epoch() uint32 { return uint32(uint64(t) >> TokenSequenceBits) }
 
 // Sequence returns the sequence part of t: the value of fencelock.leases_token_seq it was
@@ -43,19 +50,24 @@ func (t Token) Epoch() uint32 { return uint32(uint64(t) >> TokenSequenceBits) }
 func (t Token) Sequence() int64 { return int64(t) & (1<<TokenSequenceBits - 1) }
 
 // RebaseTokenEpoch makes the tokens issued from now on, by the database behind pool, larger
-// than those of the database it was logically copied from. Physical copies need nothing: a
-// standby, a point-in-time recovery and pg_upgrade keep the timeline, so their epochs only
-// rise. A logical copy (pg_dump and restore, logical replication) does not: the copy's
-// server may be on timeline 1, and its tokens would be smaller than those already handed out.
-// Call RebaseTokenEpoch on the copy before any grant there.
+// than every token it, or the database it was copied from, has issued. A standby's promotion
+// and a point-in-time recovery need nothing: they start a new, higher timeline. pg_upgrade (it
+// starts the new cluster on timeline 1), a logical copy (pg_dump and restore, logical
+// replication) onto another cluster and a base backup restored without recovery take the
+// timeline back: grants then fail with [ErrTokenEpochBehind] (the database remembers the
+// highest epoch it issued tokens in) until RebaseTokenEpoch is called on it. A logical copy
+// that left out fencelock.token_epoch cannot know: call RebaseTokenEpoch after any copy, before
+// any grant there. Let the standbys replay it (or use synchronous replication) before a
+// failover can happen: a promotion that loses it loses the raised epoch too.
 //
 // It raises fencelock.token_epoch.epoch_offset, which is added to the timeline, so that the
-// next epoch is at least atLeast and above the epoch of every token in fencelock.leases,
-// fencelock.fences and fencelock.token_flushes; it never lowers it. Pass as atLeast the
-// source's epoch plus one (a token it issued last, t.Epoch()+1) when its tokens are kept
-// outside those tables too ([UpdateFencedTx] columns, external systems), else 0. It returns
-// the epoch of the next token. It scans those three tables: run it once, not per grant. Safe
-// for concurrent use; concurrent calls serialise on the offset's row.
+// next epoch is at least atLeast and above both the highest epoch issued and the epoch of
+// every token in fencelock.leases, fencelock.fences and fencelock.token_flushes; it never
+// lowers it. Pass as atLeast the source's epoch plus one (a token it issued last, t.Epoch()+1)
+// when its tokens are kept outside those tables too ([UpdateFencedTx] columns, external
+// systems), else 0. It returns the epoch of the next token. It scans those three tables: run
+// it once, not per grant. The role needs UPDATE on fencelock.token_epoch. Safe for concurrent
+// use; concurrent calls serialise on the offset's row.
 //
 // Errors: an [*ArgumentError] for a nil pool or atLeast > 65535 (before any SQL); an error
 // wrapping [ErrTokenBudget] if the epoch would pass 65535; an error wrapping [ErrReadOnly]
