@@ -110,9 +110,6 @@ func TestTokensRiseAcrossFailover(t *testing.T) {
 
 			require.NoError(t, primary.Crash(ctx))
 			require.NoError(t, standby.Promote(ctx))
-			if mode == "sync" {
-				require.NoError(t, standby.SetSynchronousStandbys(ctx, ""))
-			}
 			pool.Reset()
 			awaitReconnect(t, ctx, pool)
 			for _, tc := range tokenPaths {

@@ -55,10 +55,14 @@ func (s *Server) Promote(ctx context.Context) error {
 // on s wait until [Server.ResumeWALSenders]. [Server.Crash] and [Server.Close] kill (SIGKILL)
 // the paused senders after the postmaster's immediate shutdown has begun, so a crash of s
 // sends them nothing more either. The pids are those of the moment of the call: a standby
-// that connects later gets a running sender. Safe for concurrent use.
+// that connects later gets a running sender. A sender stopped while it holds a spinlock would
+// stall every commit on s: after stopping them, PauseWALSenders commits a probe transaction
+// (synchronous_commit = local, at most 2 s), and if it does not go through it resumes the
+// senders and stops them again, up to 5 times. Safe for concurrent use.
 //
 // Errors: one wrapping [errors.ErrUnsupported] unless s runs from local binaries; an error if
-// s is closed or not running, or has no WAL sender; connection, SQL and signal errors.
+// s is closed or not running, or has no WAL sender; one if commits stayed stuck 5 times (the
+// senders are then running); connection, SQL and signal errors.
 func (s *Server) PauseWALSenders(ctx context.Context) (int, error) {
 	if s.kind != kindLocal {
 		return 0, fmt.Errorf("pgtest: PauseWALSenders needs a server started from local binaries, this is %s: %w", s.kind, errors.ErrUnsupported)
@@ -86,10 +90,48 @@ func (s *Server) PauseWALSenders(ctx context.Context) (int, error) {
 	if len(pids) == 0 {
 		return 0, errors.New("pgtest: pause WAL senders: pg_stat_replication lists no WAL sender (no standby streaming)")
 	}
-	if err := s.local.pauseWALSenders(pids); err != nil {
-		return 0, err
+	// A sender stopped while it held a spinlock (it takes XLogCtl's info_lck on every loop)
+	// would leave every backend that writes WAL spinning until PostgreSQL PANICs with "stuck
+	// spinlock". Rare, but a test would hang: so check that a local commit still goes
+	// through, and if it does not, resume the senders and stop them again.
+	for attempt := 1; ; attempt++ {
+		if err := s.local.pauseWALSenders(pids); err != nil {
+			return 0, err
+		}
+		err := s.probeLocalCommit(ctx)
+		if err == nil {
+			return len(pids), nil
+		}
+		if rerr := s.local.resumeWALSenders(); rerr != nil {
+			return 0, errors.Join(err, rerr)
+		}
+		if attempt == pauseAttempts || ctx.Err() != nil {
+			return 0, fmt.Errorf("pgtest: pause WAL senders: commits stopped while the senders were paused, %d times: %w", attempt, err)
+		}
 	}
-	return len(pids), nil
+}
+
+// pauseAttempts bounds how often [Server.PauseWALSenders] stops the senders again after its
+// probe found commits stuck; probeTimeout bounds the probe.
+const (
+	pauseAttempts = 5
+	probeTimeout  = 2 * time.Second
+)
+
+// probeLocalCommit commits a transaction with an xid on s with synchronous_commit = local (it
+// waits for the local flush, not for a standby), within probeTimeout.
+func (s *Server) probeLocalCommit(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	conn, err := s.connect(ctx, s.maintDB)
+	if err != nil {
+		return fmt.Errorf("probe commit: %w", err)
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, `BEGIN; SET LOCAL synchronous_commit = local; SELECT txid_current(); COMMIT`); err != nil {
+		return fmt.Errorf("probe commit: %w", err)
+	}
+	return nil
 }
 
 // ResumeWALSenders resumes (SIGCONT) the WAL senders that [Server.PauseWALSenders] stopped;

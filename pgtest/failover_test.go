@@ -109,8 +109,11 @@ func TestServer_Promote_SyncKeepsAcknowledgedCommits(t *testing.T) {
 	got := rows(t, sdb)
 	require.Contains(t, got, "acked", "an acknowledged commit survives the failover")
 
-	// The promoted server inherited synchronous_standby_names (postgresql.auto.conf); clear it,
-	// or its commits wait for a standby it does not have.
+	// The standby was made before the primary's ALTER SYSTEM (a file, not WAL): the promoted
+	// server has no synchronous_standby_names, and SetSynchronousStandbys("") finds it in force.
+	var names string
+	require.NoError(t, sdb.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&names))
+	require.Empty(t, names)
 	require.NoError(t, standby.SetSynchronousStandbys(ctx, ""))
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
