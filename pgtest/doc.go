@@ -47,13 +47,17 @@
 // holds its primary's WAL back (lag, for failovers that lose commits),
 // [Server.SetSynchronousStandbys] makes replication synchronous, and [ClusterURL] gives one
 // multi-host URL (target_session_attrs=read-write) whose pools follow the promotion.
+// [NewPatroni] (or [StartPatroni]) runs the cluster users run in production: Patroni members
+// with etcd as their store, on loopback, with [PatroniCluster.Switchover] and
+// [PatroniCluster.KillLeader] (automatic failover); it needs patroni and etcd (apt-get
+// install patroni etcd-server) and fails the test without them.
 // [NewPgBouncer] (or [StartPgBouncer]) puts PgBouncer, in session,
 // transaction or statement pool mode, in front of a server; it needs the pgbouncer binary
 // (apt-get install pgbouncer) and fails the test without it.
 //
 // # Skipping
 //
-// With go test -short, NewDB, NewServer, NewStandby and NewPgBouncer skip the test ("needs
+// With go test -short, NewDB, NewServer, NewStandby, NewPatroni and NewPgBouncer skip the test ("needs
 // PostgreSQL"). Otherwise they never skip: when no server (or no pgbouncer) can be had they
 // fail the test, saying why, so that CI cannot count an untested package as passing.
 //

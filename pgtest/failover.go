@@ -221,7 +221,9 @@ func (s *Server) SetSynchronousStandbys(ctx context.Context, names string) error
 // made from it follows the primary across [Server.Promote]: connections to the old primary
 // break, and new ones go to whichever server is the read-write one. connect_timeout=5 bounds
 // each host's attempt. The servers must share the superuser and password (as those of one
-// [Start] kind do).
+// [Start] kind do). pgx (like libpq) stops at the first host that answers "database does not
+// exist" (SQLSTATE 3D000) instead of trying the next: list the primary first, or wait until
+// the standbys listed before it have replayed the database's creation ([Server.WaitReplay]).
 //
 // Errors: an error if servers is empty, if one is nil or is the server of
 // FENCELOCK_TEST_DATABASE_URL (no URL form), or if their users differ.

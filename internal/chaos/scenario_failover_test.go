@@ -21,7 +21,7 @@ const failoverTTL = time.Second
 
 // failoverStats are the figures of one failover run.
 type failoverStats struct {
-	promote     time.Duration // from the crash of the primary to the end of the promotion
+	promote     time.Duration // from the fault to a new primary accepting writes
 	resume      time.Duration // from the promotion to the first acknowledged append after it
 	takeover    time.Duration // from the promotion to the paused holder's lease granted anew
 	heldAtCrash int           // leases of the lease workers held when the primary crashed
@@ -68,7 +68,9 @@ func TestScenarioFailover(t *testing.T) {
 			t.Parallel()
 			report := &Report{Scenario: "10-failover-" + tc.desc}
 			for run := range runs(1) {
-				s := failoverRun(t, report, tc.sync, tc.lag)
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+				s := failoverRun(t, ctx, report, pairCluster(t, ctx, tc.sync, tc.lag))
+				cancel()
 				t.Logf("chaos: failover scenario=%s run=%d %s", report.Scenario, run, s)
 				report.AddTakeover(s.takeover)
 			}
@@ -77,11 +79,50 @@ func TestScenarioFailover(t *testing.T) {
 	}
 }
 
-// failoverRun runs one failover of a fresh primary and standby and checks its history.
-func failoverRun(t *testing.T, report *Report, syncRep bool, lag time.Duration) failoverStats {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	const leaseName, advName, churnName, pausedName = "lease", "adv", "churn", "paused"
+// Scenario 10 on the cluster users run: Patroni (etcd as its store, asynchronous replication,
+// its default), one leader and one replica on loopback, under the same load and checks. The
+// fault is a planned `patronictl switchover` (Patroni shuts the leader down cleanly, so
+// nothing is lost) or the leader killed (SIGKILL of Patroni and its postmaster), after which
+// Patroni promotes the replica once the leader key expires (ttl 5 s). The paused holder's
+// lessor talks to the old leader alone: after a switchover it refuses writes (ErrReadOnly),
+// after a kill it is gone.
+func TestScenarioPatroni(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"switchover", "kill-leader"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			report := &Report{Scenario: "10-patroni-" + mode}
+			for run := range runs(1) {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				s := failoverRun(t, ctx, report, patroniCluster(t, ctx, mode))
+				cancel()
+				t.Logf("chaos: failover scenario=%s run=%d %s", report.Scenario, run, s)
+				report.AddTakeover(s.takeover)
+			}
+			logReport(t, report)
+		})
+	}
+}
+
+// Resources of scenario 10.
+const leaseName, advName, churnName, pausedName = "lease", "adv", "churn", "paused"
+
+// failoverCluster is a replicated cluster of scenario 10, its database ready (the register
+// set up and replicated), and the fault to inject.
+type failoverCluster struct {
+	pool   *pgxpool.Pool // the database through a multi-host URL: follows the primary
+	direct *pgxpool.Pool // the database on the current primary alone, for the paused holder
+	sync   bool          // synchronous replication: nothing acknowledged may be lost
+	lag    time.Duration // how long replication is paused before the fault (0: not paused)
+	// pause stops replication for the lag modes.
+	pause func(ctx context.Context) error
+	// failover injects the fault and returns once a new primary accepts writes.
+	failover func(ctx context.Context) error
+}
+
+// pairCluster is a primary and a streaming standby from pgtest; the fault is the primary's
+// crash (immediate shutdown) and the standby's promotion.
+func pairCluster(t *testing.T, ctx context.Context, syncRep bool, lag time.Duration) *failoverCluster {
 	primary := pgtest.NewServer(t, pgtest.Crashable())
 	db := primary.NewDB(t)
 	require.NoError(t, SetupRegister(ctx, db.Pool, leaseName, advName, pausedName))
@@ -93,7 +134,60 @@ func failoverRun(t *testing.T, report *Report, syncRep bool, lag time.Duration) 
 	require.NoError(t, err)
 	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=16")
 	require.NoError(t, err)
-	defer pool.Close()
+	t.Cleanup(pool.Close)
+	return &failoverCluster{
+		pool: pool, direct: db.Pool, sync: syncRep, lag: lag,
+		pause: func(ctx context.Context) error {
+			_, err := primary.PauseWALSenders(ctx)
+			return err
+		},
+		failover: func(ctx context.Context) error {
+			if err := primary.Crash(ctx); err != nil {
+				return err
+			}
+			// The promoted server runs alone, asynchronously: the standby was made before the
+			// primary set synchronous_standby_names (ALTER SYSTEM writes a file, not WAL).
+			return standby.Promote(ctx)
+		},
+	}
+}
+
+// patroniCluster is a two-node Patroni cluster; the fault is a switchover or the leader's
+// kill.
+func patroniCluster(t *testing.T, ctx context.Context, mode string) *failoverCluster {
+	c := pgtest.NewPatroni(t, 2)
+	db := c.NewDB(t)
+	require.NoError(t, SetupRegister(ctx, db.Pool, leaseName, advName, pausedName))
+	require.NoError(t, c.WaitReplay(ctx))
+	leader, err := c.Leader(ctx)
+	require.NoError(t, err)
+	leaderURL, err := c.NodeURL(leader, db.Name)
+	require.NoError(t, err)
+	direct, err := pgxpool.New(ctx, leaderURL)
+	require.NoError(t, err)
+	t.Cleanup(direct.Close)
+	pool, err := pgxpool.New(ctx, db.URL+"&pool_max_conns=16")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return &failoverCluster{
+		pool: pool, direct: direct,
+		failover: func(ctx context.Context) error {
+			var change pgtest.LeaderChange
+			var err error
+			if mode == "switchover" {
+				change, err = c.Switchover(ctx, "")
+			} else {
+				change, err = c.KillLeader(ctx)
+			}
+			t.Logf("patroni %s: %s -> %s, timeline %d, %v", mode, change.From, change.To, change.Timeline, change.Elapsed)
+			return err
+		},
+	}
+}
+
+// failoverRun runs one failover of fc under load and checks its history.
+func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failoverCluster) failoverStats {
+	pool := fc.pool
 	rec := newRecorder(t, ctx, pool)
 	backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))
 
@@ -115,16 +209,15 @@ func failoverRun(t *testing.T, report *Report, syncRep bool, lag time.Duration) 
 	// so the promotion loses its grant, as the issue's measurement had it; with synchronous
 	// replication a grant would wait for the paused sender, so it takes the lease first.
 	pause := func() {
-		if lag > 0 {
-			_, err := primary.PauseWALSenders(ctx)
-			require.NoError(t, err)
-			rec.Record(Op{Kind: KindFault, Value: "pause-wal-sender"})
+		if fc.lag > 0 {
+			require.NoError(t, fc.pause(ctx))
+			rec.Record(Op{Kind: KindFault, Value: "pause-replication"})
 		}
 	}
-	if !syncRep {
+	if !fc.sync {
 		pause()
 	}
-	sleeper, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("paused"))
+	sleeper, err := fencelock.NewLessor(fc.direct, fencelock.WithHolder("paused"))
 	require.NoError(t, err)
 	held, ok := acquireRecorded(ctx, rec, sleeper, "paused", pausedName, failoverTTL)
 	require.True(t, ok, "the paused holder's grant")
@@ -139,19 +232,15 @@ func failoverRun(t *testing.T, report *Report, syncRep bool, lag time.Duration) 
 	// the crash, since the paused holder renews it until then.
 	taker := &leaseWorker{rec: rec, pool: pool, worker: "taker", name: pausedName, ttl: failoverTTL, writes: 4, gap: 10 * time.Millisecond, opts: []fencelock.Option{backoff}}
 	wg.Go(func() { taker.run(wctx) })
-	if syncRep {
+	if fc.sync {
 		pause()
 	}
-	time.Sleep(lag)
+	time.Sleep(fc.lag)
 
 	crashed := rec.Now()
-	require.NoError(t, primary.Crash(ctx))
-	rec.Record(Op{Kind: KindFault, Value: "crash-primary", Invoke: crashed, Return: rec.Now()})
-	// The promoted server runs alone, asynchronously: the standby was made before the primary
-	// set synchronous_standby_names (ALTER SYSTEM writes a file, not WAL), so it has none.
-	require.NoError(t, standby.Promote(ctx))
+	require.NoError(t, fc.failover(ctx))
 	promoted := rec.Now()
-	rec.Record(Op{Kind: KindFault, Value: "promote-standby", Invoke: crashed, Return: promoted})
+	rec.Record(Op{Kind: KindFault, Value: "failover", Invoke: crashed, Return: promoted})
 
 	// The paused holder wakes once the taker has written on the new primary, and writes with
 	// its old token.
@@ -188,7 +277,7 @@ func failoverRun(t *testing.T, report *Report, syncRep bool, lag time.Duration) 
 		require.NoError(t, err)
 	}
 	h := rec.History()
-	vs := CheckFailover(h, fences, doneSlack, checkTimeout, syncRep)
+	vs := CheckFailover(h, fences, doneSlack, checkTimeout, fc.sync)
 	for i, v := range vs {
 		if i == 20 {
 			t.Errorf("... and %d more violations", len(vs)-i)
