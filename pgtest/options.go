@@ -1,12 +1,14 @@
 package pgtest
 
 import (
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 )
 
-// Option configures a server started by [Start] or [NewServer]. Options are validated when
+// Option configures a server started by [Start] or [NewServer] (or a cluster of
+// [StartPatroni]). Options are validated when
 // they are applied: an invalid option makes Start return an error (and NewServer fail the
 // test) before anything is started.
 type Option func(*config)
@@ -99,4 +101,17 @@ func AsyncCommit() Option {
 		WithSetting("synchronous_commit", "off")(c)
 		WithSetting("wal_writer_delay", "10s")(c)
 	}
+}
+
+// parseOptions applies opts to a fresh config and returns it, or every option error joined.
+func parseOptions(opts []Option) (config, error) {
+	var c config
+	for _, opt := range opts {
+		if opt == nil {
+			c.errs = append(c.errs, errors.New("pgtest: nil Option"))
+			continue
+		}
+		opt(&c)
+	}
+	return c, errors.Join(c.errs...)
 }

@@ -125,15 +125,8 @@ func StartPatroni(ctx context.Context, nodes int, opts ...Option) (*PatroniClust
 	if nodes < 1 || nodes > patroniMaxNodes {
 		return nil, fmt.Errorf("pgtest: patroni: %d nodes: want 1 to %d", nodes, patroniMaxNodes)
 	}
-	var c config
-	for _, opt := range opts {
-		if opt == nil {
-			c.errs = append(c.errs, errors.New("pgtest: nil Option"))
-			continue
-		}
-		opt(&c)
-	}
-	if err := errors.Join(c.errs...); err != nil {
+	c, err := parseOptions(opts)
+	if err != nil {
 		return nil, err
 	}
 	settings := append(slices.Clone(defaultSettings), setting{"full_page_writes", "on"}, setting{"wal_log_hints", "on"})

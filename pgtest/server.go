@@ -113,15 +113,8 @@ type Server struct {
 // (container), settings fsync=off, full_page_writes=off, max_connections=300,
 // shared_buffers=64MB, then [WithSetting] values.
 func Start(ctx context.Context, opts ...Option) (*Server, error) {
-	var c config
-	for _, opt := range opts {
-		if opt == nil {
-			c.errs = append(c.errs, errors.New("pgtest: nil Option"))
-			continue
-		}
-		opt(&c)
-	}
-	if err := errors.Join(c.errs...); err != nil {
+	c, err := parseOptions(opts)
+	if err != nil {
 		return nil, err
 	}
 	settings := append(slices.Clone(defaultSettings), c.settings...)

@@ -24,16 +24,16 @@ type failoverStats struct {
 	promote     time.Duration // from the fault to a new primary accepting writes
 	resume      time.Duration // from the promotion to the first acknowledged append after it
 	takeover    time.Duration // from the promotion to the paused holder's lease granted anew
-	heldAtCrash int           // leases of the lease workers held when the primary crashed
-	lost        int           // of those, how many ended lost (Done closed, not released)
+	heldAtCrash int           // leases of the lease workers held at the fault
+	kept        int           // of those, how many carried on across the failover
 	acked       int           // acknowledged appends
 	writesLost  int           // acknowledged appends missing from the final ledgers
 	afterLoss   int           // appends with an older token accepted after a newer write was lost
 }
 
 func (s failoverStats) String() string {
-	return fmt.Sprintf("promote=%s resume=%s takeover=%s held_at_crash=%d leases_lost=%d acked_writes=%d writes_lost=%d older_after_loss=%d",
-		fmtDur(s.promote), fmtDur(s.resume), fmtDur(s.takeover), s.heldAtCrash, s.lost, s.acked, s.writesLost, s.afterLoss)
+	return fmt.Sprintf("promote=%s resume=%s takeover=%s held_at_fault=%d kept=%d acked_writes=%d writes_lost=%d older_after_loss=%d",
+		fmtDur(s.promote), fmtDur(s.resume), fmtDur(s.takeover), s.heldAtCrash, s.kept, s.acked, s.writesLost, s.afterLoss)
 }
 
 // Scenario 10: the primary of a streaming-replication pair crashes (immediate shutdown) under
@@ -50,7 +50,7 @@ func (s failoverStats) String() string {
 // accepted after a newer one that committed for good; the paused holder's late write is
 // rejected as stale; Done closes by the end of each holder's trust window; with synchronous
 // replication, no acknowledged write is lost and the history is linearizable. Reported: time
-// to promote, to resume writes and to take the paused holder's lease over, leases lost and,
+// to promote, to resume writes and to take the paused holder's lease over, leases kept and,
 // with asynchronous replication, acknowledged writes lost.
 func TestScenarioFailover(t *testing.T) {
 	t.Parallel()
@@ -305,41 +305,47 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 			}
 		}
 	}
-	s.heldAtCrash, s.lost = heldAtCrash(h, crashed)
+	s.heldAtCrash, s.kept = heldAtCrash(h, crashed, promoted)
 	return s
 }
 
-// heldAtCrash counts the leases of the lease workers (name "lease") held at time crashed, and
-// of those the ones that ended lost (Done closed) rather than released. (Advisory locks held
-// at the crash are all lost with their sessions.)
-func heldAtCrash(h History, crashed time.Duration) (held, lost int) {
+// heldAtCrash counts the leases of the lease workers (name "lease") held at time crashed
+// (granted before it, not ended by a Done closing or a release before it), and of those the
+// ones kept across the failover: their holder made an acknowledged append with the lease's
+// token invoked after time promoted (the lease was renewed on the new primary and still
+// trusted). (Advisory locks held at the crash are all lost with their sessions.)
+func heldAtCrash(h History, crashed, promoted time.Duration) (held, kept int) {
 	type key struct {
 		worker string
 		token  int64
 	}
-	ended := map[key]Op{}
+	ended := map[key]time.Duration{}
+	keptAfter := map[key]bool{}
 	for _, op := range h {
-		if op.Kind == KindDone || op.Kind == KindRelease {
-			k := key{op.Worker, op.Token}
-			if prev, ok := ended[k]; !ok || op.Invoke < prev.Invoke {
-				ended[k] = op
+		k := key{op.Worker, op.Token}
+		switch {
+		case op.Kind == KindDone || op.Kind == KindRelease:
+			if prev, ok := ended[k]; !ok || op.Invoke < prev {
+				ended[k] = op.Invoke
 			}
+		case op.Kind == KindAppend && op.Outcome == OK && op.Invoke >= promoted:
+			keptAfter[k] = true
 		}
 	}
 	for _, op := range h {
-		if op.Kind != KindGrant || op.Outcome != OK || op.Return >= crashed || op.Name != "lease" {
+		if op.Kind != KindGrant || op.Outcome != OK || op.Return >= crashed || op.Name != leaseName {
 			continue
 		}
-		end, ok := ended[key{op.Worker, op.Token}]
-		if ok && end.Invoke < crashed {
+		k := key{op.Worker, op.Token}
+		if end, ok := ended[k]; ok && end < crashed {
 			continue
 		}
 		held++
-		if ok && end.Kind == KindDone && end.Err != fencelock.ErrReleased.Error() {
-			lost++
+		if keptAfter[k] {
+			kept++
 		}
 	}
-	return held, lost
+	return held, kept
 }
 
 // awaitLedger polls the ledger of resource until ok(entries) or ctx ends (at most 30 s).
