@@ -84,6 +84,13 @@ func TestTokensRiseAcrossFailover(t *testing.T) {
 			t.Cleanup(pool.Close)
 			if mode == "sync" {
 				require.NoError(t, primary.SetSynchronousStandbys(ctx, "*"))
+			} else {
+				// A rebase on the standby is refused as read-only, before anything.
+				spool, err := pgxpool.New(ctx, standby.URL(db.Name))
+				require.NoError(t, err)
+				_, err = fencelock.RebaseTokenEpoch(ctx, spool, 0)
+				spool.Close()
+				require.ErrorIs(t, err, fencelock.ErrReadOnly)
 			}
 
 			var old []fencelock.Token
@@ -195,6 +202,26 @@ func TestTokenBudgetExhausted(t *testing.T) {
 		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.desc)
 	}
 	requireNothingHeld(t, b.ctx, b.pool, "lease:0")
+}
+
+// Past the last epoch (65,535: timeline plus offset), every path refuses with ErrTokenBudget
+// and holds nothing, and so does a rebase that would pass it.
+func TestTokenEpochBudgetExhausted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tli := timelineOf(t, b.ctx, b.pool)
+	_, err := b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET epoch_offset = $1`, int32(65536-tli))
+	require.NoError(t, err)
+	for i, tc := range tokenPaths {
+		_, err := tc.issue(t, b.ctx, b.pool, i)
+		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.desc)
+	}
+	requireNothingHeld(t, b.ctx, b.pool)
+
+	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET epoch_offset = 0, last_epoch = 65535`)
+	require.NoError(t, err)
+	_, err = fencelock.RebaseTokenEpoch(b.ctx, b.pool, 0)
+	require.ErrorIs(t, err, fencelock.ErrTokenBudget, "the next epoch would be 65,536")
 }
 
 // requireNothingHeld checks that refused grants left nothing behind: no lease row with a token

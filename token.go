@@ -25,8 +25,9 @@ import (
 // WAL archive) picks that timeline's number again. Tokens issued before migration 00003 have
 // epoch 0 and are smaller than every later token. The budget: 2^47 - 1 grants over the
 // database's life and epochs 1 to 65535; past either, grants fail with [ErrTokenBudget]. Where
-// the timeline went back (pg_upgrade, a logical copy, a base backup restored without
-// recovery), grants fail with [ErrTokenEpochBehind] until [RebaseTokenEpoch]. The timeline as
+// the timeline went back (pg_upgrade, a logical copy), grants fail with [ErrTokenEpochBehind]
+// until [RebaseTokenEpoch]. A base backup started without recovery keeps its timeline with an
+// older sequence, and its tokens repeat: restore with recovery, which starts a new timeline. The timeline as
 // the epoch is the idea of the WAL's own history: PostgreSQL advances it, durably, exactly
 // when a server leaves recovery. docs/FAILOVER.md has the details and the measurements.
 type Token int64
@@ -52,9 +53,8 @@ func (t Token) Sequence() int64 { return int64(t) & (1<<TokenSequenceBits - 1) }
 // RebaseTokenEpoch makes the tokens issued from now on, by the database behind pool, larger
 // than every token it, or the database it was copied from, has issued. A standby's promotion
 // and a point-in-time recovery need nothing: they start a new, higher timeline. pg_upgrade (it
-// starts the new cluster on timeline 1), a logical copy (pg_dump and restore, logical
-// replication) onto another cluster and a base backup restored without recovery take the
-// timeline back: grants then fail with [ErrTokenEpochBehind] (the database remembers the
+// starts the new cluster on timeline 1) and a logical copy (pg_dump and restore, logical
+// replication) onto another cluster take the timeline back: grants then fail with [ErrTokenEpochBehind] (the database remembers the
 // highest epoch it issued tokens in) until RebaseTokenEpoch is called on it. A logical copy
 // that left out fencelock.token_epoch cannot know: call RebaseTokenEpoch after any copy, before
 // any grant there. Let the standbys replay it (or use synchronous replication) before a

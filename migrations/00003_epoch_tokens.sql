@@ -31,8 +31,9 @@
 -- a standby that never saw a newer timeline's history file, with no shared archive, picks
 -- that timeline's number again), a point-in-time recovery. What does not: pg_upgrade (it
 -- starts the new cluster on timeline 1), a logical copy (pg_dump and restore, logical
--- replication) into another cluster, a base backup restored without recovery. The highest
--- epoch issued is kept in fencelock.token_epoch.last_epoch: where the epoch is now below it,
+-- replication) into another cluster; nor does a base backup restored without recovery, which
+-- keeps its timeline with an older sequence (nothing here can see that). The highest epoch
+-- issued is kept in fencelock.token_epoch.last_epoch: where the epoch is now below it,
 -- next_token refuses with SQLSTATE FL003 (fencelock.ErrTokenEpochBehind) instead of issuing a
 -- smaller token; fencelock.rebase_token_epoch() then raises epoch_offset above every epoch the
 -- database has seen (and its argument, for tokens kept only elsewhere).
@@ -114,10 +115,16 @@ LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     top bigint;
-    tli bigint := fencelock.timeline();
+    tli bigint;
     off bigint;
     last bigint;
 BEGIN
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '25006',
+            MESSAGE = 'fencelock: rebase_token_epoch on a hot standby: run it on the primary';
+    END IF;
+    tli := fencelock.timeline();
     SELECT greatest(
         (SELECT max(l.token) FROM fencelock.leases AS l),
         (SELECT max(f.token) FROM fencelock.fences AS f),
@@ -174,7 +181,7 @@ BEGIN
     IF epoch < coalesce(last, 0) THEN
         RAISE EXCEPTION USING
             ERRCODE = 'FL003',
-            MESSAGE = format('fencelock: token epoch %s is below epoch %s, the highest this database has issued tokens in: the timeline went back (pg_upgrade, a logical copy, a restored backup)', epoch, last),
+            MESSAGE = format('fencelock: token epoch %s is below epoch %s, the highest this database has issued tokens in: the timeline went back (pg_upgrade, a logical copy)', epoch, last),
             HINT = 'SELECT fencelock.rebase_token_epoch() (fencelock.RebaseTokenEpoch) raises the epoch above every earlier one';
     END IF;
     IF epoch > 65535 THEN

@@ -34,17 +34,18 @@ const (
 // Patroni timings, in seconds, set in bootstrap.dcs. Patroni 3.0.2 (Debian 12) takes them as
 // they are; newer releases raise values below their floors (ttl 20, loop_wait 1,
 // retry_timeout 3) with a warning in their log (config.py, _validate_and_adjust_timeouts),
-// which makes a failover take about 20 s instead of 5 but still works.
+// which makes a failover take about 20 s instead of 8 but still works.
 const (
 	// patroniTTL is the leader key's lease: a killed leader's key expires after it, and a
 	// replica takes over at its next loop. It respects Patroni's rule
 	// loop_wait + 2*retry_timeout <= ttl.
-	patroniTTL = 5
+	patroniTTL = 8
 	// patroniLoopWait is the pause between two runs of Patroni's HA loop.
 	patroniLoopWait = 1
 	// patroniRetryTimeout bounds Patroni's retries of etcd and PostgreSQL operations before
-	// a leader demotes itself.
-	patroniRetryTimeout = 2
+	// a leader demotes itself: 3 s, so that a loaded test machine (etcd fsyncs every write)
+	// does not demote a healthy leader.
+	patroniRetryTimeout = 3
 )
 
 // PatroniCluster is a high-availability PostgreSQL cluster run by Patroni with a one-member
@@ -109,10 +110,9 @@ type LeaderChange struct {
 // starts in sessions of their own, out of reach of the parent-death signal) and removes the
 // temp dir. ctx bounds the start, which also stops after two minutes.
 //
-// Defaults: DCS etcd v3 API (Patroni's etcd3 section; no --enable-v2); ttl 5 s, loop_wait
-// 1 s, retry_timeout 2 s, so that a killed leader is replaced in about 5 s (4.6 to 5.5 s
-// measured, 10 s under load; Patroni releases newer than 3.0.2 raise ttl to their floor of
-// 20 s and log a warning); use_pg_rewind and replication slots on; watchdog off; initdb
+// Defaults: DCS etcd v3 API (Patroni's etcd3 section; no --enable-v2); ttl 8 s, loop_wait
+// 1 s, retry_timeout 3 s, so that a killed leader is replaced in about 8 s (Patroni releases
+// newer than 3.0.2 raise ttl to their floor of 20 s and log a warning); use_pg_rewind and replication slots on; watchdog off; initdb
 // with UTF8, locale C, --no-sync; pg_basebackup with --checkpoint=fast; trust authentication for 127.0.0.1 (replication included);
 // PostgreSQL settings fsync=off, full_page_writes=on (pg_rewind needs it), wal_log_hints=on,
 // max_connections=300, shared_buffers=64MB, then [WithSetting] values ([Crashable] changes
@@ -252,8 +252,9 @@ type patroniMember struct {
 }
 
 // Leader returns the name of the member that holds the leader key in etcd, as the REST API
-// (GET /cluster) of the first running member that answers reports it. Right after a leader
-// dies its key lives on until its TTL (5 s) expires, so Leader may name a dead node then;
+// (GET /cluster) of the first running member that answers reports it (when that member
+// reports no leader, Leader says so without asking the others). Right after a leader
+// dies its key lives on until its TTL (8 s) expires, so Leader may name a dead node then;
 // [PatroniCluster.KillLeader] and [PatroniCluster.Switchover] wait for the new leader
 // themselves. Safe for concurrent use.
 //
@@ -427,7 +428,8 @@ func (c *PatroniCluster) waitStreaming(ctx context.Context, leader *patroniNode)
 // concurrent switchovers and failovers of one cluster race each other.
 //
 // Errors: an unknown or killed candidate, or the leader itself; patronictl's error with its
-// output; on timeout, one wrapping [context.DeadlineExceeded] with patronictl's output.
+// output (if the deadline ends patronictl, its error is "signal: killed"); on a timeout
+// while waiting for the new leader or its replicas, one wrapping [context.DeadlineExceeded].
 func (c *PatroniCluster) Switchover(ctx context.Context, candidate string) (LeaderChange, error) {
 	ctx, cancel := context.WithTimeout(ctx, leaderChangeTimeout)
 	defer cancel()
@@ -469,7 +471,7 @@ func (c *PatroniCluster) Switchover(ctx context.Context, candidate string) (Lead
 
 // KillLeader kills (SIGKILL) the leader's Patroni process and then its postmaster, the way a
 // machine dies, and waits until Patroni's automatic failover has made another running member
-// the leader and it accepts writes: the old leader's key expires after its TTL (5 s), then a
+// the leader and it accepts writes: the old leader's key expires after its TTL (8 s), then a
 // replica takes it at its next HA loop and promotes itself (a new timeline). It then waits
 // until the remaining members stream from the new leader and returns the change, Elapsed
 // measured from the kill. The killed member stays down until [PatroniCluster.RestartNode]. It
@@ -523,6 +525,15 @@ func (c *PatroniCluster) RestartNode(ctx context.Context, node string) error {
 	leader, _, err := c.waitLeader(ctx, nil)
 	if err == nil {
 		err = c.waitStreaming(ctx, leader)
+	}
+	if err == nil {
+		// Streaming means received, not replayed: a database created while the node was down
+		// would answer "does not exist" there, and pgx would stop at it (see URL).
+		var conn *pgx.Conn
+		if conn, err = pgx.Connect(ctx, leader.url("postgres")); err == nil {
+			err = c.waitReplicas(ctx, leader, conn)
+			conn.Close(context.WithoutCancel(ctx))
+		}
 	}
 	if err != nil {
 		return fmt.Errorf("pgtest: patroni: restart %s: %w\n%s", node, err, c.nodeLog(n))
@@ -612,9 +623,15 @@ func (c *PatroniCluster) waitReplicas(ctx context.Context, leader *patroniNode, 
 		if n == leader {
 			continue
 		}
-		rc, err := pgx.Connect(ctx, n.url("postgres"))
+		// A replica Patroni is (re)starting refuses connections for a moment: retry.
+		var rc *pgx.Conn
+		err := poll(ctx, "replica "+n.name+" accepts connections", func() (bool, error) {
+			var err error
+			rc, err = pgx.Connect(ctx, n.url("postgres"))
+			return err == nil, err
+		})
 		if err != nil {
-			return fmt.Errorf("replica %s: %w", n.name, err)
+			return err
 		}
 		err = pollReplay(ctx, rc, target)
 		rc.Close(context.WithoutCancel(ctx))

@@ -271,8 +271,9 @@ func TestPatroniHelperProcess(t *testing.T) {
 }
 
 // TestPatroniDiesWithTestBinary checks that a cluster whose test binary is killed (SIGKILL, so
-// no cleanup runs) goes away: etcd and Patroni by the parent-death signal, the postmasters
-// and the temp dir by the janitor.
+// no cleanup runs) goes away: no postmaster listens any more and the temp dir is removed,
+// both by the janitor. (etcd and Patroni get the parent-death signal; this test does not
+// check their ports.)
 func TestPatroniDiesWithTestBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs PostgreSQL")

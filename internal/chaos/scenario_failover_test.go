@@ -22,8 +22,8 @@ const failoverTTL = time.Second
 // failoverStats are the figures of one failover run.
 type failoverStats struct {
 	promote     time.Duration // from the fault to a new primary accepting writes
-	resume      time.Duration // from the promotion to the first acknowledged append after it
-	takeover    time.Duration // from the promotion to the paused holder's lease granted anew
+	resume      time.Duration // from the promotion to the first acknowledged append returned after it
+	takeover    time.Duration // from the fault to the paused holder's lease granted anew
 	heldAtCrash int           // leases of the lease workers held at the fault
 	kept        int           // of those, how many carried on across the failover
 	acked       int           // acknowledged appends
@@ -82,7 +82,8 @@ func TestScenarioFailover(t *testing.T) {
 // Scenario 10 on the cluster users run: Patroni (etcd as its store, asynchronous replication,
 // its default), one leader and one replica on loopback, under the same load and checks. The
 // fault is a planned `patronictl switchover` (Patroni shuts the leader down cleanly, so
-// nothing is lost) or the leader killed (SIGKILL of Patroni and its postmaster), after which
+// nothing acknowledged may be lost: checked as under synchronous replication) or the leader
+// killed (SIGKILL of Patroni and its postmaster), after which
 // Patroni promotes the replica once the leader key expires (ttl 5 s). The paused holder's
 // lessor talks to the old leader alone: after a switchover it refuses writes (ErrReadOnly),
 // after a kill it is gone.
@@ -112,12 +113,13 @@ const leaseName, advName, churnName, pausedName = "lease", "adv", "churn", "paus
 type failoverCluster struct {
 	pool   *pgxpool.Pool // the database through a multi-host URL: follows the primary
 	direct *pgxpool.Pool // the database on the current primary alone, for the paused holder
-	sync   bool          // synchronous replication: nothing acknowledged may be lost
+	sync   bool          // synchronous replication, or a planned switchover: nothing acknowledged may be lost
 	lag    time.Duration // how long replication is paused before the fault (0: not paused)
 	// pause stops replication for the lag modes.
 	pause func(ctx context.Context) error
-	// failover injects the fault and returns once a new primary accepts writes.
-	failover func(ctx context.Context) error
+	// failover injects the fault and returns once a new primary accepts writes, with the
+	// wall-clock times of the fault and of the promotion.
+	failover func(ctx context.Context) (fault, promoted time.Time, err error)
 }
 
 // pairCluster is a primary and a streaming standby from pgtest; the fault is the primary's
@@ -141,13 +143,15 @@ func pairCluster(t *testing.T, ctx context.Context, syncRep bool, lag time.Durat
 			_, err := primary.PauseWALSenders(ctx)
 			return err
 		},
-		failover: func(ctx context.Context) error {
+		failover: func(ctx context.Context) (time.Time, time.Time, error) {
+			fault := time.Now()
 			if err := primary.Crash(ctx); err != nil {
-				return err
+				return fault, time.Time{}, err
 			}
 			// The promoted server runs alone, asynchronously: the standby was made before the
 			// primary set synchronous_standby_names (ALTER SYSTEM writes a file, not WAL).
-			return standby.Promote(ctx)
+			err := standby.Promote(ctx)
+			return fault, time.Now(), err
 		},
 	}
 }
@@ -170,17 +174,20 @@ func patroniCluster(t *testing.T, ctx context.Context, mode string) *failoverClu
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return &failoverCluster{
-		pool: pool, direct: direct,
-		failover: func(ctx context.Context) error {
+		// A switchover shuts the leader down cleanly: its replica has all its WAL before it is
+		// promoted, so nothing acknowledged may be lost, as with synchronous replication.
+		pool: pool, direct: direct, sync: mode == "switchover",
+		failover: func(ctx context.Context) (time.Time, time.Time, error) {
 			var change pgtest.LeaderChange
 			var err error
+			fault := time.Now()
 			if mode == "switchover" {
 				change, err = c.Switchover(ctx, "")
 			} else {
 				change, err = c.KillLeader(ctx)
 			}
 			t.Logf("patroni %s: %s -> %s, timeline %d, %v", mode, change.From, change.To, change.Timeline, change.Elapsed)
-			return err
+			return fault, fault.Add(change.Elapsed), err
 		},
 	}
 }
@@ -195,7 +202,9 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	defer stop()
 	var wg sync.WaitGroup
 	for i := range 3 {
-		w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("w%d", i), name: leaseName, ttl: failoverTTL, writes: 4, gap: 5 * time.Millisecond, opts: []fencelock.Option{backoff}}
+		// Each grant makes 30 appends 10 ms apart: a lease held at the fault is still in use
+		// after a quick promotion, so whether it was kept shows.
+		w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("w%d", i), name: leaseName, ttl: failoverTTL, writes: 30, gap: 10 * time.Millisecond, opts: []fencelock.Option{backoff}}
 		wg.Go(func() { w.run(wctx) })
 	}
 	wg.Go(func() { advisoryAppender(t, wctx, rec, pool, "adv", advName) })
@@ -237,9 +246,9 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	}
 	time.Sleep(fc.lag)
 
-	crashed := rec.Now()
-	require.NoError(t, fc.failover(ctx))
-	promoted := rec.Now()
+	fault, promotedAt, err := fc.failover(ctx)
+	require.NoError(t, err)
+	crashed, promoted := rec.Since(fault), rec.Since(promotedAt)
 	rec.Record(Op{Kind: KindFault, Value: "failover", Invoke: crashed, Return: promoted})
 
 	// The paused holder wakes once the taker has written on the new primary, and writes with
@@ -296,12 +305,12 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 		switch {
 		case op.Kind == KindAppend && op.Outcome == OK:
 			s.acked++
-			if op.Invoke >= promoted && (s.resume < 0 || op.Return-promoted < s.resume) {
+			if op.Return >= promoted && (s.resume < 0 || op.Return-promoted < s.resume) {
 				s.resume = op.Return - promoted
 			}
-		case op.Kind == KindGrant && op.Outcome == OK && op.Name == pausedName && op.Return >= promoted:
-			if s.takeover < 0 || op.Return-promoted < s.takeover {
-				s.takeover = op.Return - promoted
+		case op.Kind == KindGrant && op.Outcome == OK && op.Worker == "taker" && op.Return >= crashed:
+			if s.takeover < 0 || op.Return-crashed < s.takeover {
+				s.takeover = op.Return - crashed
 			}
 		}
 	}
