@@ -55,16 +55,17 @@ var (
 	ErrTokenSequence = errors.New("fencelock: token sequence misconfigured (CACHE > 1, CYCLE or INCREMENT <= 0); no token issued")
 	// ErrTokenBudget is returned, wrapping the server's error (SQLSTATE FL002), when a token
 	// would not fit the layout of [Token]: the sequence fencelock.leases_token_seq is past
-	// 2^47 - 1, or the epoch (timeline plus offset) is past 65535. No token is issued and nothing is
-	// held: a token that no longer carries the epoch could go backwards after a failover.
-	// Migration 00003 fails with the same SQLSTATE when the sequence is already past 2^47 - 1.
+	// 2^47 - 1, or the epoch (timeline plus offset) is past 65535. No token is issued and
+	// nothing is held: a token that no longer carries the epoch could go backwards after a
+	// failover. Migration 00003 fails with the same SQLSTATE when the sequence is already past
+	// 2^47 - 1, and so does [RebaseTokenEpoch] when the epoch would pass 65535.
 	ErrTokenBudget = errors.New("fencelock: token budget exhausted (sequence past 2^47 - 1 or epoch past 65535); no token issued")
 	// ErrTokenEpochBehind is returned, wrapping the server's error (SQLSTATE FL003), when the
 	// server's token epoch (timeline plus offset, see [Token]) is below the highest epoch the
 	// database has issued tokens in: the timeline went back, as it does after pg_upgrade or a
-	// logical copy (dump and restore) onto another cluster. No token is
-	// issued and nothing is held, since every new token would be smaller than tokens already
-	// handed out. [RebaseTokenEpoch] fixes it.
+	// logical copy (dump and restore) onto another cluster. No token is issued and nothing is
+	// held, since every new token would be smaller than tokens already handed out.
+	// [RebaseTokenEpoch] fixes it.
 	ErrTokenEpochBehind = errors.New("fencelock: token epoch below the highest one issued (timeline went back: pg_upgrade, logical copy?); call RebaseTokenEpoch; no token issued")
 )
 

@@ -151,8 +151,8 @@ func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
 // [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
 // [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; an
 // error wrapping [ErrTokenSequence] for a misconfigured token sequence, [ErrTokenBudget]
-// when the token budget is spent or [ErrTokenEpochBehind] when the epoch went back; otherwise the pgx
-// error, wrapped. If ctx ends while the grant is in flight, the grant may
+// when the token budget is spent or [ErrTokenEpochBehind] when the epoch went back;
+// otherwise the pgx error, wrapped. If ctx ends while the grant is in flight, the grant may
 // have happened on the server: TryAcquire then ends it (scoped to this holder) before it
 // returns, so nothing is left held.
 func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
@@ -328,7 +328,7 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, aband
 	l.mu.Unlock()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	cerr := l.awaitBackendExit(cctx, pid)
+	cerr := awaitBackendExit(cctx, l.pool, pid)
 	if cerr == nil {
 		_, cerr = l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.holder, KeepTokens: keep})
 	}
@@ -364,17 +364,11 @@ func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
 	if cancelled == 0 {
 		return nil
 	}
-	return l.awaitBackendExit(cctx, pid)
-}
-
-// awaitBackendExit polls, every 2ms, until no backend with pid is left, or ctx ends. There
-// is no event to wait on: Postgres does not notify a backend's exit.
-func (l *Lessor) awaitBackendExit(ctx context.Context, pid uint32) error {
-	return awaitBackendExit(ctx, l.pool, pid)
+	return awaitBackendExit(cctx, l.pool, pid)
 }
 
 // awaitBackendExit polls pool, every 2ms, until no backend with pid is left in this database,
-// or ctx ends.
+// or ctx ends. There is no event to wait on: Postgres does not notify a backend's exit.
 func awaitBackendExit(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
 	for {
 		var alive bool

@@ -24,6 +24,7 @@ type FencelockLease struct {
 type FencelockTokenEpoch struct {
 	ID          bool
 	EpochOffset int32
+	LastEpoch   int32
 }
 
 type FencelockTokenFlush struct {
