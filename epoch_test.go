@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -470,4 +472,61 @@ func TestMigrationWaitsForTokenTransactions(t *testing.T) {
 	}))
 	require.Greater(t, later, y)
 	require.Positive(t, later.Epoch())
+}
+
+// A second promotion: primary A with standbys B and C; A dies and B is promoted (timeline 2)
+// and grants; B dies before C follows it, and C is promoted. With a WAL archive the three
+// share, C finds B's timeline history there and takes timeline 3: its tokens are above B's.
+// Without one (the control), C takes timeline 2 again and its tokens fall below B's: the
+// hazard docs/FAILOVER.md describes, which epoch tokens cannot see.
+func TestTokensRiseAcrossSecondPromotion(t *testing.T) {
+	t.Parallel()
+	for _, shared := range []bool{true, false} {
+		t.Run(map[bool]string{true: "SharedArchive", false: "ControlNoArchive"}[shared], func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			opts := []pgtest.Option{pgtest.Crashable()}
+			if shared {
+				opts = append(opts, pgtest.WALArchive())
+			}
+			a := pgtest.NewServer(t, opts...)
+			db := a.NewDB(t)
+			b := a.NewStandby(t)
+			c := a.NewStandby(t)
+			require.NoError(t, a.Crash(ctx))
+			require.NoError(t, b.Promote(ctx))
+			bpool, err := pgxpool.New(ctx, b.URL(db.Name))
+			require.NoError(t, err)
+			t.Cleanup(bpool.Close)
+			var top fencelock.Token
+			for i := range 50 {
+				token, err := tokenPaths[0].issue(t, ctx, bpool, i)
+				require.NoError(t, err)
+				top = max(top, token)
+			}
+			require.EqualValues(t, 2, top.Epoch())
+			if shared {
+				history := filepath.Join(b.WALArchive(), "00000002.history")
+				require.Eventually(t, func() bool {
+					_, err := os.Stat(history)
+					return err == nil
+				}, 30*time.Second, 10*time.Millisecond, "B archives its timeline history")
+			}
+			require.NoError(t, b.Crash(ctx))
+			require.NoError(t, c.Promote(ctx))
+			cpool, err := pgxpool.New(ctx, c.URL(db.Name))
+			require.NoError(t, err)
+			t.Cleanup(cpool.Close)
+			token, err := tokenPaths[0].issue(t, ctx, cpool, 100)
+			require.NoError(t, err)
+			if shared {
+				require.EqualValues(t, 3, token.Epoch())
+				require.Greater(t, token, top)
+			} else {
+				require.EqualValues(t, 2, token.Epoch(), "control: C reuses timeline 2")
+				require.Less(t, token, top, "control: C's tokens fall below B's")
+			}
+		})
+	}
 }

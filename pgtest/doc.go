@@ -45,7 +45,8 @@
 // server, from a pg_basebackup of it; [Server.WaitReplay] waits until the standby has replayed
 // what the primary committed. [Server.Promote] promotes a standby, [Server.PauseWALSenders]
 // holds its primary's WAL back (lag, for failovers that lose commits),
-// [Server.SetSynchronousStandbys] makes replication synchronous, and [ClusterURL] gives one
+// [Server.SetSynchronousStandbys] makes replication synchronous, [WALArchive] gives a primary
+// and its standbys a shared WAL archive, and [ClusterURL] gives one
 // multi-host URL (target_session_attrs=read-write) whose pools follow the promotion.
 // [NewPatroni] (or [StartPatroni]) runs the cluster users run in production: Patroni members
 // with etcd as their store, on loopback, with [PatroniCluster.Switchover] and

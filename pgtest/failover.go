@@ -253,3 +253,13 @@ func ClusterURL(database string, servers ...*Server) (string, error) {
 	u.RawQuery = q.Encode()
 	return u.String(), nil
 }
+
+// WALArchive returns the directory of the WAL archive that [WALArchive] gave s or, for a
+// standby, its primary; "" when there is none. The archive lives in the primary's temp dir:
+// closing the primary removes it. Safe for concurrent use.
+func (s *Server) WALArchive() string {
+	if s.kind != kindLocal {
+		return ""
+	}
+	return s.local.archiveDir
+}

@@ -252,6 +252,20 @@ type localServer struct {
 	// paused are the pids of the WAL senders PauseWALSenders stopped (SIGSTOP) and nothing
 	// has resumed or killed since.
 	paused []int
+	// archiveDir is the WAL archive (WALArchive) of the server or, for a standby, of its
+	// primary; "" if none. It lives in the primary's dir.
+	archiveDir string
+}
+
+// archiveSettings are the settings of a server whose WAL archive is dir: every finished
+// segment and history file is copied there (once: a file already archived is kept), and
+// recovery reads from it.
+func archiveSettings(dir string) []setting {
+	return []setting{
+		{"archive_mode", "on"},
+		{"archive_command", "test ! -f " + dir + "/%f && cp %p " + dir + "/%f"},
+		{"restore_command", "cp " + dir + "/%f %p"},
+	}
 }
 
 // run is one postmaster process. A goroutine owned by the run waits for the process and
@@ -272,7 +286,7 @@ func (r *run) hasExited() bool {
 }
 
 // startLocal starts a server from local binaries on a copy of the pristine cluster.
-func startLocal(ctx context.Context, settings []setting) (*Server, error) {
+func startLocal(ctx context.Context, settings []setting, archive bool) (*Server, error) {
 	b, err := findBinaries()
 	if err != nil {
 		return nil, err
@@ -285,7 +299,7 @@ func startLocal(ctx context.Context, settings []setting) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &localServer{bins: b, cred: cred, flags: commandFlags(settings), pristineRef: true}
+	l := &localServer{bins: b, cred: cred, pristineRef: true}
 	fail := func(err error) (*Server, error) {
 		if l.dir != "" {
 			os.RemoveAll(l.dir)
@@ -298,6 +312,17 @@ func startLocal(ctx context.Context, settings []setting) (*Server, error) {
 	if err := chownTo(l.dir, cred); err != nil {
 		return fail(fmt.Errorf("pgtest: %w", err))
 	}
+	if archive {
+		l.archiveDir = filepath.Join(l.dir, "archive")
+		if err := os.Mkdir(l.archiveDir, 0o700); err != nil {
+			return fail(fmt.Errorf("pgtest: %w", err))
+		}
+		if err := chownTo(l.archiveDir, cred); err != nil {
+			return fail(fmt.Errorf("pgtest: %w", err))
+		}
+		settings = append(settings, archiveSettings(l.archiveDir)...)
+	}
+	l.flags = commandFlags(settings)
 	data := filepath.Join(l.dir, "data")
 	if out, err := command(ctx, cred, l.dir, "cp", "-a", pdata, data).CombinedOutput(); err != nil {
 		return fail(fmt.Errorf("pgtest: copy cluster: %w\n%s", err, bytes.TrimSpace(out)))

@@ -11,17 +11,17 @@ import (
 var errNoLocal = errors.New("pgtest: local servers and PgBouncer need a Unix-like OS")
 
 // localServer is never created outside Unix.
-type localServer struct{}
+type localServer struct{ archiveDir string }
 
 // run is never created outside Unix.
 type run struct{}
 
-func startLocal(context.Context, []setting) (*Server, error) { return nil, errNoLocal }
-func holdPristine(bool) error                                { return nil }
-func (*localServer) crash(context.Context) error             { return errNoLocal }
-func (*localServer) restart(context.Context) error           { return errNoLocal }
-func (*localServer) isRunning() bool                         { return false }
-func (*localServer) close() error                            { return nil }
+func startLocal(context.Context, []setting, bool) (*Server, error) { return nil, errNoLocal }
+func holdPristine(bool) error                                      { return nil }
+func (*localServer) crash(context.Context) error                   { return errNoLocal }
+func (*localServer) restart(context.Context) error                 { return errNoLocal }
+func (*localServer) isRunning() bool                               { return false }
+func (*localServer) close() error                                  { return nil }
 func (*localServer) startStandby(context.Context, *url.URL) (*localServer, *url.URL, error) {
 	return nil, nil, errNoLocal
 }

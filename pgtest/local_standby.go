@@ -58,7 +58,7 @@ func (l *localServer) startStandby(ctx context.Context, primary *url.URL) (*loca
 			return nil, nil, fmt.Errorf("pgtest: start standby: pg_basebackup is neither in %s nor on PATH", l.bins.dir)
 		}
 	}
-	sl := &localServer{bins: l.bins, cred: l.cred, flags: l.flags}
+	sl := &localServer{bins: l.bins, cred: l.cred, flags: l.flags, archiveDir: l.archiveDir}
 	var err error
 	if sl.dir, err = os.MkdirTemp("", "pgtest-standby-*"); err != nil {
 		return nil, nil, fmt.Errorf("pgtest: start standby: %w", err)

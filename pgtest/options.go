@@ -17,6 +17,7 @@ type Option func(*config)
 type config struct {
 	settings  []setting
 	crashable bool
+	archive   bool // WALArchive
 	errs      []error
 }
 
@@ -25,6 +26,16 @@ type config struct {
 // it makes [Start] fail. Fault tests that crash the server pass it.
 func Crashable() Option {
 	return func(c *config) { c.crashable = true }
+}
+
+// WALArchive gives the server a WAL archive, a fresh directory that its standbys
+// ([Server.StartStandby]) share: archive_mode=on, archive_command copying each finished WAL
+// segment and history file there, and restore_command reading from it. A standby then knows,
+// when it is promoted, every timeline an earlier promotion archived, and numbers its own above
+// them, as a shared archive does in production. [Server.WALArchive] returns the directory;
+// closing the server removes it. It implies [Crashable] (local binaries).
+func WALArchive() Option {
+	return func(c *config) { c.archive, c.crashable = true, true }
 }
 
 // setting is one postgresql.conf parameter passed on the server's command line.

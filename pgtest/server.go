@@ -121,7 +121,7 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 
 	switch mode := os.Getenv(EnvServer); {
 	case mode == "local", c.crashable && mode == "":
-		return startLocal(ctx, settings)
+		return startLocal(ctx, settings, c.archive)
 	case mode == "docker" && c.crashable:
 		return nil, fmt.Errorf("pgtest: a Crashable server needs local binaries, but %s=docker", EnvServer)
 	case mode == "docker":
@@ -142,7 +142,7 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 		}
 		dockerErr = err
 	}
-	s, localErr := startLocal(ctx, settings)
+	s, localErr := startLocal(ctx, settings, false)
 	if localErr != nil {
 		return nil, fmt.Errorf("pgtest: no PostgreSQL server could be started:\n\tdocker: %w\n\tlocal binaries: %w", dockerErr, localErr)
 	}
