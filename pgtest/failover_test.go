@@ -30,6 +30,17 @@ func rows(t *testing.T, pool *pgxpool.Pool) []string {
 	return got
 }
 
+// kvPair starts a crashable primary with a database holding an empty table kv(v text), and a
+// standby of it.
+func kvPair(t *testing.T) (primary *pgtest.Server, db *pgtest.DB, standby *pgtest.Server) {
+	t.Helper()
+	primary = pgtest.NewServer(t, pgtest.Crashable())
+	db = primary.NewDB(t)
+	_, err := db.Pool.Exec(testContext(t), `CREATE TABLE kv (v text PRIMARY KEY)`)
+	require.NoError(t, err)
+	return primary, db, primary.NewStandby(t)
+}
+
 // A failover as an asynchronous HA setup has it: WAL senders paused (the standby lags), the
 // primary crashes, the standby is promoted. The commit the standby never received is lost,
 // the promoted server is on a new timeline, and a pool made from ClusterURL follows it.
@@ -79,13 +90,9 @@ func TestServer_Promote_AsyncLosesLaggedCommits(t *testing.T) {
 func TestServer_Promote_SyncKeepsAcknowledgedCommits(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	primary := pgtest.NewServer(t, pgtest.Crashable())
-	db := primary.NewDB(t)
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE kv (v text PRIMARY KEY)`)
-	require.NoError(t, err)
-	standby := primary.NewStandby(t)
+	primary, db, standby := kvPair(t)
 	require.NoError(t, primary.SetSynchronousStandbys(ctx, "*"))
-	_, err = db.Pool.Exec(ctx, `INSERT INTO kv VALUES ('acked')`)
+	_, err := db.Pool.Exec(ctx, `INSERT INTO kv VALUES ('acked')`)
 	require.NoError(t, err)
 
 	_, err = primary.PauseWALSenders(ctx)
@@ -125,11 +132,7 @@ func TestServer_Promote_SyncKeepsAcknowledgedCommits(t *testing.T) {
 func TestServer_PauseResumeWALSenders(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
-	primary := pgtest.NewServer(t, pgtest.Crashable())
-	db := primary.NewDB(t)
-	_, err := db.Pool.Exec(ctx, `CREATE TABLE kv (v text PRIMARY KEY)`)
-	require.NoError(t, err)
-	standby := primary.NewStandby(t)
+	primary, db, standby := kvPair(t)
 	sdb, err := pgxpool.New(ctx, standby.URL(db.Name))
 	require.NoError(t, err)
 	defer sdb.Close()

@@ -264,10 +264,7 @@ func TestServerDiesWithTestBinary(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	// The child's temp dirs are left behind by design: give it a dir to leave them in.
-	tmp, err := os.MkdirTemp("", "pgtest-child-*")
-	require.NoError(t, err)
-	require.NoError(t, os.Chmod(tmp, 0o755)) // the server user must reach the child's dirs
-	t.Cleanup(func() { os.RemoveAll(tmp) })
+	tmp := childTempDir(t)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"=1", "TMPDIR="+tmp, pgtest.EnvServer+"=local")
