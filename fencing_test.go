@@ -68,7 +68,7 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 			b := setup(t)
 			a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
 			c := newLessor(t, b.pool, "c")
-			la, err := a.TryAcquire(b.ctx, "job", 300*time.Millisecond)
+			la, err := a.Acquire(b.ctx, "job", 300*time.Millisecond)
 			require.NoError(t, err)
 
 			tx, err := b.pool.Begin(b.ctx)

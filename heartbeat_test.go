@@ -109,7 +109,7 @@ func TestPollersCannotCostHolderItsLease(t *testing.T) {
 	// A 200 ms heartbeat leaves room for three renewal attempts in the trust window: the
 	// fewer the attempts, the likelier that pollers holding the row lock make all of them skip.
 	holder := newLessor(t, b.pool, "holder", fencelock.WithHeartbeatInterval(200*time.Millisecond))
-	lease, err := holder.TryAcquire(b.ctx, "hot", 300*time.Millisecond)
+	lease, err := holder.Acquire(b.ctx, "hot", 300*time.Millisecond)
 	require.NoError(t, err)
 	ctx, stop := context.WithTimeout(b.ctx, 4*time.Second)
 	defer stop()
@@ -300,7 +300,7 @@ func TestFailedReleaseStopsRenewals(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	l := newLessor(t, b.pool, "h", fencelock.WithHeartbeatInterval(20*time.Millisecond))
-	lease, err := l.TryAcquire(b.ctx, "job", 600*time.Millisecond)
+	lease, err := l.Acquire(b.ctx, "job", 600*time.Millisecond)
 	require.NoError(t, err)
 	cancelled, cancel := context.WithCancel(b.ctx)
 	cancel()
@@ -330,7 +330,7 @@ func readExpiry(t *testing.T, b *bundle, name string) time.Time {
 func TestAcquireWaitCappedByRemainingTTL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder, err := newLessor(t, b.pool, "holder", fencelock.WithoutHeartbeat()).TryAcquire(b.ctx, "job", 300*time.Millisecond)
+	holder, err := newLessor(t, b.pool, "holder", fencelock.WithoutHeartbeat()).Acquire(b.ctx, "job", 300*time.Millisecond)
 	require.NoError(t, err)
 	slow := newLessor(t, b.pool, "slow", fencelock.WithBackoff(fencelock.ExponentialBackoff(4*time.Second, 10*time.Second)))
 	start := time.Now()

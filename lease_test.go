@@ -47,7 +47,7 @@ func TestLease(t *testing.T) {
 		a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
 		c := newLessor(t, b.pool, "c", fastBackoff)
 
-		la, err := a.TryAcquire(b.ctx, "job", 300*time.Millisecond)
+		la, err := a.Acquire(b.ctx, "job", 300*time.Millisecond)
 		require.NoError(t, err)
 		_, err = c.TryAcquire(b.ctx, "job", time.Second)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
@@ -70,7 +70,7 @@ func TestLease(t *testing.T) {
 		b := setup(t)
 		a := newLessor(t, b.pool, "a")
 		c := newLessor(t, b.pool, "c")
-		la, err := a.TryAcquire(b.ctx, "job", 150*time.Millisecond)
+		la, err := a.Acquire(b.ctx, "job", 150*time.Millisecond)
 		require.NoError(t, err)
 		// Wait for several renewals: each moves ExpiresAt on the database clock.
 		first := la.ExpiresAt()
@@ -170,7 +170,7 @@ func TestPausedHolderIsFenced(t *testing.T) {
 	old := newLessor(t, b.pool, "old", fencelock.WithoutHeartbeat())
 	cur := newLessor(t, b.pool, "new", fastBackoff)
 
-	lo, err := old.TryAcquire(b.ctx, "payment:1", 200*time.Millisecond)
+	lo, err := old.Acquire(b.ctx, "payment:1", 200*time.Millisecond)
 	require.NoError(t, err)
 	// "Pause": the old holder does nothing while the new one waits out its TTL.
 	ln, err := cur.Acquire(b.ctx, "payment:1", 5*time.Second)
@@ -349,7 +349,7 @@ func TestHeartbeatStopsAfterTrustWindowLoss(t *testing.T) {
 	b := setup(t)
 	ignore := goleak.IgnoreCurrent()
 	a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
-	l, err := a.TryAcquire(b.ctx, "job", 50*time.Millisecond)
+	l, err := a.Acquire(b.ctx, "job", 50*time.Millisecond)
 	require.NoError(t, err)
 	waitDone(t, l, 5*time.Second)
 	require.ErrorIs(t, l.Err(), fencelock.ErrTrustWindowExpired)

@@ -124,7 +124,7 @@ func TestRunLocked(t *testing.T) {
 		b := setup(t)
 		a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
 		c := newLessor(t, b.pool, "c", fastBackoff)
-		la, err := a.TryAcquire(b.ctx, "job", 200*time.Millisecond)
+		la, err := a.Acquire(b.ctx, "job", 200*time.Millisecond)
 		require.NoError(t, err)
 		var got fencelock.Token
 		require.NoError(t, c.RunLocked(b.ctx, "job", func(_ context.Context, _ pgxTx, token fencelock.Token) error {
