@@ -24,14 +24,16 @@ type failoverStats struct {
 	promote    time.Duration // from the fault to a new primary accepting writes
 	resume     time.Duration // from the promotion to the first acknowledged append returned after it
 	takeover   time.Duration // from the fault to the paused holder's lease granted anew
+	held       int           // leases of the long holders held at the fault
+	lost       int           // of those, the ones whose Done closed with a loss
 	acked      int           // acknowledged appends
 	writesLost int           // acknowledged appends missing from the final ledgers
 	afterLoss  int           // appends with an older token accepted after a newer write was lost
 }
 
 func (s failoverStats) String() string {
-	return fmt.Sprintf("promote=%s resume=%s takeover=%s acked_writes=%d writes_lost=%d older_after_loss=%d",
-		fmtDur(s.promote), fmtDur(s.resume), fmtDur(s.takeover), s.acked, s.writesLost, s.afterLoss)
+	return fmt.Sprintf("promote=%s resume=%s takeover=%s leases_held=%d leases_lost=%d acked_writes=%d writes_lost=%d older_after_loss=%d",
+		fmtDur(s.promote), fmtDur(s.resume), fmtDur(s.takeover), s.held, s.lost, s.acked, s.writesLost, s.afterLoss)
 }
 
 // Scenario 10: the primary of a streaming-replication pair crashes (immediate shutdown) under
@@ -106,6 +108,13 @@ func TestScenarioPatroni(t *testing.T) {
 // Resources of scenario 10.
 const leaseName, advName, churnName, pausedName = "lease", "adv", "churn", "paused"
 
+// heldNames are the leases of the long holders, which hold them from before the fault to the
+// end of the run unless they lose them.
+var heldNames = []string{"held:0", "held:1"}
+
+// registerNames are the ledgers of scenario 10.
+var registerNames = append([]string{leaseName, advName, pausedName}, heldNames...)
+
 // failoverCluster is a replicated cluster of scenario 10, its database ready (the register
 // set up and replicated), and the fault to inject.
 type failoverCluster struct {
@@ -125,7 +134,7 @@ type failoverCluster struct {
 func pairCluster(t *testing.T, ctx context.Context, syncRep bool, lag time.Duration) *failoverCluster {
 	primary := pgtest.NewServer(t, pgtest.Crashable())
 	db := primary.NewDB(t)
-	require.NoError(t, SetupRegister(ctx, db.Pool, leaseName, advName, pausedName))
+	require.NoError(t, SetupRegister(ctx, db.Pool, registerNames...))
 	standby := primary.NewStandby(t)
 	if syncRep {
 		require.NoError(t, primary.SetSynchronousStandbys(ctx, "*"))
@@ -162,7 +171,7 @@ func pairCluster(t *testing.T, ctx context.Context, syncRep bool, lag time.Durat
 func patroniCluster(t *testing.T, ctx context.Context, mode string) *failoverCluster {
 	c := pgtest.NewPatroni(t, 2)
 	db := c.NewDB(t)
-	require.NoError(t, SetupRegister(ctx, db.Pool, leaseName, advName, pausedName))
+	require.NoError(t, SetupRegister(ctx, db.Pool, registerNames...))
 	require.NoError(t, c.WaitReplay(ctx))
 	leader, err := c.Leader(ctx)
 	require.NoError(t, err)
@@ -199,6 +208,8 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	rec := newRecorder(t, ctx, pool)
 	backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))
 
+	var watchers sync.WaitGroup
+	defer watchers.Wait()
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	var wg sync.WaitGroup
@@ -208,6 +219,9 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	}
 	wg.Go(func() { advisoryAppender(t, wctx, rec, pool, "adv", advName) })
 	wg.Go(func() { tokenChurn(t, wctx, rec, pool, "churn", churnName) })
+	for i, name := range heldNames {
+		wg.Go(func() { longHolder(wctx, rec, pool, fmt.Sprintf("hold%d", i), name, &watchers) })
+	}
 	time.Sleep(jitter(300*time.Millisecond, 500*time.Millisecond))
 
 	// The paused holder takes its lease just before the crash, through a pool of the old
@@ -229,8 +243,6 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	require.NoError(t, err)
 	held, ok := acquireRecorded(ctx, rec, sleeper, "paused", pausedName, failoverTTL)
 	require.True(t, ok, "the paused holder's grant")
-	var watchers sync.WaitGroup
-	defer watchers.Wait()
 	sleeperWorker := &leaseWorker{rec: rec, worker: "paused"}
 	watchers.Go(func() { sleeperWorker.watch(held) })
 	sleeperApp := &Appender{Pool: pool, Rec: rec, Worker: "paused", Holder: "paused"}
@@ -278,7 +290,7 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	watchers.Wait()
 
 	fences := map[string]int64{}
-	for _, name := range []string{leaseName, advName, pausedName} {
+	for _, name := range registerNames {
 		_, err := ReadLedger(ctx, pool, rec, "checker", name)
 		require.NoError(t, err)
 		fences[name], err = FenceOf(ctx, pool, name)
@@ -299,6 +311,7 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 
 	s := failoverStats{promote: promoted - crashed, resume: -1, takeover: -1}
 	_, s.afterLoss = OlderTokenAccepts(h)
+	s.held, s.lost = longHoldersLost(h, crashed)
 	s.writesLost = LostWrites(h)
 	for _, op := range h {
 		switch {
@@ -314,6 +327,47 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 		}
 	}
 	return s
+}
+
+// longHolder takes lease name once and holds it, making a fenced append every 50 ms while its
+// own check finds it held, until ctx ends (then it releases it) or it loses the lease.
+func longHolder(ctx context.Context, rec *Recorder, pool *pgxpool.Pool, worker, name string, watchers *sync.WaitGroup) {
+	l, err := fencelock.NewLessor(pool, fencelock.WithHolder(worker))
+	if err != nil {
+		panic(err)
+	}
+	lease, ok := acquireRecorded(ctx, rec, l, worker, name, failoverTTL)
+	if !ok {
+		return
+	}
+	w := &leaseWorker{rec: rec, worker: worker}
+	watchers.Go(func() { w.watch(lease) })
+	app := &Appender{Pool: pool, Rec: rec, Worker: worker, Holder: worker}
+	for ctx.Err() == nil && checkHeld(rec, worker, lease) {
+		_ = app.Append(ctx, name, lease.Token())
+		sleepCtx(ctx, 50*time.Millisecond)
+	}
+	releaseRecorded(rec, worker, lease)
+}
+
+// longHoldersLost counts the long holders' leases granted before time crashed, and of those
+// the ones whose Done closed with a loss (anything but a release).
+func longHoldersLost(h History, crashed time.Duration) (held, lost int) {
+	done := map[int64]string{}
+	for _, op := range h {
+		if op.Kind == KindDone && strings.HasPrefix(op.Worker, "hold") {
+			done[op.Token] = op.Err
+		}
+	}
+	for _, op := range h {
+		if op.Kind == KindGrant && op.Outcome == OK && strings.HasPrefix(op.Worker, "hold") && op.Return < crashed {
+			held++
+			if e, ok := done[op.Token]; ok && e != fencelock.ErrReleased.Error() {
+				lost++
+			}
+		}
+	}
+	return held, lost
 }
 
 // awaitLedger polls the ledger of resource until ok(entries) or ctx ends (at most 30 s).
