@@ -154,13 +154,14 @@ const syncStandbyTimeout = 30 * time.Second
 // replication), until the setting reads empty; otherwise (for example "*": any one standby)
 // until pg_stat_replication shows a standby in sync state "sync" or "quorum", so that every
 // commit from then on waits until a standby has flushed its WAL (with synchronous_commit on,
-// the default). It waits at most 30 s, less if ctx ends first. ALTER SYSTEM writes
-// postgresql.auto.conf, which a base backup copies: a standby started later inherits the
-// setting (see [Server.Promote]). Safe for concurrent use.
+// the default), polling every 50 ms from fresh sessions. It waits at most 30 s, less if ctx
+// ends first. ALTER SYSTEM writes postgresql.auto.conf, which a base backup copies: a standby
+// started later inherits the setting (see [Server.Promote]). Safe for concurrent use.
 //
 // Errors: an error if s is a standby; one if synchronous_standby_names was set on the command
 // line ([WithSetting]), which ALTER SYSTEM cannot override; on timeout, one wrapping
-// [context.DeadlineExceeded]; connection and SQL errors.
+// [context.DeadlineExceeded] and the last connection or SQL error; connection and SQL
+// errors of the ALTER SYSTEM.
 func (s *Server) SetSynchronousStandbys(ctx context.Context, names string) error {
 	if s.primary.Load() != nil {
 		return errors.New("pgtest: set synchronous standbys: this server is a standby")
@@ -190,29 +191,15 @@ func (s *Server) SetSynchronousStandbys(ctx context.Context, names string) error
 	// poll from fresh sessions until one sees the value.
 	q := `SELECT current_setting('synchronous_standby_names') = $1 AND
 		($1 = '' OR EXISTS (SELECT FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')))`
-	delay := 5 * time.Millisecond
-	for {
+	return poll(ctx, fmt.Sprintf("set synchronous standbys to %q: not in force (no synchronous standby?)", names), func() (bool, error) {
 		var done bool
 		c, err := s.connect(ctx, s.maintDB)
 		if err == nil {
 			err = c.QueryRow(ctx, q, names).Scan(&done)
 			c.Close(context.WithoutCancel(ctx))
 		}
-		if err != nil {
-			return fmt.Errorf("pgtest: set synchronous standbys: %w", err)
-		}
-		if done {
-			return nil
-		}
-		timer := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return fmt.Errorf("pgtest: set synchronous standbys to %q: not in force (no synchronous standby?): %w", names, ctx.Err())
-		case <-timer.C:
-		}
-		delay = min(2*delay, 100*time.Millisecond)
-	}
+		return done, err
+	})
 }
 
 // ClusterURL returns one connection string for database on all of servers, a primary and its

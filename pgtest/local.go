@@ -366,12 +366,25 @@ func (l *localServer) startOnFreePort(ctx context.Context, data string) (*url.UR
 
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ports, err := freePorts(1)
 	if err != nil {
-		return 0, fmt.Errorf("pgtest: free port: %w", err)
+		return 0, err
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return ports[0], nil
+}
+
+// freePorts returns n distinct TCP ports of 127.0.0.1 that were free a moment ago.
+func freePorts(n int) ([]int, error) {
+	ports := make([]int, n)
+	for i := range ports {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("pgtest: free port: %w", err)
+		}
+		defer ln.Close() // held until all are chosen, so that they differ
+		ports[i] = ln.Addr().(*net.TCPAddr).Port
+	}
+	return ports, nil
 }
 
 func isBindError(log string) bool {

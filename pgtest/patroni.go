@@ -332,7 +332,7 @@ var errNoMember = errors.New("no member is running")
 
 // poll calls try every 50 ms until it reports done, until the reason it gives wraps
 // errNoMember or errExited (hopeless), or until ctx ends; it then returns an error wrapping
-// that reason (and ctx's error), prefixed with what.
+// that reason (and ctx's error), prefixed with "pgtest: " and what.
 func poll(ctx context.Context, what string, try func() (done bool, reason error)) error {
 	for {
 		done, reason := try()
@@ -340,13 +340,13 @@ func poll(ctx context.Context, what string, try func() (done bool, reason error)
 			return nil
 		}
 		if errors.Is(reason, errNoMember) || errors.Is(reason, errExited) {
-			return fmt.Errorf("pgtest: patroni: %s: %w", what, reason)
+			return fmt.Errorf("pgtest: %s: %w", what, reason)
 		}
 		timer := time.NewTimer(50 * time.Millisecond)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
-			return fmt.Errorf("pgtest: patroni: %s: %w (last: %w)", what, ctx.Err(), reason)
+			return fmt.Errorf("pgtest: %s: %w (last: %w)", what, ctx.Err(), reason)
 		case <-timer.C:
 		}
 	}
@@ -378,7 +378,7 @@ func (c *PatroniCluster) tryLeader(ctx context.Context, accept func(string) bool
 func (c *PatroniCluster) waitLeader(ctx context.Context, accept func(string) bool) (*patroniNode, int, error) {
 	var leader *patroniNode
 	var timeline int
-	err := poll(ctx, "wait for a leader that accepts writes", func() (bool, error) {
+	err := poll(ctx, "patroni: wait for a leader that accepts writes", func() (bool, error) {
 		var err error
 		leader, timeline, err = c.tryLeader(ctx, accept)
 		return err == nil, err
@@ -413,7 +413,7 @@ func (c *PatroniCluster) tryStreaming(ctx context.Context, leader *patroniNode) 
 
 // waitStreaming polls tryStreaming until it succeeds.
 func (c *PatroniCluster) waitStreaming(ctx context.Context, leader *patroniNode) error {
-	return poll(ctx, "wait for the replicas to stream from "+leader.name, func() (bool, error) {
+	return poll(ctx, "patroni: wait for the replicas to stream from "+leader.name, func() (bool, error) {
 		err := c.tryStreaming(ctx, leader)
 		return err == nil, err
 	})
@@ -625,7 +625,7 @@ func (c *PatroniCluster) waitReplicas(ctx context.Context, leader *patroniNode, 
 		}
 		// A replica Patroni is (re)starting refuses connections for a moment: retry.
 		var rc *pgx.Conn
-		err := poll(ctx, "replica "+n.name+" accepts connections", func() (bool, error) {
+		err := poll(ctx, "patroni: replica "+n.name+" accepts connections", func() (bool, error) {
 			var err error
 			rc, err = pgx.Connect(ctx, n.url("postgres"))
 			return err == nil, err

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -79,20 +78,6 @@ func findPatroniPrograms() ([]string, error) {
 	return paths, nil
 }
 
-// freePorts returns n distinct TCP ports of 127.0.0.1 that were free a moment ago.
-func freePorts(n int) ([]int, error) {
-	ports := make([]int, n)
-	for i := range ports {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("pgtest: free port: %w", err)
-		}
-		defer ln.Close() // held until all are chosen, so that they differ
-		ports[i] = ln.Addr().(*net.TCPAddr).Port
-	}
-	return ports, nil
-}
-
 func startPatroni(ctx context.Context, nodes int, settings []setting) (*PatroniCluster, error) {
 	b, err := findBinaries()
 	if err != nil {
@@ -160,7 +145,7 @@ func startPatroni(ctx context.Context, nodes int, settings []setting) (*PatroniC
 			return fail(err)
 		}
 	}
-	err = poll(ctx, "bootstrap", func() (bool, error) {
+	err = poll(ctx, "patroni: bootstrap", func() (bool, error) {
 		if len(c.running()) < nodes {
 			return false, fmt.Errorf("a member %w", errExited)
 		}
@@ -211,7 +196,7 @@ func (c *PatroniCluster) startEtcd(ctx context.Context, bin, client, peer string
 		return err
 	}
 	c.procs.etcd = r
-	err = poll(ctx, "wait for etcd", func() (bool, error) {
+	err = poll(ctx, "patroni: wait for etcd", func() (bool, error) {
 		if r.hasExited() {
 			return false, fmt.Errorf("etcd %w", errExited)
 		}
