@@ -345,9 +345,9 @@ func fenceOnly(ctx context.Context, pool *pgxpool.Pool, resource string, token f
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fencelock.FenceTx(ctx, tx, resource, token) })
 }
 
-// A least-privilege role can take tokens on every path: one granted before migration 00003
-// keeps working (the migration extends its grants), and one granted after needs the list
-// docs/FAILOVER.md gives.
+// A least-privilege role can take tokens on every path: one granted before migration 00003,
+// directly or through PUBLIC, keeps working (the migration extends the grants), and one
+// granted after needs the list docs/FAILOVER.md gives.
 func TestTokenPathsForUnprivilegedRole(t *testing.T) {
 	t.Parallel()
 	const baseGrants = `GRANT USAGE ON SCHEMA fencelock TO %[1]s;
@@ -360,6 +360,7 @@ func TestTokenPathsForUnprivilegedRole(t *testing.T) {
 		grants string
 	}{
 		{"GrantedBeforeMigration", true, baseGrants},
+		{"GrantedToPublicBeforeMigration", true, strings.ReplaceAll(baseGrants, "%[1]s", "PUBLIC")},
 		{"GrantedAfter", false, baseGrants + `; GRANT SELECT, UPDATE (last_epoch) ON fencelock.token_epoch TO %[1]s`},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {

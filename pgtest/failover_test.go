@@ -102,10 +102,19 @@ func TestServer_Promote_SyncKeepsAcknowledgedCommits(t *testing.T) {
 		_, err := db.Pool.Exec(context.WithoutCancel(ctx), `INSERT INTO kv VALUES ('held')`)
 		held <- err
 	}()
+	// The commit waits for the standby: its backend shows the SyncRep wait event.
+	mon, err := pgx.Connect(ctx, primary.URL("postgres"))
+	require.NoError(t, err)
+	defer mon.Close(context.Background())
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := mon.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event = 'SyncRep')`).Scan(&waiting)
+		return err == nil && waiting
+	}, 30*time.Second, 5*time.Millisecond, "no commit waits for the synchronous standby")
 	select {
 	case err := <-held:
 		t.Fatalf("a commit returned (%v) while the synchronous standby's sender was paused", err)
-	case <-time.After(300 * time.Millisecond): // the commit must still be waiting
+	default:
 	}
 	require.NoError(t, primary.Crash(ctx))
 	require.Error(t, <-held, "the held commit was never acknowledged")
