@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -68,19 +67,14 @@ const closeTimeout = 5 * time.Second
 // An AdvisoryLocker is safe for concurrent use. It needs no Close: it runs no goroutine of its
 // own but a watchdog round, every [WithWatchdogInterval] while it holds session locks.
 type AdvisoryLocker struct {
-	pool      *pgxpool.Pool
-	q         *db.Queries
-	namespace string
-	hash      KeyHash
-	watchdog  time.Duration
-	maxHeld   int
-	tokens    bool
-	log       *slog.Logger
+	pool     *pgxpool.Pool
+	q        *db.Queries
+	cfg      advisoryConfig
+	watchdog *loop // advisory_watchdog.go; runs while a session lock is held
 
-	mu       sync.Mutex
-	held     map[AdvisoryKey]*heldEntry // held and being acquired session locks
-	watch    *time.Timer                // the next watchdog round; nil while no lock is held
-	watchGen uint64                     // arming count, so a stale round never re-arms a new timer
+	mu        sync.Mutex
+	held      map[AdvisoryKey]*heldEntry // held and being acquired session locks
+	nextProbe time.Time                  // when the watchdog next probes the held locks
 }
 
 type heldEntry struct {
@@ -100,42 +94,16 @@ type heldEntry struct {
 //     smaller (at least 1) ([WithMaxHeld])
 //   - fencing tokens: off ([WithFencingTokens])
 //   - logger: discards ([WithLogger])
-func NewAdvisoryLocker(pool *pgxpool.Pool, opts ...Option) (*AdvisoryLocker, error) {
+func NewAdvisoryLocker(pool *pgxpool.Pool, opts ...AdvisoryOption) (*AdvisoryLocker, error) {
 	if pool == nil {
 		return nil, argError("pool", "must not be nil")
 	}
-	cfg, err := applyOptions("an AdvisoryLocker", lessorOnly, opts)
+	cfg, err := newAdvisoryConfig(pool, opts)
 	if err != nil {
 		return nil, err
 	}
-	a := &AdvisoryLocker{
-		pool:      pool,
-		q:         db.New(),
-		namespace: cfg.namespace,
-		hash:      cfg.keyHash,
-		watchdog:  cfg.watchdog,
-		maxHeld:   cfg.maxHeld,
-		tokens:    cfg.tokens,
-		log:       cfg.logger,
-		held:      make(map[AdvisoryKey]*heldEntry),
-	}
-	if a.namespace == "" {
-		a.namespace = DefaultNamespace
-	}
-	if a.hash == nil {
-		a.hash = SHA256KeyHash
-	}
-	if a.watchdog == 0 {
-		a.watchdog = DefaultWatchdogInterval
-	}
-	if a.maxHeld == 0 {
-		// Every session lock holds a pooled connection: leave at least one to the rest of the
-		// application.
-		a.maxHeld = max(1, min(DefaultMaxHeld, int(pool.Config().MaxConns)-1))
-	}
-	if a.log == nil {
-		a.log = slog.New(slog.DiscardHandler)
-	}
+	a := &AdvisoryLocker{pool: pool, q: db.New(), cfg: cfg, held: make(map[AdvisoryKey]*heldEntry)}
+	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
 	return a, nil
 }
 
@@ -146,7 +114,7 @@ func (a *AdvisoryLocker) Key(name string) (AdvisoryKey, error) {
 	if err := validateName("name", name); err != nil {
 		return AdvisoryKey{}, err
 	}
-	return Int64Key(a.hash(a.namespace, name)), nil
+	return Int64Key(a.cfg.hash(a.cfg.namespace, name)), nil
 }
 
 // TryLock takes the exclusive session lock of name if it is free, in one statement, on a
@@ -225,8 +193,8 @@ func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 		}
 		return fmt.Errorf("lock %s: %w", describeLock(name, key), ErrAlreadyHeld)
 	}
-	if len(a.held) >= a.maxHeld {
-		return fmt.Errorf("lock %s: %w (cap %d, see WithMaxHeld)", describeLock(name, key), ErrTooManyLocks, a.maxHeld)
+	if len(a.held) >= a.cfg.maxHeld {
+		return fmt.Errorf("lock %s: %w (cap %d, see WithMaxHeld)", describeLock(name, key), ErrTooManyLocks, a.cfg.maxHeld)
 	}
 	a.held[key] = &heldEntry{name: name}
 	return nil
@@ -244,7 +212,7 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	p := db.AdvisoryTryLockParams{
 		StartupPid: int32(startupPID),
 		AppName:    applicationName(name, key),
-		Tokens:     a.tokens,
+		Tokens:     a.cfg.tokens,
 		Pair:       key.pair, K1: key.k1, K2: key.k2, Key: key.key,
 		Shared: mode == Shared,
 	}
@@ -298,7 +266,7 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		conn:    conn,
 		pid:     uint32(row.BackendPid),
 		prevApp: row.PrevApplicationName,
-		done:    make(chan struct{}),
+		ending:  newGrantEnd(),
 	}, nil
 }
 
@@ -313,127 +281,6 @@ func destroySession(ctx context.Context, conn *pgxpool.Conn, cancel bool) {
 		_ = c.PgConn().CancelRequest(cctx) // best effort: closing ends the session anyway
 	}
 	_ = c.Close(cctx)
-}
-
-// AdvisoryLock is a session advisory lock held on a connection of its own. It is safe for
-// concurrent use.
-type AdvisoryLock struct {
-	locker  *AdvisoryLocker
-	name    string
-	key     AdvisoryKey
-	mode    LockMode
-	token   Token
-	pid     uint32
-	prevApp string
-	done    chan struct{}
-
-	connMu sync.Mutex    // serialises use of conn: the watchdog's probe, Unlock
-	conn   *pgxpool.Conn // nil once unlocked or lost
-
-	mu  sync.Mutex
-	err error
-}
-
-// Name returns the lock's name, or "" for a lock taken by key.
-func (lk *AdvisoryLock) Name() string { return lk.name }
-
-// Key returns the advisory key held.
-func (lk *AdvisoryLock) Key() AdvisoryKey { return lk.key }
-
-// Mode returns [Exclusive] or [Shared].
-func (lk *AdvisoryLock) Mode() LockMode { return lk.mode }
-
-// Token returns the grant's fencing token (an int64 > 0) when the locker was built with
-// [WithFencingTokens], else 0.
-func (lk *AdvisoryLock) Token() Token { return lk.token }
-
-// BackendPID returns the pid of the server session that holds the lock (pg_locks.pid).
-func (lk *AdvisoryLock) BackendPID() uint32 { return lk.pid }
-
-// Done returns a channel closed when the lock ends: unlocked, or its session lost.
-func (lk *AdvisoryLock) Done() <-chan struct{} { return lk.done }
-
-// Err returns nil while the lock is held; after Done has closed, [ErrUnlocked] or a
-// [*SessionLostError] (matching [ErrLockLost]).
-func (lk *AdvisoryLock) Err() error {
-	lk.mu.Lock()
-	defer lk.mu.Unlock()
-	return lk.err
-}
-
-func (lk *AdvisoryLock) finish(err error) bool {
-	lk.mu.Lock()
-	defer lk.mu.Unlock()
-	if lk.err != nil {
-		return false
-	}
-	lk.err = err
-	close(lk.done)
-	return true
-}
-
-// takeConn removes and returns the lock's connection, or nil if it is gone already.
-func (lk *AdvisoryLock) takeConn() *pgxpool.Conn {
-	lk.connMu.Lock()
-	defer lk.connMu.Unlock()
-	c := lk.conn
-	lk.conn = nil
-	return c
-}
-
-// Unlock releases the lock and puts the connection back in the pool, in one statement. When
-// the release cannot be confirmed (the statement failed, or the session did not hold the lock)
-// the connection is closed instead, which ends the session and any lock it held. Done closes
-// first, before the statement is sent (Err then reports [ErrUnlocked]): the statement may hang
-// on a broken network, and the holder must stop trusting the lock it is giving up at once.
-//
-// Errors: an error wrapping [ErrNotHeld] if the lock had already ended (Err says why) or the
-// session no longer held it; otherwise pgx's error, wrapped (the session was closed, so
-// nothing is held).
-func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
-	what := func() string { return "unlock " + describeLock(lk.name, lk.key) } // for errors only
-	// Done closes first, before the connection's mutex is taken: the statement below may hang,
-	// and so may a watchdog probe that holds the mutex.
-	ended := !lk.finish(ErrUnlocked)
-	lk.connMu.Lock()
-	conn := lk.conn
-	lk.conn = nil
-	if conn == nil {
-		lk.connMu.Unlock()
-		if cause := lk.Err(); ended && cause != nil {
-			return fmt.Errorf("%s: %w: %w", what(), ErrNotHeld, cause)
-		}
-		return fmt.Errorf("%s: %w: its session was lost", what(), ErrNotHeld)
-	}
-	row, err := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
-		Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
-		Shared:              lk.mode == Shared,
-		PrevApplicationName: lk.prevApp,
-	})
-	switch {
-	case err != nil:
-		destroySession(ctx, conn, false)
-		err = wrapPg(what(), err)
-	case !row.Released:
-		destroySession(ctx, conn, false)
-		err = fmt.Errorf("%s: %w: the session did not hold it; connection closed", what(), ErrNotHeld)
-	default:
-		conn.Release()
-	}
-	lk.connMu.Unlock()
-	lk.locker.unregister(lk)
-	return err
-}
-
-// lost ends a lock whose session failed the watchdog's probe.
-func (lk *AdvisoryLock) lost(cause error) {
-	if conn := lk.takeConn(); conn != nil {
-		destroySession(context.Background(), conn, false)
-	}
-	lk.locker.unregister(lk)
-	if lk.finish(&SessionLostError{Key: lk.key, Name: lk.name, Cause: cause}) {
-		lk.locker.log.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
-	}
 }
 
 var errPIDChanged = errors.New("the connection now reaches another backend")

@@ -1,6 +1,11 @@
 package fencelock
 
-import "time"
+import (
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
 
 // Defaults of [NewAdvisoryLocker].
 const (
@@ -12,35 +17,67 @@ const (
 	DefaultMaxHeld = 64
 )
 
+// advisoryConfig is an AdvisoryLocker's configuration, every default resolved by
+// newAdvisoryConfig.
+type advisoryConfig struct {
+	common    commonConfig
+	namespace string
+	hash      KeyHash
+	watchdog  time.Duration
+	maxHeld   int
+	tokens    bool
+	clock     clock
+}
+
+// newAdvisoryConfig applies opts over the defaults; the cap on held locks depends on pool.
+func newAdvisoryConfig(pool *pgxpool.Pool, opts []AdvisoryOption) (advisoryConfig, error) {
+	c := advisoryConfig{
+		namespace: DefaultNamespace,
+		hash:      SHA256KeyHash,
+		watchdog:  DefaultWatchdogInterval,
+		clock:     systemClock{},
+	}
+	if err := applyAll(opts, func(o AdvisoryOption) error { return o.applyAdvisory(&c) }); err != nil {
+		return advisoryConfig{}, err
+	}
+	if c.maxHeld == 0 {
+		// Every session lock holds a pooled connection: leave at least one to the rest of the
+		// application.
+		c.maxHeld = max(1, min(DefaultMaxHeld, int(pool.Config().MaxConns)-1))
+	}
+	if c.common.logger == nil {
+		c.common.logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
 // WithNamespace sets the namespace that lock names are hashed in ([KeyHash]): lockers with
 // different namespaces derive different keys for the same name. 1 to [MaxNameLength] bytes of
-// UTF-8 without NUL. Applies to [NewAdvisoryLocker] only.
+// UTF-8 without NUL.
 //
 // Default: [DefaultNamespace].
-func WithNamespace(ns string) Option {
-	return func(c *config) error {
-		c.set["WithNamespace"] = true
+func WithNamespace(ns string) AdvisoryOption {
+	return advisoryOption(func(c *advisoryConfig) error {
 		if err := validateName("WithNamespace", ns); err != nil {
 			return err
 		}
 		c.namespace = ns
 		return nil
-	}
+	})
 }
 
 // WithKeyHash sets how names map to advisory keys. h must not be nil; see [KeyHash] for what
-// it must guarantee. Applies to [NewAdvisoryLocker] only.
+// it must guarantee.
 //
 // Default: [SHA256KeyHash].
-func WithKeyHash(h KeyHash) Option {
-	return func(c *config) error {
-		c.set["WithKeyHash"] = true
+func WithKeyHash(h KeyHash) AdvisoryOption {
+	return advisoryOption(func(c *advisoryConfig) error {
 		if h == nil {
 			return argError("WithKeyHash", "must not be nil")
 		}
-		c.keyHash = h
+		c.hash = h
 		return nil
-	}
+	})
 }
 
 // WithWatchdogInterval sets how often the session of each held session lock is probed, a
@@ -48,36 +85,32 @@ func WithKeyHash(h KeyHash) Option {
 // finds another backend behind the connection, ends the lock: its connection is closed and
 // Done closes. So Done closes at most twice the interval after the session is lost, whatever
 // the network does (TCP keepalive, which pgx sets to 5 minutes by default, is not relied on).
-// Applies to [NewAdvisoryLocker] only.
 //
 // Default: [DefaultWatchdogInterval].
-func WithWatchdogInterval(d time.Duration) Option {
-	return func(c *config) error {
-		c.set["WithWatchdogInterval"] = true
+func WithWatchdogInterval(d time.Duration) AdvisoryOption {
+	return advisoryOption(func(c *advisoryConfig) error {
 		if d < 10*time.Millisecond {
 			return argError("WithWatchdogInterval", "is %v; it must be at least 10ms", d)
 		}
 		c.watchdog = d
 		return nil
-	}
+	})
 }
 
 // WithMaxHeld caps the session locks a locker holds at once, n >= 1. Each holds a connection
 // of the pool for as long as it is held (size the pool for it) and a slot of the server's lock
 // table (max_locks_per_transaction x max_connections slots, shared by all sessions); past the
-// cap, lock calls fail with [ErrTooManyLocks] before any SQL runs. Applies to
-// [NewAdvisoryLocker] only.
+// cap, lock calls fail with [ErrTooManyLocks] before any SQL runs.
 //
 // Default: [DefaultMaxHeld], or the pool's MaxConns - 1 if that is smaller (at least 1).
-func WithMaxHeld(n int) Option {
-	return func(c *config) error {
-		c.set["WithMaxHeld"] = true
+func WithMaxHeld(n int) AdvisoryOption {
+	return advisoryOption(func(c *advisoryConfig) error {
 		if n < 1 {
 			return argError("WithMaxHeld", "is %d; it must be >= 1", n)
 		}
 		c.maxHeld = n
 		return nil
-	}
+	})
 }
 
 // WithFencingTokens makes every grant of the locker, session or transaction lock, also draw a
@@ -90,14 +123,12 @@ func WithMaxHeld(n int) Option {
 // before then), even when it falls in a range of the sequence that a rolled-back transaction
 // WAL-logged. A misconfigured token sequence is refused ([ErrTokenSequence]), and so is a
 // grant past the token budget ([ErrTokenBudget]) or on an epoch that went back
-// ([ErrTokenEpochBehind]). Without this option
-// Token() is 0. Applies to [NewAdvisoryLocker] only.
+// ([ErrTokenEpochBehind]). Without this option Token() is 0.
 //
 // Default: off.
-func WithFencingTokens() Option {
-	return func(c *config) error {
-		c.set["WithFencingTokens"] = true
+func WithFencingTokens() AdvisoryOption {
+	return advisoryOption(func(c *advisoryConfig) error {
 		c.tokens = true
 		return nil
-	}
+	})
 }

@@ -25,7 +25,7 @@ func bigPool(t *testing.T, b *bundle) *pgxpool.Pool {
 	return pool
 }
 
-func newLocker(t *testing.T, pool *pgxpool.Pool, opts ...fencelock.Option) *fencelock.AdvisoryLocker {
+func newLocker(t *testing.T, pool *pgxpool.Pool, opts ...fencelock.AdvisoryOption) *fencelock.AdvisoryLocker {
 	t.Helper()
 	a, err := fencelock.NewAdvisoryLocker(pool, opts...)
 	require.NoError(t, err)

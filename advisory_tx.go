@@ -71,7 +71,7 @@ func (a *AdvisoryLocker) lockTx(ctx context.Context, tx pgx.Tx, name string, key
 		return 0, argError("mode", "is %d; want Exclusive or Shared", int(mode))
 	}
 	p := db.AdvisoryTryLockTxParams{
-		Tokens: a.tokens,
+		Tokens: a.cfg.tokens,
 		Pair:   key.pair, K1: key.k1, K2: key.k2, Key: key.key,
 		Shared: mode == Shared,
 	}

@@ -7,33 +7,35 @@ import (
 	"time"
 )
 
-// The watchdog: while an AdvisoryLocker holds session locks, a timer fires a round every
-// interval that probes each held lock's session, all probes at once, each bounded by the
-// interval, and ends the locks whose session failed. No goroutine runs between rounds, so a
-// lock held for less than one interval costs no goroutine at all.
+// The watchdog: while an AdvisoryLocker holds session locks, its loop (loop.go) runs a round
+// every interval that probes each held lock's session, all probes at once, each bounded by the
+// interval, and ends the locks whose session failed. The loop starts with the first lock held
+// and exits when the last one ends, so a locker that holds nothing owns no goroutine.
 
-// register records a granted lock and arms the watchdog if needed.
+// register records a granted lock and starts the watchdog if it is not running.
 func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	a.held[lk.key] = &heldEntry{name: lk.name, lock: lk}
-	if a.watch == nil {
-		a.watchGen++
-		gen := a.watchGen
-		a.watch = time.AfterFunc(a.watchdog, func() { a.round(gen) })
+	start := a.watchdog.startLocked()
+	if start {
+		a.nextProbe = a.cfg.clock.Now().Add(a.cfg.watchdog)
+	}
+	a.mu.Unlock()
+	if start {
+		go a.watchdog.run()
 	}
 }
 
-// unregister forgets a lock that ended, and disarms the watchdog with the last one.
+// unregister forgets a lock that ended; with the last one it wakes the watchdog, which exits.
 func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if e, ok := a.held[lk.key]; ok && e.lock == lk {
 		delete(a.held, lk.key)
 	}
-	if a.watch != nil && len(a.grantedLocked()) == 0 {
-		a.watch.Stop()
-		a.watch = nil
+	empty := len(a.grantedLocked()) == 0
+	a.mu.Unlock()
+	if empty {
+		a.watchdog.poke()
 	}
 }
 
@@ -48,11 +50,23 @@ func (a *AdvisoryLocker) grantedLocked() []*AdvisoryLock {
 	return locks
 }
 
-// round is one watchdog round of arming gen; it re-arms the timer unless the watchdog was
-// disarmed (or disarmed and armed again, a new generation) meanwhile.
-func (a *AdvisoryLocker) round(gen uint64) {
+// watchdogRound is the watchdog loop's step. A round probes every held lock once the probe is
+// due (the first one interval after the loop started, each next one an interval after the
+// previous round ended), all at once, each for at most one interval; a round woken early
+// (a lock ended) only checks whether anything is left.
+func (a *AdvisoryLocker) watchdogRound(now time.Time) (next time.Time, ok bool) {
 	a.mu.Lock()
 	locks := a.grantedLocked()
+	switch {
+	case len(locks) == 0:
+		a.watchdog.stopLocked()
+		a.mu.Unlock()
+		return now, false
+	case now.Before(a.nextProbe):
+		next = a.nextProbe
+		a.mu.Unlock()
+		return next, true
+	}
 	a.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, lk := range locks {
@@ -60,10 +74,10 @@ func (a *AdvisoryLocker) round(gen uint64) {
 	}
 	wg.Wait()
 	a.mu.Lock()
-	if a.watch != nil && a.watchGen == gen {
-		a.watch.Reset(a.watchdog)
-	}
+	a.nextProbe = a.cfg.clock.Now().Add(a.cfg.watchdog)
+	next = a.nextProbe
 	a.mu.Unlock()
+	return next, true
 }
 
 // probe checks one lock's session; a failure ends the lock. A probe that finds the connection
@@ -77,7 +91,7 @@ func (a *AdvisoryLocker) probe(lk *AdvisoryLock) {
 		lk.connMu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), a.watchdog)
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.watchdog)
 	pid, err := a.q.AdvisorySessionCheck(ctx, conn)
 	cancel()
 	lk.connMu.Unlock()

@@ -2,11 +2,9 @@ package fencelock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -61,87 +59,6 @@ func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error
 		return wrapPg(fmt.Sprintf("fence %q: read high-water mark", resource), err)
 	}
 	return &StaleTokenError{Resource: resource, Token: token, Current: Token(cur)}
-}
-
-// GuardTx checks, inside tx, that this grant is still current on the database: the lease row
-// still has this holder and token and has not expired on the database clock. It holds the row
-// FOR KEY SHARE until tx ends; a takeover locks the row FOR UPDATE, which conflicts, so no
-// takeover can commit before tx does: a write in tx after a successful GuardTx commits before
-// any newer grant of the name can. (The lease may still expire on the database clock
-// meanwhile; no one can take it over until tx ends.) The heartbeat's renewals of this lease do
-// not conflict with that lock and go on while tx is open, so guarded transactions may follow
-// each other back to back. One statement.
-//
-// Use READ COMMITTED (the Postgres default). In a REPEATABLE READ or SERIALIZABLE transaction
-// the check reads the row version of tx's snapshot: when the lease was taken over since, it
-// fails with a serialization error (SQLSTATE 40001: retry the transaction); when it was only
-// renewed since, it passes if that version is unexpired and otherwise reports the lease lost
-// (the safe direction: the holder stops).
-//
-// Errors: [Lease.Err] when the lease has already ended locally (no SQL runs); a
-// [*LeaseLostError] when the database no longer has this grant (Done then closes); an
-// [*ArgumentError] for a nil tx; otherwise the pgx error, wrapped.
-func (lease *Lease) GuardTx(ctx context.Context, tx pgx.Tx) error {
-	if tx == nil {
-		return argError("tx", "must not be nil")
-	}
-	if err := lease.Err(); err != nil {
-		return err
-	}
-	l := lease.lessor
-	_, err := l.q.LeaseGuard(ctx, tx, db.LeaseGuardParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token)})
-	if errors.Is(err, pgx.ErrNoRows) {
-		lease.lost(errGoneOnServer)
-		return lease.Err()
-	}
-	if err != nil {
-		return wrapPg(fmt.Sprintf("guard lease %q", lease.name), err)
-	}
-	return nil
-}
-
-// FenceTx checks that this grant is still current and advances the high-water mark of
-// resource to its token, in one statement inside tx, the caller's transaction: the pattern to
-// guard a write with a lease. It refuses a stale holder even when no newer holder has written
-// yet (a bare [FenceTx] lets that one through), and a newer holder's fenced write once it has.
-// The lease row is held FOR KEY SHARE (as by [Lease.GuardTx]: no takeover can commit before
-// tx, and renewals go on) and the fence row locked until tx ends, so fenced writes to resource
-// commit in token order. It raises synchronous_commit from off to on for tx. One statement; a
-// second only to describe a stale token.
-//
-// resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name). Errors:
-// an [*ArgumentError] before any SQL; [Lease.Err] when the lease has already ended locally (no
-// SQL runs); a [*LeaseLostError] when the database no longer has this grant (Done then
-// closes); a [*StaleTokenError] when resource has seen a larger token; otherwise the pgx
-// error, wrapped. After any error, roll tx back. Use READ COMMITTED, as for [Lease.GuardTx].
-// Safe for concurrent use on different transactions.
-func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) error {
-	if tx == nil {
-		return argError("tx", "must not be nil")
-	}
-	if err := validateName("resource", resource); err != nil {
-		return err
-	}
-	if err := lease.Err(); err != nil {
-		return err
-	}
-	l := lease.lessor
-	row, err := l.q.LeaseFence(ctx, tx, db.LeaseFenceParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token), Resource: resource})
-	if err != nil {
-		return wrapPg(fmt.Sprintf("fence %q with lease %q", resource, lease.name), err)
-	}
-	switch {
-	case row.Held == 0:
-		lease.lost(errGoneOnServer)
-		return lease.Err()
-	case row.Advanced == 1:
-		return nil
-	}
-	cur, err := l.q.FenceCurrent(ctx, tx, resource)
-	if err != nil {
-		return wrapPg(fmt.Sprintf("fence %q: read high-water mark", resource), err)
-	}
-	return &StaleTokenError{Resource: resource, Token: lease.token, Current: Token(cur)}
 }
 
 // Column is a column name and the value to compare it with or set it to, for [UpdateFencedTx].
@@ -249,20 +166,4 @@ func columnsSQL(cols []Column, first int, sep string) string {
 		parts[i] = fmt.Sprintf("%s = $%d", pgx.Identifier{c.Name}.Sanitize(), first+i)
 	}
 	return strings.Join(parts, sep)
-}
-
-// validateIdent checks a SQL identifier before it is quoted: 1 to 63 bytes (Postgres would
-// silently truncate a longer one to another name), valid UTF-8, no NUL.
-func validateIdent(arg, id string) error {
-	switch {
-	case id == "":
-		return argError(arg, "identifier must not be empty")
-	case len(id) > 63:
-		return argError(arg, "identifier %q is %d bytes; Postgres truncates identifiers past 63", id, len(id))
-	case !utf8.ValidString(id):
-		return argError(arg, "identifier is not valid UTF-8")
-	case strings.IndexByte(id, 0) >= 0:
-		return argError(arg, "identifier contains a NUL byte")
-	}
-	return nil
 }

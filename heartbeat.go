@@ -20,10 +20,12 @@ import (
 // (trustwatch.go) closes Done at the end of each lease's trust window, whatever the heartbeat,
 // a statement, or the pool is doing at that moment.
 
+// The loop is the lessor's loop (loop.go): started by the first lease added, woken when a lease
+// changes its next wake-up, gone when nothing is held and no renewal is in flight. When a lease
+// is due, and what is done with one that is late or about to lapse, is the timing core's
+// (schedule.go).
+
 const (
-	// lapseSlack: a lease whose trust window ends sooner than this (or an eighth of its
-	// heartbeat) is not renewed; its window ends before a renewal could come back.
-	lapseSlack = 5 * time.Millisecond
 	// maxRenewBatch bounds the leases one renewal statement carries, so that one statement
 	// stays short (about 4 µs a lease on the server) and several can run side by side.
 	maxRenewBatch = 5000
@@ -39,14 +41,13 @@ func (l *Lessor) add(lease *Lease) {
 	l.active[lease.name] = lease
 	head := l.enqueueLocked(lease)
 	l.watchTrustLocked(lease)
-	start := !l.running
-	l.running = true
+	start := l.heartbeat.startLocked()
 	l.mu.Unlock()
 	switch {
 	case start:
-		go l.run()
+		go l.heartbeat.run()
 	case head:
-		l.poke()
+		l.heartbeat.poke()
 	}
 }
 
@@ -57,13 +58,12 @@ func (l *Lessor) enqueueLocked(lease *Lease) bool {
 	if lease.times.heartbeat <= 0 || l.queue.queued(lease) || lease.inFlight || l.active[lease.name] != lease {
 		return false
 	}
-	lease.mu.Lock()
-	renewAt := lease.nextRenew.Add(-lease.times.heartbeat / 4) // renew a quarter heartbeat early
-	ended := lease.err != nil
-	lease.mu.Unlock()
-	if ended {
+	if lease.ending.ended() {
 		return false
 	}
+	lease.mu.Lock()
+	renewAt := lease.times.queueAt(lease.nextRenew)
+	lease.mu.Unlock()
 	return l.queue.push(lease, renewAt)
 }
 
@@ -79,46 +79,30 @@ func (l *Lessor) forget(lease *Lease) {
 	empty := len(l.active) == 0
 	l.mu.Unlock()
 	if empty {
-		l.poke()
+		l.heartbeat.poke()
 	}
 }
 
-func (l *Lessor) poke() {
-	select {
-	case l.wake <- struct{}{}:
-	default:
+// heartbeatRound is the heartbeat loop's step: it starts a renewal goroutine for each batch
+// of due leases and returns when the loop must next wake. The loop owns the renewal
+// goroutines it starts and exits only when no lease is held and none of them is left.
+func (l *Lessor) heartbeatRound(now time.Time) (next time.Time, ok bool) {
+	batches, next, ok := l.take(now)
+	for _, batch := range batches {
+		go l.renewBatch(batch)
 	}
-}
-
-// run is the heartbeat loop. It owns the renewal goroutines it starts and returns only when
-// no lease is held and none of them is left.
-func (l *Lessor) run() {
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	for {
-		batches, next, ok := l.take(time.Now())
-		if !ok {
-			return
-		}
-		for _, batch := range batches {
-			go l.renewBatch(batch)
-		}
-		timer.Reset(time.Until(next))
-		select {
-		case <-timer.C:
-		case <-l.wake:
-		}
-	}
+	return next, ok
 }
 
 // take pops the leases due for renewal at now into batches, as many as the in-flight bound
 // allows, and returns when the loop must next wake. ok is false when nothing is held and no
-// batch is in flight; running is then cleared under the same lock, so add starts a new loop.
+// batch is in flight; the loop is then marked stopped under the same lock, so add starts a
+// new one.
 func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.active) == 0 && l.inFlight == 0 {
-		l.running = false
+		l.heartbeat.stopLocked()
 		return nil, now, false
 	}
 	var batch []*Lease
@@ -128,14 +112,12 @@ func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok boo
 		}
 		lease := l.queue.pop()
 		lease.mu.Lock()
-		due := !lease.nextRenew.Add(-lease.times.heartbeat / 4).After(now)
-		lapsing := lease.trustUntil.Sub(now) <= max(lapseSlack, lease.times.heartbeat/8)
+		v := lease.times.verdict(now, lease.nextRenew, lease.trustUntil)
 		lease.mu.Unlock()
-		switch {
-		case lapsing:
-			// Left to the trust watch, which ends it within lapseSlack.
+		switch v {
+		case renewLapse: // left to the trust watch, which ends it when its window ends
 			continue
-		case !due: // renewed meanwhile by Lease.Renew: queue it at its new time
+		case renewLater: // renewed meanwhile by Lease.Renew: queue it at its new time
 			l.enqueueLocked(lease)
 			continue
 		}
@@ -173,7 +155,7 @@ func (l *Lessor) renewBatch(batch []*Lease) {
 		}
 		l.inFlight--
 		l.mu.Unlock()
-		l.poke()
+		l.heartbeat.poke()
 	}()
 	var deadline time.Time
 	for _, lease := range batch {
@@ -192,7 +174,7 @@ func (l *Lessor) renewBatch(batch []*Lease) {
 // how many of leases came back locked.
 func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, err error) {
 	p := db.LeaseRenewParams{
-		Holder: l.holder,
+		Holder: l.cfg.holder,
 		Names:  make([]string, len(leases)),
 		Tokens: make([]int64, len(leases)),
 		TtlsUs: make([]int64, len(leases)),
@@ -202,13 +184,15 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 		p.Tokens[i] = int64(lease.token)
 		p.TtlsUs[i] = lease.times.ttl.Microseconds()
 	}
-	sent := time.Now()
+	clk := l.cfg.clock
+	sent := clk.Now()
 	rows, err := l.q.LeaseRenew(ctx, l.pool, p)
 	if err != nil {
 		err = wrapPg("renew leases", err)
-		l.log.Warn("fencelock: renewal failed; retrying until the trust window ends", "leases", len(leases), "error", err)
+		l.cfg.common.logger.Warn("fencelock: renewal failed; retrying until the trust window ends", "leases", len(leases), "error", err)
+		now := clk.Now()
 		for _, lease := range leases {
-			lease.retryAfter(time.Now(), err)
+			lease.retryAfter(now, err)
 		}
 		return 0, err
 	}
@@ -229,7 +213,7 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 		case !ok:
 			lease.lost(errGoneOnServer)
 		case !r.Renewed:
-			lease.retryAfter(time.Now(), errRowLocked)
+			lease.retryAfter(clk.Now(), errRowLocked)
 			locked++
 		default:
 			lease.renewed(sent, r.ExpiresAt)
@@ -241,14 +225,3 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 // errRowLocked is a renewal's verdict on a lease whose row a transaction holds locked (a
 // transaction-scoped holder's, or a concurrent renewal of the same lease).
 var errRowLocked = errors.New("lease row locked by a transaction")
-
-// retryAfter schedules another renewal attempt a quarter heartbeat (at least 5ms) after a
-// failure at now. (Leases are renewed a quarter heartbeat early, hence the half here.)
-func (lease *Lease) retryAfter(now time.Time, err error) {
-	lease.mu.Lock()
-	defer lease.mu.Unlock()
-	lease.lastErr = err
-	if lease.times.heartbeat > 0 {
-		lease.nextRenew = now.Add(max(lease.times.heartbeat/2, lease.times.heartbeat/4+5*time.Millisecond))
-	}
-}

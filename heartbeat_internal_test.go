@@ -14,10 +14,10 @@ import (
 // its timer, and one that Renew moved is queued again at its new time. (No database: the
 // renewal statements are never sent.)
 func TestHeartbeatTakeBatches(t *testing.T) {
-	l := &Lessor{active: map[string]*Lease{}, wake: make(chan struct{}, 1), gates: map[string]*gate{},
-		queue: leaseHeap{which: renewHeap}, trust: leaseHeap{which: trustHeap}}
+	clk := newManualClock()
+	l := newLessor(nil, lessorConfig{clock: clk})
 	lt := leaseTimes{ttl: 9 * time.Second, heartbeat: 3 * time.Second, margin: time.Second}
-	start := time.Now()
+	start := clk.Now()
 	sent := start.Add(-3 * time.Second) // granted a heartbeat ago: due now
 	add := func(name string, sent time.Time) *Lease {
 		lease := newLease(l, name, 1, lt, sent, time.Time{})

@@ -44,9 +44,9 @@ func setup(t *testing.T) *bundle {
 // fastBackoff keeps waits short in tests where many waiters contend.
 var fastBackoff = fencelock.WithBackoff(fencelock.ExponentialBackoff(200*time.Microsecond, 5*time.Millisecond))
 
-func newLessor(t *testing.T, pool *pgxpool.Pool, holder string, opts ...fencelock.Option) *fencelock.Lessor {
+func newLessor(t *testing.T, pool *pgxpool.Pool, holder string, opts ...fencelock.LessorOption) *fencelock.Lessor {
 	t.Helper()
-	l, err := fencelock.NewLessor(pool, append([]fencelock.Option{fencelock.WithHolder(holder)}, opts...)...)
+	l, err := fencelock.NewLessor(pool, append([]fencelock.LessorOption{fencelock.WithHolder(holder)}, opts...)...)
 	require.NoError(t, err)
 	return l
 }

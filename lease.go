@@ -2,9 +2,12 @@ package fencelock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/fencelock/fencelock/internal/db"
 )
@@ -28,10 +31,9 @@ type Lease struct {
 	name   string
 	token  Token
 	times  leaseTimes
-	done   chan struct{}
+	ending grantEnd
 
 	mu         sync.Mutex
-	err        error     // set once, when done closes
 	trustUntil time.Time // local monotonic
 	nextRenew  time.Time // local monotonic; zero without heartbeat
 	expiresAt  time.Time // database clock, as of the last grant or renewal
@@ -43,7 +45,7 @@ type Lease struct {
 }
 
 func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresAt time.Time) *Lease {
-	lease := &Lease{lessor: l, name: name, token: token, times: lt, done: make(chan struct{}), slots: [2]int{-1, -1}}
+	lease := &Lease{lessor: l, name: name, token: token, times: lt, ending: newGrantEnd(), slots: [2]int{-1, -1}}
 	lease.renewed(sent, expiresAt)
 	return lease
 }
@@ -55,17 +57,26 @@ func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresA
 func (lease *Lease) renewed(sent, expiresAt time.Time) {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
-	if lease.err != nil {
+	if lease.ending.ended() {
 		return
 	}
-	if t := sent.Add(lease.times.ttl - lease.times.margin); t.After(lease.trustUntil) {
+	if t := lease.times.trustEnd(sent); t.After(lease.trustUntil) {
 		lease.trustUntil = t
-		if lease.times.heartbeat > 0 {
-			lease.nextRenew = sent.Add(lease.times.heartbeat)
-		}
+		lease.nextRenew = lease.times.nextRenewal(sent)
 		lease.expiresAt = expiresAt
 	}
 	lease.lastErr = nil
+}
+
+// retryAfter records a renewal that failed at now with err, and schedules the next attempt
+// (leaseTimes.retryAt).
+func (lease *Lease) retryAfter(now time.Time, err error) {
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	lease.lastErr = err
+	if lease.times.heartbeat > 0 {
+		lease.nextRenew = lease.times.retryAt(now)
+	}
 }
 
 // end is the one way a lease ends: it unregisters the lease from its lessor (no more renewals,
@@ -73,14 +84,7 @@ func (lease *Lease) renewed(sent, expiresAt time.Time) {
 // later calls change nothing. It reports whether this call ended the lease.
 func (lease *Lease) end(err error) bool {
 	lease.lessor.forget(lease)
-	lease.mu.Lock()
-	defer lease.mu.Unlock()
-	if lease.err != nil {
-		return false
-	}
-	lease.err = err
-	close(lease.done)
-	return true
+	return lease.ending.finish(err)
 }
 
 // lost ends the lease as lost with cause, and logs it. A trust-window loss carries the last
@@ -94,7 +98,7 @@ func (lease *Lease) lost(cause error) {
 		lease.mu.Unlock()
 	}
 	if lease.end(&LeaseLostError{Name: lease.name, Token: lease.token, Cause: cause}) {
-		lease.lessor.log.Error("fencelock: lease lost", "lease", lease.name, "token", int64(lease.token), "cause", cause)
+		lease.lessor.cfg.common.logger.Error("fencelock: lease lost", "lease", lease.name, "token", int64(lease.token), "cause", cause)
 	}
 }
 
@@ -106,7 +110,7 @@ func (lease *Lease) Name() string { return lease.name }
 func (lease *Lease) Token() Token { return lease.token }
 
 // Holder returns the holder id of the lessor that holds the lease.
-func (lease *Lease) Holder() string { return lease.lessor.holder }
+func (lease *Lease) Holder() string { return lease.lessor.cfg.holder }
 
 // TTL returns the lease's TTL, as passed to the acquire call.
 func (lease *Lease) TTL() time.Duration { return lease.times.ttl }
@@ -130,7 +134,7 @@ func (lease *Lease) TrustedUntil() time.Time {
 
 // Done returns a channel that is closed when the lease ends: released, lost on the server, or
 // past its trust window. It never reopens.
-func (lease *Lease) Done() <-chan struct{} { return lease.done }
+func (lease *Lease) Done() <-chan struct{} { return lease.ending.done }
 
 // Err returns nil while the lease is held and its trust window is open. After Done has closed
 // it returns [ErrReleased] if the holder released it, or a [*LeaseLostError] (matching
@@ -140,15 +144,13 @@ func (lease *Lease) Done() <-chan struct{} { return lease.done }
 // lease on the spot (closing Done) rather than wait for the heartbeat goroutine to notice, so
 // a process that was paused past its TTL sees the loss at its first check after waking.
 func (lease *Lease) Err() error {
-	lease.mu.Lock()
-	expired := lease.err == nil && !time.Now().Before(lease.trustUntil)
-	lease.mu.Unlock()
-	if expired {
+	if err := lease.ending.cause(); err != nil {
+		return err
+	}
+	if !lease.lessor.cfg.clock.Now().Before(lease.TrustedUntil()) {
 		lease.lost(ErrTrustWindowExpired)
 	}
-	lease.mu.Lock()
-	defer lease.mu.Unlock()
-	return lease.err
+	return lease.ending.cause()
 }
 
 // Renew extends the lease by its TTL now, in one statement, and restarts its trust window.
@@ -177,7 +179,7 @@ func (lease *Lease) Renew(ctx context.Context) error {
 	head := l.enqueueLocked(lease) // a lease the heartbeat had left to lapse is renewed again
 	l.mu.Unlock()
 	if head {
-		l.poke()
+		l.heartbeat.poke()
 	}
 	return nil
 }
@@ -194,7 +196,7 @@ func (lease *Lease) Release(ctx context.Context) error {
 	// Stop trusting the lease before the statement: it may hang (a blackholed connection)
 	// past the trust window.
 	lease.end(ErrReleased)
-	n, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: lease.name, Holder: l.holder, Token: int64(lease.token)})
+	n, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: lease.name, Holder: l.cfg.holder, Token: int64(lease.token)})
 	if err != nil {
 		return wrapPg(fmt.Sprintf("release lease %q", lease.name), err)
 	}
@@ -202,4 +204,85 @@ func (lease *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("release lease %q (token %d): %w", lease.name, lease.token, ErrNotHeld)
 	}
 	return nil
+}
+
+// GuardTx checks, inside tx, that this grant is still current on the database: the lease row
+// still has this holder and token and has not expired on the database clock. It holds the row
+// FOR KEY SHARE until tx ends; a takeover locks the row FOR UPDATE, which conflicts, so no
+// takeover can commit before tx does: a write in tx after a successful GuardTx commits before
+// any newer grant of the name can. (The lease may still expire on the database clock
+// meanwhile; no one can take it over until tx ends.) The heartbeat's renewals of this lease do
+// not conflict with that lock and go on while tx is open, so guarded transactions may follow
+// each other back to back. One statement.
+//
+// Use READ COMMITTED (the Postgres default). In a REPEATABLE READ or SERIALIZABLE transaction
+// the check reads the row version of tx's snapshot: when the lease was taken over since, it
+// fails with a serialization error (SQLSTATE 40001: retry the transaction); when it was only
+// renewed since, it passes if that version is unexpired and otherwise reports the lease lost
+// (the safe direction: the holder stops).
+//
+// Errors: [Lease.Err] when the lease has already ended locally (no SQL runs); a
+// [*LeaseLostError] when the database no longer has this grant (Done then closes); an
+// [*ArgumentError] for a nil tx; otherwise the pgx error, wrapped.
+func (lease *Lease) GuardTx(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return argError("tx", "must not be nil")
+	}
+	if err := lease.Err(); err != nil {
+		return err
+	}
+	l := lease.lessor
+	_, err := l.q.LeaseGuard(ctx, tx, db.LeaseGuardParams{Name: lease.name, Holder: l.cfg.holder, Token: int64(lease.token)})
+	if errors.Is(err, pgx.ErrNoRows) {
+		lease.lost(errGoneOnServer)
+		return lease.Err()
+	}
+	if err != nil {
+		return wrapPg(fmt.Sprintf("guard lease %q", lease.name), err)
+	}
+	return nil
+}
+
+// FenceTx checks that this grant is still current and advances the high-water mark of
+// resource to its token, in one statement inside tx, the caller's transaction: the pattern to
+// guard a write with a lease. It refuses a stale holder even when no newer holder has written
+// yet (a bare [FenceTx] lets that one through), and a newer holder's fenced write once it has.
+// The lease row is held FOR KEY SHARE (as by [Lease.GuardTx]: no takeover can commit before
+// tx, and renewals go on) and the fence row locked until tx ends, so fenced writes to resource
+// commit in token order. It raises synchronous_commit from off to on for tx. One statement; a
+// second only to describe a stale token.
+//
+// resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name). Errors:
+// an [*ArgumentError] before any SQL; [Lease.Err] when the lease has already ended locally (no
+// SQL runs); a [*LeaseLostError] when the database no longer has this grant (Done then
+// closes); a [*StaleTokenError] when resource has seen a larger token; otherwise the pgx
+// error, wrapped. After any error, roll tx back. Use READ COMMITTED, as for [Lease.GuardTx].
+// Safe for concurrent use on different transactions.
+func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) error {
+	if tx == nil {
+		return argError("tx", "must not be nil")
+	}
+	if err := validateName("resource", resource); err != nil {
+		return err
+	}
+	if err := lease.Err(); err != nil {
+		return err
+	}
+	l := lease.lessor
+	row, err := l.q.LeaseFence(ctx, tx, db.LeaseFenceParams{Name: lease.name, Holder: l.cfg.holder, Token: int64(lease.token), Resource: resource})
+	if err != nil {
+		return wrapPg(fmt.Sprintf("fence %q with lease %q", resource, lease.name), err)
+	}
+	switch {
+	case row.Held == 0:
+		lease.lost(errGoneOnServer)
+		return lease.Err()
+	case row.Advanced == 1:
+		return nil
+	}
+	cur, err := l.q.FenceCurrent(ctx, tx, resource)
+	if err != nil {
+		return wrapPg(fmt.Sprintf("fence %q: read high-water mark", resource), err)
+	}
+	return &StaleTokenError{Resource: resource, Token: lease.token, Current: Token(cur)}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -38,21 +37,17 @@ const cleanupTimeout = 5 * time.Second
 // The scheme is the fencing-token lease of Gray and Cheriton (1989) and Kleppmann (2016),
 // with Postgres as the lock service and the fence in the same database as the guarded data.
 type Lessor struct {
-	pool    *pgxpool.Pool
-	q       *db.Queries
-	cfg     config
-	holder  string
-	backoff Backoff
-	log     *slog.Logger
+	pool      *pgxpool.Pool
+	q         *db.Queries
+	cfg       lessorConfig
+	heartbeat *loop // heartbeat.go; runs while a lease is held or a renewal is in flight
 
 	mu         sync.Mutex
 	active     map[string]*Lease // held leases by name (at most one each: no re-entry)
 	queue      leaseHeap         // held leases with a heartbeat, not in flight, by renewal time
 	trust      leaseHeap         // held leases by the end of their trust window (trustwatch.go)
-	trustTimer *time.Timer       // fires at the trust watch's head; nil until the first lease
+	trustTimer timer             // fires at the trust watch's head; nil until the first lease
 	inFlight   int               // renewal statements in flight
-	running    bool              // run is live; it exits when active is empty and nothing is in flight
-	wake       chan struct{}     // cap 1: poke run after its next wake-up moved
 	gates      map[string]*gate  // per-name serialisation of attempts
 
 	afterGrant func() // tests only: runs after each grant statement returns
@@ -72,74 +67,34 @@ type gate struct {
 //   - safety margin: a tenth of each lease's TTL ([WithSafetyMargin])
 //   - backoff: ExponentialBackoff(5ms, 250ms) ([WithBackoff])
 //   - logger: discards ([WithLogger])
-func NewLessor(pool *pgxpool.Pool, opts ...Option) (*Lessor, error) {
+func NewLessor(pool *pgxpool.Pool, opts ...LessorOption) (*Lessor, error) {
 	if pool == nil {
 		return nil, argError("pool", "must not be nil")
 	}
-	cfg, err := applyOptions("a Lessor", advisoryOnly, opts)
+	cfg, err := newLessorConfig(opts)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.noHeartbeat && cfg.heartbeat > 0 {
-		return nil, argError("WithoutHeartbeat", "conflicts with WithHeartbeatInterval")
-	}
+	return newLessor(pool, cfg), nil
+}
+
+// newLessor builds a lessor of cfg on pool (tests pass a manual clock in cfg).
+func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 	l := &Lessor{
-		pool:    pool,
-		q:       db.New(),
-		cfg:     cfg,
-		holder:  cfg.holder,
-		backoff: cfg.backoff,
-		log:     cfg.logger,
-		active:  make(map[string]*Lease),
-		queue:   leaseHeap{which: renewHeap},
-		trust:   leaseHeap{which: trustHeap},
-		wake:    make(chan struct{}, 1),
-		gates:   make(map[string]*gate),
+		pool:   pool,
+		q:      db.New(),
+		cfg:    cfg,
+		active: make(map[string]*Lease),
+		queue:  leaseHeap{which: renewHeap},
+		trust:  leaseHeap{which: trustHeap},
+		gates:  make(map[string]*gate),
 	}
-	if l.holder == "" {
-		l.holder = defaultHolder()
-	}
-	if l.backoff == nil {
-		l.backoff = ExponentialBackoff(5*time.Millisecond, 250*time.Millisecond)
-	}
-	if l.log == nil {
-		l.log = slog.New(slog.DiscardHandler)
-	}
-	return l, nil
+	l.heartbeat = newLoop(cfg.clock, l.heartbeatRound)
+	return l
 }
 
 // Holder returns the holder id stored with this lessor's grants.
-func (l *Lessor) Holder() string { return l.holder }
-
-// leaseTimes are the per-lease durations derived from a TTL and the lessor's options.
-type leaseTimes struct {
-	ttl, heartbeat, margin time.Duration
-}
-
-func (l *Lessor) times(ttl time.Duration) (leaseTimes, error) {
-	if err := validateTTL(ttl); err != nil {
-		return leaseTimes{}, err
-	}
-	t := leaseTimes{ttl: ttl, heartbeat: l.cfg.heartbeat, margin: l.cfg.margin}
-	if t.margin < 0 {
-		t.margin = ttl / 10
-	}
-	if t.margin >= ttl {
-		return leaseTimes{}, argError("WithSafetyMargin", "is %v; it must be shorter than the ttl %v", t.margin, ttl)
-	}
-	switch {
-	case l.cfg.noHeartbeat:
-		t.heartbeat = 0
-	case t.heartbeat == 0:
-		t.heartbeat = ttl / 3
-		if t.heartbeat >= ttl-t.margin {
-			return leaseTimes{}, argError("WithSafetyMargin", "is %v; with the default heartbeat of ttl/3 it must be under 2/3 of the ttl %v", t.margin, ttl)
-		}
-	case t.heartbeat >= ttl-t.margin:
-		return leaseTimes{}, argError("WithHeartbeatInterval", "is %v; it must be shorter than the ttl %v less the safety margin %v", t.heartbeat, ttl, t.margin)
-	}
-	return t, nil
-}
+func (l *Lessor) Holder() string { return l.cfg.holder }
 
 // TryAcquire grants the lease name for ttl to this lessor if nobody holds it, in one
 // statement. name is 1 to [MaxNameLength] bytes of UTF-8 without NUL; ttl is a time.Duration
@@ -159,7 +114,7 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err := validateName("name", name); err != nil {
 		return nil, err
 	}
-	lt, err := l.times(ttl)
+	lt, err := l.cfg.times(ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -178,7 +133,7 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	if err := validateName("name", name); err != nil {
 		return nil, err
 	}
-	lt, err := l.times(ttl)
+	lt, err := l.cfg.times(ttl)
 	if err != nil {
 		return nil, err
 	}
@@ -209,8 +164,8 @@ func (l *Lessor) retry(ctx context.Context, what, name string, attempt func(n in
 		if err != errRefused {
 			return err
 		}
-		wait := l.backoff(n)
-		if now := time.Now(); !now.Before(expires) {
+		now := l.cfg.clock.Now()
+		if !now.Before(expires) {
 			// An error here (or no row: the holder was a transaction) leaves it unknown.
 			remainingUs, _ := l.q.LeaseRemaining(ctx, l.pool, name)
 			expires = time.Time{}
@@ -218,11 +173,7 @@ func (l *Lessor) retry(ctx context.Context, what, name string, attempt func(n in
 				expires = now.Add(time.Duration(remainingUs) * time.Microsecond)
 			}
 		}
-		if remaining := time.Until(expires); remaining > 0 && remaining < wait {
-			// The holder's grant expires before the backoff would end: come back just
-			// after, with a little jitter so waiters do not all arrive at once.
-			wait = remaining + l.backoff(0)/4
-		}
+		wait := acquireWait(l.cfg.clock.Now(), l.cfg.backoff(n), l.cfg.backoff(0)/4, expires)
 		if timer == nil {
 			timer = time.NewTimer(wait)
 		} else {
@@ -265,10 +216,10 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 		return nil, wrapPg(fmt.Sprintf("acquire lease %q", name), err)
 	}
 	pid := conn.Conn().PgConn().PID()
-	sent := time.Now()
+	sent := l.cfg.clock.Now()
 	row, err := l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{
 		Name:      name,
-		Holder:    l.holder,
+		Holder:    l.cfg.holder,
 		TtlUs:     lt.ttl.Microseconds(),
 		Nowait:    true,
 		MayInsert: true,
@@ -288,15 +239,15 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 		return nil, l.grantFailed(ctx, name, pid, abandoned, err)
 	}
 	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
-	if !time.Now().Before(lease.TrustedUntil()) {
+	if !l.cfg.clock.Now().Before(lease.TrustedUntil()) {
 		// The reply took longer than the trust window: the grant is useless to its holder.
 		// End it (scoped to this grant) and report a refusal, so Acquire tries again. Not
 		// with ctx: it may have ended meanwhile, and the grant must not stay held for a TTL.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		if err := lease.Release(rctx); err != nil && !errors.Is(err, ErrNotHeld) { // not held: expired, nothing left
-			l.log.Error("fencelock: could not end a grant that arrived after its trust window; it expires by its TTL",
-				"lease", name, "holder", l.holder, "error", err)
+			l.cfg.common.logger.Error("fencelock: could not end a grant that arrived after its trust window; it expires by its TTL",
+				"lease", name, "holder", l.cfg.holder, "error", err)
 		}
 		return nil, errRefused
 	}
@@ -330,60 +281,14 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, aband
 	defer cancel()
 	cerr := awaitBackendExit(cctx, l.pool, pid)
 	if cerr == nil {
-		_, cerr = l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.holder, KeepTokens: keep})
+		_, cerr = l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.cfg.holder, KeepTokens: keep})
 	}
 	if cerr != nil {
-		l.log.Error("fencelock: could not end a grant of unknown outcome; it expires by its TTL",
-			"lease", name, "holder", l.holder, "error", cerr)
+		l.cfg.common.logger.Error("fencelock: could not end a grant of unknown outcome; it expires by its TTL",
+			"lease", name, "holder", l.cfg.holder, "error", cerr)
 		return fmt.Errorf("acquire lease %q: %w (ending the possible grant failed too, it expires by its TTL: %w)", name, err, cerr)
 	}
 	return fmt.Errorf("acquire lease %q: %w", name, err)
-}
-
-// backendAliveSQL and cancelGrantSQL are plain SQL, not sqlc's: sqlc's catalog has no
-// pg_stat_activity. cancelGrantSQL cancels the backend only while it runs a grant statement
-// (sqlc's text starts with its name) in this database: behind a pooler the pid a connection
-// reported is not its backend's, and another session's statement must never be cancelled.
-const (
-	backendAliveSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND datname = current_database())`
-	cancelGrantSQL  = `SELECT count(pg_cancel_backend(a.pid)) FROM pg_stat_activity AS a
-		WHERE a.pid = $1 AND a.datname = current_database() AND a.query LIKE '-- name: LeaseGrant %'`
-)
-
-// endAbandonedGrant cancels the grant statement that the backend with pid may still run for
-// a connection the client abandoned, and then waits until that backend has exited, for at
-// most cleanupTimeout, detached from ctx. When no backend with pid runs a grant in this
-// database (it has exited, or pid is a pooler's), there is nothing to cancel or await.
-func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	var cancelled int64
-	if err := l.pool.QueryRow(cctx, cancelGrantSQL, int32(pid)).Scan(&cancelled); err != nil {
-		return fmt.Errorf("cancel abandoned grant on backend %d: %w", pid, err)
-	}
-	if cancelled == 0 {
-		return nil
-	}
-	return awaitBackendExit(cctx, l.pool, pid)
-}
-
-// awaitBackendExit polls pool, every 2ms, until no backend with pid is left in this database,
-// or ctx ends. There is no event to wait on: Postgres does not notify a backend's exit.
-func awaitBackendExit(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
-	for {
-		var alive bool
-		if err := pool.QueryRow(ctx, backendAliveSQL, int32(pid)).Scan(&alive); err != nil {
-			return fmt.Errorf("await exit of backend %d: %w", pid, err)
-		}
-		if !alive {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("await exit of backend %d: %w", pid, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
 }
 
 // holds reports whether this lessor holds a lease of name it still trusts.

@@ -92,7 +92,7 @@ func (l *Lessor) refusedOrAbsent(ctx context.Context, name string, fn TxFunc, tr
 	case !errors.Is(err, pgx.ErrNoRows):
 		return wrapPg(fmt.Sprintf("run locked %q", name), err)
 	}
-	if err := l.q.LeaseEnsureRow(ctx, l.pool, db.LeaseEnsureRowParams{Name: name, Holder: l.holder}); err != nil {
+	if err := l.q.LeaseEnsureRow(ctx, l.pool, db.LeaseEnsureRowParams{Name: name, Holder: l.cfg.holder}); err != nil {
 		return wrapPg(fmt.Sprintf("run locked %q: create row", name), err)
 	}
 	return l.runLockedAttempt(ctx, name, fn, try, true)
@@ -101,7 +101,7 @@ func (l *Lessor) refusedOrAbsent(ctx context.Context, name string, fn TxFunc, tr
 func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, try, ensured bool) error {
 	b := &pgx.Batch{}
 	b.BeginTx(pgx.TxOptions{})
-	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.holder, TtlUs: 0, Nowait: try, MayInsert: false})
+	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: 0, Nowait: try, MayInsert: false})
 	br := l.pool.SendBatch(ctx, b)
 	tx := br.Tx()
 	var pid uint32 // 0 when the pool gave no connection (tx has none)

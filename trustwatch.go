@@ -1,7 +1,5 @@
 package fencelock
 
-import "time"
-
 // The trust watch: each lessor keeps its held leases in a second min-heap, by the end of their
 // trust window, and one timer set for the earliest. When it fires (on a goroutine of the
 // runtime's, whatever the heartbeat, a renewal statement or the pool is doing), it ends every
@@ -39,9 +37,9 @@ func (l *Lessor) armTrustLocked() {
 		}
 		return
 	}
-	d := time.Until(head.at)
+	d := head.at.Sub(l.cfg.clock.Now())
 	if l.trustTimer == nil {
-		l.trustTimer = time.AfterFunc(d, l.checkTrust)
+		l.trustTimer = l.cfg.clock.AfterFunc(d, l.checkTrust)
 		return
 	}
 	l.trustTimer.Reset(d)
@@ -50,7 +48,7 @@ func (l *Lessor) armTrustLocked() {
 // checkTrust ends the leases whose trust window is over, requeues those a renewal extended,
 // and sets the timer for the next window end.
 func (l *Lessor) checkTrust() {
-	now := time.Now()
+	now := l.cfg.clock.Now()
 	var over []*Lease
 	l.mu.Lock()
 	for {
@@ -59,8 +57,9 @@ func (l *Lessor) checkTrust() {
 			break
 		}
 		lease := head.lease
+		ended := lease.ending.ended()
 		lease.mu.Lock()
-		until, ended := lease.trustUntil, lease.err != nil
+		until := lease.trustUntil
 		lease.mu.Unlock()
 		switch {
 		case ended:

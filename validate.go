@@ -48,3 +48,19 @@ func validateToken(t Token) error {
 	}
 	return nil
 }
+
+// validateIdent checks a SQL identifier before it is quoted: 1 to 63 bytes (Postgres would
+// silently truncate a longer one to another name), valid UTF-8, no NUL.
+func validateIdent(arg, id string) error {
+	switch {
+	case id == "":
+		return argError(arg, "identifier must not be empty")
+	case len(id) > 63:
+		return argError(arg, "identifier %q is %d bytes; Postgres truncates identifiers past 63", id, len(id))
+	case !utf8.ValidString(id):
+		return argError(arg, "identifier is not valid UTF-8")
+	case strings.IndexByte(id, 0) >= 0:
+		return argError(arg, "identifier contains a NUL byte")
+	}
+	return nil
+}

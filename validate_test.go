@@ -109,7 +109,7 @@ func TestBadInputIsRefusedBeforeSQL(t *testing.T) {
 	t.Run("Options", func(t *testing.T) {
 		for _, tc := range []struct {
 			arg string
-			opt fencelock.Option
+			opt fencelock.LessorOption
 		}{
 			{"WithHolder", fencelock.WithHolder("")},
 			{"WithHolder", fencelock.WithHolder("a\x00b")},
@@ -216,24 +216,21 @@ func TestAdvisoryBadInputIsRefusedBeforeSQL(t *testing.T) {
 	t.Run("Options", func(t *testing.T) {
 		for _, tc := range []struct {
 			arg string
-			opt fencelock.Option
+			opt fencelock.AdvisoryOption
 		}{
 			{"WithNamespace", fencelock.WithNamespace("")},
 			{"WithNamespace", fencelock.WithNamespace("\xff")},
 			{"WithKeyHash", fencelock.WithKeyHash(nil)},
 			{"WithWatchdogInterval", fencelock.WithWatchdogInterval(time.Millisecond)},
 			{"WithMaxHeld", fencelock.WithMaxHeld(0)},
-			{"WithHolder", fencelock.WithHolder("a")},                               // a Lessor option
-			{"WithHeartbeatInterval", fencelock.WithHeartbeatInterval(time.Second)}, // a Lessor option
+			{"WithLogger", fencelock.WithLogger((*slog.Logger)(nil))},
+			{"option", nil},
 		} {
 			_, err := fencelock.NewAdvisoryLocker(pool, tc.opt)
 			requireArgError(t, err, tc.arg)
 		}
 		_, err := fencelock.NewAdvisoryLocker(nil)
 		requireArgError(t, err, "pool")
-		_, err = fencelock.NewLessor(pool, fencelock.WithWatchdogInterval(time.Second))
-		requireArgError(t, err, "WithWatchdogInterval")
-		_, err = fencelock.NewLessor(pool, fencelock.WithFencingTokens())
-		requireArgError(t, err, "WithFencingTokens")
+		// An option of the other constructor does not compile here: TestOptionsTypedPerConstructor.
 	})
 }

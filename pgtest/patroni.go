@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 const (
@@ -144,21 +143,9 @@ func StartPatroni(ctx context.Context, nodes int, opts ...Option) (*PatroniClust
 // `apt-get install patroni etcd-server`, as does any other start error.
 func NewPatroni(t testing.TB, nodes int, opts ...Option) *PatroniCluster {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), serverStartTimeout)
-	defer cancel()
-	c, err := StartPatroni(ctx, nodes, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := c.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return c
+	return startOrSkip(t, serverStartTimeout, func(ctx context.Context) (*PatroniCluster, error) {
+		return StartPatroni(ctx, nodes, opts...)
+	}, (*PatroniCluster).Close)
 }
 
 // multiHostURL returns the URL of the postgres database on every port of 127.0.0.1, in
@@ -652,33 +639,7 @@ func (c *PatroniCluster) waitReplicas(ctx context.Context, leader *patroniNode, 
 // with t.Fatal.
 func (c *PatroniCluster) NewDB(t testing.TB) *DB {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-	defer cancel()
-	name, url, err := c.CreateDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := &DB{URL: url, Name: name}
-	t.Cleanup(func() {
-		if db.Pool != nil {
-			db.Pool.Close()
-		}
-		if c.isClosed() {
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-		defer cancel()
-		if err := c.dropDatabase(ctx, name); err != nil {
-			t.Error(err)
-		}
-	})
-	if db.Pool, err = pgxpool.New(ctx, url); err != nil {
-		t.Fatalf("pgtest: pool for %s: %v", name, err)
-	}
-	return db
+	return newDB(t, nil, c.CreateDatabase, c.isClosed, c.dropDatabase)
 }
 
 func (c *PatroniCluster) isClosed() bool {

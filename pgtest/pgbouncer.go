@@ -185,19 +185,7 @@ func (p *PgBouncer) Close() error {
 // `apt-get install pgbouncer`, as does any other start error.
 func NewPgBouncer(t testing.TB, s *Server, poolMode string) *PgBouncer {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), serverStartTimeout)
-	defer cancel()
-	p, err := StartPgBouncer(ctx, s, poolMode)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return p
+	return startOrSkip(t, serverStartTimeout, func(ctx context.Context) (*PgBouncer, error) {
+		return StartPgBouncer(ctx, s, poolMode)
+	}, (*PgBouncer).Close)
 }

@@ -19,7 +19,66 @@ const (
 	// dbTimeout bounds creating (the first time: migrating the template too) or dropping a
 	// test database.
 	dbTimeout = 2 * time.Minute
+	// skipReason is what every constructor passes to t.Skip under go test -short.
+	skipReason = "needs PostgreSQL"
 )
+
+// startOrSkip is the body of the constructors that give a test something started and stop
+// it at test cleanup ([NewServer], [Server.NewStandby], [NewPgBouncer], [NewPatroni], and
+// the databases of [Server.NewDB] and [PatroniCluster.NewDB]). With go test -short it calls
+// t.Skip(skipReason). Otherwise it calls start with a context that ends after timeout, fails
+// the test with t.Fatal(err) if start returns an error, and else registers a cleanup that
+// calls stop on start's result and reports stop's error with t.Error. Cleanups run last
+// registered first, so what a test starts later (a standby, a database) is stopped before
+// what it started earlier (the server).
+func startOrSkip[T any](t testing.TB, timeout time.Duration, start func(ctx context.Context) (T, error), stop func(T) error) T {
+	t.Helper()
+	if testing.Short() {
+		t.Skip(skipReason)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	v, err := start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := stop(v); err != nil {
+			t.Error(err)
+		}
+	})
+	return v
+}
+
+// newDB is [Server.NewDB] and [PatroniCluster.NewDB]: with [startOrSkip] and [dbTimeout], it
+// makes a database with create, and at test cleanup closes the DB's pool and, unless gone
+// reports the server or cluster gone, drops the database with drop (a fresh dbTimeout
+// context). Then it opens the pool, failing the test with t.Fatalf if it cannot (the cleanup
+// still drops the database). srv becomes the DB's Server.
+func newDB(t testing.TB, srv *Server, create func(ctx context.Context) (name, url string, err error), gone func() bool, drop func(ctx context.Context, name string) error) *DB {
+	t.Helper()
+	db := startOrSkip(t, dbTimeout, func(ctx context.Context) (*DB, error) {
+		name, url, err := create(ctx)
+		return &DB{URL: url, Name: name, Server: srv}, err
+	}, func(db *DB) error {
+		if db.Pool != nil {
+			db.Pool.Close()
+		}
+		if gone() {
+			return nil // nothing to drop: the server and its data are gone or down
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
+		defer cancel()
+		return drop(ctx, db.Name)
+	})
+	// pgxpool.New ignores its context's deadline and, with default settings, connects to
+	// nothing yet.
+	var err error
+	if db.Pool, err = pgxpool.New(context.Background(), db.URL); err != nil {
+		t.Fatalf("pgtest: pool for %s: %v", db.Name, err)
+	}
+	return db
+}
 
 // DB is a fresh database with fencelock's schema, for one test.
 type DB struct {
@@ -57,7 +116,7 @@ var mainRunning atomic.Bool
 func NewDB(t testing.TB) *DB {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("needs PostgreSQL")
+		t.Skip(skipReason)
 	}
 	s, err := sharedServer()
 	if err != nil {
@@ -98,21 +157,9 @@ func sharedServer() (*Server, error) {
 // options included) fails the test with t.Fatal.
 func NewServer(t testing.TB, opts ...Option) *Server {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), serverStartTimeout)
-	defer cancel()
-	s, err := Start(ctx, opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return s
+	return startOrSkip(t, serverStartTimeout, func(ctx context.Context) (*Server, error) {
+		return Start(ctx, opts...)
+	}, (*Server).Close)
 }
 
 // NewDB returns a fresh database on s, cloned from the migrated template (see
@@ -123,33 +170,7 @@ func NewServer(t testing.TB, opts ...Option) *Server {
 // with t.Fatal.
 func (s *Server) NewDB(t testing.TB) *DB {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-	defer cancel()
-	name, url, err := s.CreateDatabase(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db := &DB{URL: url, Name: name, Server: s}
-	t.Cleanup(func() {
-		if db.Pool != nil {
-			db.Pool.Close()
-		}
-		if !s.running() {
-			return // nothing to drop: the server and its data are gone or down
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-		defer cancel()
-		if err := s.dropDatabase(ctx, name); err != nil {
-			t.Error(err)
-		}
-	})
-	if db.Pool, err = pgxpool.New(ctx, url); err != nil {
-		t.Fatalf("pgtest: pool for %s: %v", name, err)
-	}
-	return db
+	return newDB(t, s, s.CreateDatabase, func() bool { return !s.running() }, s.dropDatabase)
 }
 
 // Main runs the tests of m, then stops the shared server of [NewDB] and removes the cluster

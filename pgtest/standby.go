@@ -80,21 +80,7 @@ func (s *Server) checkInRecovery(ctx context.Context) error {
 // test with t.Fatal.
 func (s *Server) NewStandby(t testing.TB) *Server {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs PostgreSQL")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), serverStartTimeout)
-	defer cancel()
-	standby, err := s.StartStandby(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := standby.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return standby
+	return startOrSkip(t, serverStartTimeout, s.StartStandby, (*Server).Close)
 }
 
 // WaitReplay waits until standby, a standby of s from [Server.StartStandby], has replayed all

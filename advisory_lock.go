@@ -1,0 +1,118 @@
+package fencelock
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// AdvisoryLock is a session advisory lock held on a connection of its own. It is safe for
+// concurrent use.
+type AdvisoryLock struct {
+	locker  *AdvisoryLocker
+	name    string
+	key     AdvisoryKey
+	mode    LockMode
+	token   Token
+	pid     uint32
+	prevApp string
+	ending  grantEnd
+
+	connMu sync.Mutex    // serialises use of conn: the watchdog's probe, Unlock
+	conn   *pgxpool.Conn // nil once unlocked or lost
+}
+
+// Name returns the lock's name, or "" for a lock taken by key.
+func (lk *AdvisoryLock) Name() string { return lk.name }
+
+// Key returns the advisory key held.
+func (lk *AdvisoryLock) Key() AdvisoryKey { return lk.key }
+
+// Mode returns [Exclusive] or [Shared].
+func (lk *AdvisoryLock) Mode() LockMode { return lk.mode }
+
+// Token returns the grant's fencing token (an int64 > 0) when the locker was built with
+// [WithFencingTokens], else 0.
+func (lk *AdvisoryLock) Token() Token { return lk.token }
+
+// BackendPID returns the pid of the server session that holds the lock (pg_locks.pid).
+func (lk *AdvisoryLock) BackendPID() uint32 { return lk.pid }
+
+// Done returns a channel closed when the lock ends: unlocked, or its session lost.
+func (lk *AdvisoryLock) Done() <-chan struct{} { return lk.ending.done }
+
+// Err returns nil while the lock is held; after Done has closed, [ErrUnlocked] or a
+// [*SessionLostError] (matching [ErrLockLost]).
+func (lk *AdvisoryLock) Err() error { return lk.ending.cause() }
+
+// end is the one way a lock ends: Done closes with cause (the holder stops trusting the lock at
+// once, before anything that may hang), then the session is given up by settle (the unlock
+// statement, or closing the connection), then the lock leaves its locker's held set. Only the
+// call that ended the lock settles it, and only while the lock still has its connection,
+// under connMu. It reports whether this call ended the lock and whether settle ran.
+func (lk *AdvisoryLock) end(cause error, settle func(conn *pgxpool.Conn)) (ended, settled bool) {
+	if !lk.ending.finish(cause) {
+		return false, false // the call that ended it settles it
+	}
+	lk.connMu.Lock()
+	conn := lk.conn
+	lk.conn = nil
+	if conn != nil {
+		settle(conn)
+	}
+	lk.connMu.Unlock()
+	lk.locker.unregister(lk)
+	return true, conn != nil
+}
+
+// Unlock releases the lock and puts the connection back in the pool, in one statement. When
+// the release cannot be confirmed (the statement failed, or the session did not hold the lock)
+// the connection is closed instead, which ends the session and any lock it held. Done closes
+// first, before the statement is sent (Err then reports [ErrUnlocked]): the statement may hang
+// on a broken network, and the holder must stop trusting the lock it is giving up at once.
+//
+// Errors: an error wrapping [ErrNotHeld] if the lock had already ended (Err says why) or the
+// session no longer held it; otherwise pgx's error, wrapped (the session was closed, so
+// nothing is held).
+func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
+	what := func() string { return "unlock " + describeLock(lk.name, lk.key) } // for errors only
+	var err error
+	ended, settled := lk.end(ErrUnlocked, func(conn *pgxpool.Conn) {
+		row, uerr := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
+			Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
+			Shared:              lk.mode == Shared,
+			PrevApplicationName: lk.prevApp,
+		})
+		switch {
+		case uerr != nil:
+			destroySession(ctx, conn, false)
+			err = wrapPg(what(), uerr)
+		case !row.Released:
+			destroySession(ctx, conn, false)
+			err = fmt.Errorf("%s: %w: the session did not hold it; connection closed", what(), ErrNotHeld)
+		default:
+			conn.Release()
+		}
+	})
+	switch {
+	case settled:
+		return err
+	case !ended:
+		return fmt.Errorf("%s: %w: %w", what(), ErrNotHeld, lk.Err())
+	}
+	return fmt.Errorf("%s: %w: its session was lost", what(), ErrNotHeld)
+}
+
+// lost ends a lock whose session failed the watchdog's probe, closing its connection.
+func (lk *AdvisoryLock) lost(cause error) {
+	ended, _ := lk.end(&SessionLostError{Key: lk.key, Name: lk.name, Cause: cause}, func(conn *pgxpool.Conn) {
+		destroySession(context.Background(), conn, false)
+	})
+	if ended {
+		lk.locker.cfg.common.logger.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
+	}
+}

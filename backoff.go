@@ -1,0 +1,28 @@
+package fencelock
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Backoff returns how long to wait before retry number attempt (0 for the first retry). It
+// must be stateless and safe for concurrent use: one Backoff serves every call of a lessor.
+type Backoff func(attempt int) time.Duration
+
+// ExponentialBackoff returns a [Backoff] that waits min * 2^attempt, capped at max, with
+// "equal jitter": a uniform random wait in [d/2, d], so waiters that started together spread
+// out. min and max are positive time.Durations with min <= max; otherwise it panics, as a
+// programming error.
+func ExponentialBackoff(min, max time.Duration) Backoff {
+	if min <= 0 || max < min {
+		panic(fmt.Sprintf("fencelock: ExponentialBackoff(%v, %v): need 0 < min <= max", min, max))
+	}
+	return func(attempt int) time.Duration {
+		d := max
+		if attempt < 62 && min<<attempt > 0 && min<<attempt < max {
+			d = min << attempt
+		}
+		return d/2 + rand.N(d/2+1)
+	}
+}

@@ -1,0 +1,40 @@
+package fencelock
+
+import "sync"
+
+// grantEnd is how a grant ends, shared by [Lease] and [AdvisoryLock]: once, with a cause,
+// closing the Done channel. Each owner has one end path that takes the grant out of its
+// owner's held set and then calls finish (Lease.end, AdvisoryLock.end), so that every way a
+// grant ends (release, unlock, renewal verdict, trust window, watchdog, guard check) orders
+// the two steps the same way. Safe for concurrent use.
+type grantEnd struct {
+	done chan struct{}
+
+	mu  sync.Mutex
+	err error // nil while held; set once, when done closes
+}
+
+func newGrantEnd() grantEnd { return grantEnd{done: make(chan struct{})} }
+
+// finish closes done with cause, once, and reports whether this call did; later calls
+// change nothing. cause must not be nil.
+func (g *grantEnd) finish(cause error) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		return false
+	}
+	g.err = cause
+	close(g.done)
+	return true
+}
+
+// cause returns nil while the grant is held, else why it ended.
+func (g *grantEnd) cause() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+// ended reports whether the grant has ended.
+func (g *grantEnd) ended() bool { return g.cause() != nil }

@@ -1,0 +1,85 @@
+package fencelock
+
+import "time"
+
+// The timing core: when a lease is renewed, when a failed renewal is retried, when a lease is
+// left to lapse, when its holder stops trusting it, and how long an acquire waits before its
+// next attempt. Pure functions of their arguments (the current time is one of them), so the
+// schedule is table-tested without a server and without the wall clock (schedule_test.go);
+// the heartbeat (heartbeat.go), the trust watch (trustwatch.go) and Acquire apply them.
+
+const (
+	// lapseSlack: a lease whose trust window ends sooner than this (or an eighth of its
+	// heartbeat) is not renewed; its window ends before a renewal could come back.
+	lapseSlack = 5 * time.Millisecond
+	// retryFloor: a failed renewal is retried at least a quarter heartbeat plus this later.
+	retryFloor = 5 * time.Millisecond
+)
+
+// leaseTimes are the durations of one lease, resolved from its TTL and the lessor's options
+// by lessorConfig.times: ttl > margin >= 0, and heartbeat in (0, ttl - margin), or 0 for a
+// lease without a heartbeat.
+type leaseTimes struct {
+	ttl, heartbeat, margin time.Duration
+}
+
+// trustEnd returns the end of the trust window of a grant or renewal sent at sent:
+// sent + TTL - margin.
+func (t leaseTimes) trustEnd(sent time.Time) time.Time { return sent.Add(t.ttl - t.margin) }
+
+// nextRenewal returns when a lease granted or renewed at sent is next due: one heartbeat
+// later, or the zero time without a heartbeat.
+func (t leaseTimes) nextRenewal(sent time.Time) time.Time {
+	if t.heartbeat <= 0 {
+		return time.Time{}
+	}
+	return sent.Add(t.heartbeat)
+}
+
+// queueAt returns when the heartbeat takes a lease due at nextRenew: a quarter heartbeat
+// early, so that the renewal's round trip and a retry or two fit before the lease is due.
+func (t leaseTimes) queueAt(nextRenew time.Time) time.Time {
+	return nextRenew.Add(-t.heartbeat / 4)
+}
+
+// retryAt returns when a renewal that failed at now is tried again: half a heartbeat later,
+// at least a quarter heartbeat plus retryFloor (leases are queued a quarter heartbeat early,
+// see queueAt). The zero time without a heartbeat.
+func (t leaseTimes) retryAt(now time.Time) time.Time {
+	if t.heartbeat <= 0 {
+		return time.Time{}
+	}
+	return now.Add(max(t.heartbeat/2, t.heartbeat/4+retryFloor))
+}
+
+// renewVerdict is what the heartbeat does with a lease it takes from its queue.
+type renewVerdict int
+
+const (
+	renewNow   renewVerdict = iota // due: renew it in this round
+	renewLater                     // renewed since it was queued: queue it at its new time
+	renewLapse                     // its trust window ends too soon for a renewal to help: let it lapse
+)
+
+// verdict decides, at now, for a lease next due at nextRenew whose trust window ends at
+// trustUntil. A lease whose window ends within max(lapseSlack, heartbeat/8) is left to the
+// trust watch, which ends it when the window ends: a renewal could not come back in time.
+func (t leaseTimes) verdict(now, nextRenew, trustUntil time.Time) renewVerdict {
+	switch {
+	case trustUntil.Sub(now) <= max(lapseSlack, t.heartbeat/8):
+		return renewLapse
+	case t.queueAt(nextRenew).After(now):
+		return renewLater
+	}
+	return renewNow
+}
+
+// acquireWait returns how long Acquire waits before its next attempt, at now: the backoff,
+// unless the holder's grant expires sooner (expires, on the local clock; zero when unknown),
+// then until just after it expires, plus jitter so that waiters do not all arrive at once.
+func acquireWait(now time.Time, backoff, jitter time.Duration, expires time.Time) time.Duration {
+	if remaining := expires.Sub(now); remaining > 0 && remaining < backoff {
+		return remaining + jitter
+	}
+	return backoff
+}

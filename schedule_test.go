@@ -1,0 +1,229 @@
+package fencelock
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The timing core, table-tested on fixed times: no server, no wall clock.
+
+func TestLeaseTimesFromOptions(t *testing.T) {
+	for _, tc := range []struct {
+		desc    string
+		opts    []LessorOption
+		ttl     time.Duration
+		want    leaseTimes
+		wantArg string // the ArgumentError's argument, when the TTL does not fit the options
+	}{
+		{"Defaults", nil, 9 * time.Second, leaseTimes{ttl: 9 * time.Second, heartbeat: 3 * time.Second, margin: 900 * time.Millisecond}, ""},
+		{"FixedHeartbeat", []LessorOption{WithHeartbeatInterval(time.Second)}, 9 * time.Second, leaseTimes{ttl: 9 * time.Second, heartbeat: time.Second, margin: 900 * time.Millisecond}, ""},
+		{"NoHeartbeat", []LessorOption{WithoutHeartbeat()}, 9 * time.Second, leaseTimes{ttl: 9 * time.Second, margin: 900 * time.Millisecond}, ""},
+		{"FixedMargin", []LessorOption{WithSafetyMargin(0)}, 9 * time.Second, leaseTimes{ttl: 9 * time.Second, heartbeat: 3 * time.Second}, ""},
+		{"MarginNotUnderTTL", []LessorOption{WithSafetyMargin(time.Second)}, time.Second, leaseTimes{}, "WithSafetyMargin"},
+		{"MarginLeavesNoRoomForDefaultHeartbeat", []LessorOption{WithSafetyMargin(700 * time.Millisecond)}, time.Second, leaseTimes{}, "WithSafetyMargin"},
+		{"HeartbeatNotUnderTTLLessMargin", []LessorOption{WithHeartbeatInterval(time.Second)}, 1050 * time.Millisecond, leaseTimes{}, "WithHeartbeatInterval"},
+		{"TTLTooShort", nil, MinTTL - 1, leaseTimes{}, "ttl"},
+		{"TTLTooLong", nil, MaxTTL + 1, leaseTimes{}, "ttl"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			cfg, err := newLessorConfig(tc.opts)
+			require.NoError(t, err)
+			got, err := cfg.times(tc.ttl)
+			if tc.wantArg != "" {
+				var ae *ArgumentError
+				require.ErrorAs(t, err, &ae)
+				require.Equal(t, tc.wantArg, ae.Arg)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestSchedule(t *testing.T) {
+	t0 := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	ms := time.Millisecond
+	lt := leaseTimes{ttl: 9 * time.Second, heartbeat: 3 * time.Second, margin: 900 * ms}
+	short := leaseTimes{ttl: 30 * ms, heartbeat: 12 * ms, margin: 3 * ms}
+	none := leaseTimes{ttl: 9 * time.Second, margin: 900 * ms}
+
+	t.Run("TrustEnd", func(t *testing.T) {
+		require.Equal(t, t0.Add(8100*ms), lt.trustEnd(t0), "sent + TTL - margin")
+		require.Equal(t, t0.Add(27*ms), short.trustEnd(t0))
+	})
+	t.Run("NextRenewal", func(t *testing.T) {
+		require.Equal(t, t0.Add(3*time.Second), lt.nextRenewal(t0), "one heartbeat after the send")
+		require.True(t, none.nextRenewal(t0).IsZero(), "no heartbeat, no renewal")
+	})
+	t.Run("QueueAt", func(t *testing.T) {
+		require.Equal(t, t0.Add(-750*ms), lt.queueAt(t0), "a quarter heartbeat early")
+	})
+	t.Run("RetryAt", func(t *testing.T) {
+		require.Equal(t, t0.Add(1500*ms), lt.retryAt(t0), "half a heartbeat")
+		require.Equal(t, t0.Add(8*ms), short.retryAt(t0), "at least a quarter heartbeat plus 5ms: 3ms + 5ms > 6ms")
+		require.True(t, none.retryAt(t0).IsZero())
+	})
+	t.Run("Verdict", func(t *testing.T) {
+		for _, tc := range []struct {
+			desc                  string
+			lt                    leaseTimes
+			now, next, trustUntil time.Time
+			want                  renewVerdict
+		}{
+			{"Due", lt, t0, t0.Add(750 * ms), t0.Add(5 * time.Second), renewNow},
+			{"Overdue", lt, t0, t0.Add(-time.Second), t0.Add(5 * time.Second), renewNow},
+			{"MovedLater", lt, t0, t0.Add(751 * ms), t0.Add(5 * time.Second), renewLater},
+			{"WindowEndsWithinHeartbeatEighth", lt, t0, t0, t0.Add(375 * ms), renewLapse},
+			{"WindowEndsJustPastHeartbeatEighth", lt, t0, t0, t0.Add(376 * ms), renewNow},
+			{"WindowEndsWithinSlack", short, t0, t0, t0.Add(5 * ms), renewLapse},
+			{"WindowEndsPastSlack", short, t0, t0, t0.Add(6 * ms), renewNow},
+			{"WindowOver", lt, t0, t0, t0.Add(-time.Second), renewLapse},
+		} {
+			t.Run(tc.desc, func(t *testing.T) {
+				require.Equal(t, tc.want, tc.lt.verdict(tc.now, tc.next, tc.trustUntil))
+			})
+		}
+	})
+	t.Run("AcquireWait", func(t *testing.T) {
+		for _, tc := range []struct {
+			desc    string
+			expires time.Time
+			want    time.Duration
+		}{
+			{"HolderUnknown", time.Time{}, 100 * ms},
+			{"HolderExpiresSooner", t0.Add(30 * ms), 30*ms + 2*ms},
+			{"HolderExpiresLater", t0.Add(200 * ms), 100 * ms},
+			{"HolderExpiredAlready", t0.Add(-ms), 100 * ms},
+		} {
+			t.Run(tc.desc, func(t *testing.T) {
+				require.Equal(t, tc.want, acquireWait(t0, 100*ms, 2*ms, tc.expires))
+			})
+		}
+	})
+}
+
+// The trust watch ends each lease at the end of its trust window on the lessor's clock, and
+// follows a renewal's extension; Err ends a lease past its window on its own. Driven by a
+// manual clock: no server, no waiting.
+func TestTrustWatchOnManualClock(t *testing.T) {
+	clk := newManualClock()
+	cfg, err := newLessorConfig([]LessorOption{WithoutHeartbeat()})
+	require.NoError(t, err)
+	cfg.clock = clk
+	l := newLessor(nil, cfg)
+	lt, err := cfg.times(time.Second) // trust window 900ms
+	require.NoError(t, err)
+	grant := func(name string) *Lease {
+		lease := newLease(l, name, 1, lt, clk.Now(), time.Time{})
+		l.add(lease)
+		return lease
+	}
+	a, b := grant("a"), grant("b")
+	clk.advance(899 * time.Millisecond)
+	require.NoError(t, a.Err())
+	b.renewed(clk.Now(), time.Time{}) // b's window now ends at 1799ms
+	clk.advance(time.Millisecond)
+	select {
+	case <-a.Done():
+	default:
+		t.Fatal("a's Done is open at the end of its trust window")
+	}
+	require.ErrorIs(t, a.Err(), ErrTrustWindowExpired)
+	require.NoError(t, b.Err(), "b was renewed: its window moved on")
+	clk.advance(898 * time.Millisecond)
+	require.NoError(t, b.Err())
+	clk.advance(time.Millisecond)
+	require.ErrorIs(t, b.Err(), ErrTrustWindowExpired)
+
+	c := grant("c")
+	clk.mu.Lock()
+	clk.now = clk.now.Add(time.Second) // past c's window, no timer run yet
+	clk.mu.Unlock()
+	var lost *LeaseLostError
+	require.ErrorAs(t, c.Err(), &lost, "Err reads the clock itself")
+	require.ErrorIs(t, lost.Cause, ErrTrustWindowExpired)
+	l.mu.Lock()
+	require.Empty(t, l.active, "every lease that ended left the held set")
+	l.mu.Unlock()
+}
+
+// The loop idiom: a step runs when the loop starts, again at the time it returned, at once on
+// a poke, and the loop exits (running cleared under the owner's lock) when the step says so.
+func TestLoopOnManualClock(t *testing.T) {
+	clk := newManualClock()
+	var mu sync.Mutex
+	held := 1
+	steps := make(chan time.Time)
+	var lp *loop
+	lp = newLoop(clk, func(now time.Time) (time.Time, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if held == 0 {
+			lp.stopLocked()
+			close(steps)
+			return now, false
+		}
+		steps <- now
+		return now.Add(time.Second), true
+	})
+	mu.Lock()
+	require.True(t, lp.startLocked())
+	require.False(t, lp.startLocked(), "a running loop is not started twice")
+	mu.Unlock()
+	done := make(chan struct{})
+	go func() { lp.run(); close(done) }()
+	t0 := <-steps
+	clk.advance(999 * time.Millisecond)
+	select {
+	case <-steps:
+		t.Fatal("the step ran before its time")
+	case <-time.After(10 * time.Millisecond):
+	}
+	go clk.advance(time.Millisecond)
+	require.Equal(t, t0.Add(time.Second), <-steps, "the step ran at the time it returned")
+	mu.Lock()
+	held = 0
+	mu.Unlock()
+	lp.poke()
+	_, open := <-steps
+	require.False(t, open)
+	<-done
+	mu.Lock()
+	require.True(t, lp.startLocked(), "a stopped loop can be started again")
+	mu.Unlock()
+}
+
+// Options are typed per constructor: an option of one does not satisfy the other's option
+// type, so passing it does not compile; WithLogger satisfies both.
+func TestOptionsTypedPerConstructor(t *testing.T) {
+	lessorOnly := map[string]any{
+		"WithHolder": WithHolder("h"), "WithHeartbeatInterval": WithHeartbeatInterval(time.Second),
+		"WithoutHeartbeat": WithoutHeartbeat(), "WithSafetyMargin": WithSafetyMargin(0),
+		"WithBackoff": WithBackoff(ExponentialBackoff(time.Millisecond, time.Second)),
+	}
+	advisoryOnly := map[string]any{
+		"WithNamespace": WithNamespace("n"), "WithKeyHash": WithKeyHash(SHA256KeyHash),
+		"WithWatchdogInterval": WithWatchdogInterval(time.Second), "WithMaxHeld": WithMaxHeld(1),
+		"WithFencingTokens": WithFencingTokens(),
+	}
+	for name, o := range lessorOnly {
+		_, isAdvisory := o.(AdvisoryOption)
+		require.False(t, isAdvisory, "%s is an AdvisoryOption", name)
+		_, isLessor := o.(LessorOption)
+		require.True(t, isLessor, name)
+	}
+	for name, o := range advisoryOnly {
+		_, isLessor := o.(LessorOption)
+		require.False(t, isLessor, "%s is a LessorOption", name)
+		_, isAdvisory := o.(AdvisoryOption)
+		require.True(t, isAdvisory, name)
+	}
+	var both any = WithLogger(nil)
+	_, isLessor := both.(LessorOption)
+	_, isAdvisory := both.(AdvisoryOption)
+	require.True(t, isLessor && isAdvisory, "WithLogger applies to both")
+}
