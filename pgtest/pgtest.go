@@ -3,6 +3,7 @@ package pgtest
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"sync"
@@ -178,7 +179,14 @@ func (s *Server) NewDB(t testing.TB) *DB {
 // stopping failed, the error printed to stderr). Call it from TestMain:
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
+//
+// With go test -short it skips the package's examples (it adds ^Example to -skip): an example
+// cannot call t.Skip, and one that needs PostgreSQL would fail where none can be started.
 func Main(m *testing.M) {
+	if err := skipExamplesIfShort(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	mainRunning.Store(true)
 	_ = holdPristine(true)
 	code := m.Run()
@@ -199,4 +207,23 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// skipExamplesIfShort adds ^Example to the -test.skip pattern under -short.
+func skipExamplesIfShort() error {
+	if !flag.Parsed() {
+		flag.Parse()
+	}
+	if !testing.Short() {
+		return nil
+	}
+	pattern := "^Example"
+	if f := flag.Lookup("test.skip"); f != nil && f.Value.String() != "" {
+		pattern = f.Value.String() + "|" + pattern
+	}
+	if err := flag.Set("test.skip", pattern); err != nil {
+		return fmt.Errorf("pgtest: skip examples under -short: %w", err)
+	}
+	fmt.Fprintln(os.Stderr, "pgtest: -short: skipping the examples, which need PostgreSQL")
+	return nil
 }

@@ -1,4 +1,4 @@
-package fencelock_test
+package integration
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testhook"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -184,7 +185,7 @@ func TestAdvisoryUnlockFailureDestroysConnection(t *testing.T) {
 	// and closes the session rather than pooling a connection in an unknown state.
 	lk, err := a.TryLock(b.ctx, "job")
 	require.NoError(t, err)
-	require.NoError(t, lk.ExecOnSession(b.ctx, `SELECT pg_advisory_unlock_all()`))
+	require.NoError(t, testhook.ExecOnSession(b.ctx, lk, `SELECT pg_advisory_unlock_all()`))
 	require.ErrorIs(t, lk.Unlock(b.ctx), fencelock.ErrNotHeld)
 	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
 

@@ -1,4 +1,4 @@
-package fencelock_test
+package integration
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/db"
 )
 
 // Benchmarks at the scale users reach: renewal cost per lease at 1k, 10k and 100k leases in
@@ -77,7 +78,7 @@ func BenchmarkRenewBatch(b *testing.B) {
 				ttls[i] = time.Hour.Microseconds()
 			}
 			floor := floorUs(b, e)
-			sql := fencelock.StatementSQL("LeaseRenew")
+			sql := db.Statement("LeaseRenew")
 			var total time.Duration
 			var loops int
 			for b.Loop() {

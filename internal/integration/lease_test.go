@@ -1,4 +1,4 @@
-package fencelock_test
+package integration
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testhook"
 )
 
 func TestLease(t *testing.T) {
@@ -429,7 +430,7 @@ func TestAbandonedGrantCleanupSparesOtherStatements(t *testing.T) {
 		return err == nil && n == 1
 	}, 5*time.Second, 5*time.Millisecond)
 	start := time.Now()
-	require.NoError(t, fencelock.EndAbandonedGrant(b.ctx, newLessor(t, b.pool, "h"), pid))
+	require.NoError(t, testhook.EndAbandonedGrant(b.ctx, newLessor(t, b.pool, "h"), pid))
 	require.Less(t, time.Since(start), 400*time.Millisecond, "the cleanup waited for a backend that ran no grant")
 	require.NoError(t, <-slept, "the cleanup cancelled another statement")
 }

@@ -1,4 +1,4 @@
-package fencelock_test
+package integration
 
 import (
 	"bufio"

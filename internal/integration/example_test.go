@@ -1,4 +1,4 @@
-package fencelock_test
+package integration
 
 import (
 	"context"
@@ -36,7 +36,7 @@ func exampleDB(ctx context.Context) (*pgxpool.Pool, func()) {
 
 // A lease guards a payment capture; the fence in the same transaction rejects the write of a
 // holder whose lease has moved on.
-func Example() {
+func Example_fencedCapture() {
 	ctx := context.Background()
 	pool, stop := exampleDB(ctx)
 	defer stop()
@@ -84,7 +84,7 @@ func Example() {
 	// worker-1's token rejected: true
 }
 
-func ExampleLessor_TryAcquire() {
+func Example_tryAcquire() {
 	ctx := context.Background()
 	pool, stop := exampleDB(ctx)
 	defer stop()
@@ -116,7 +116,7 @@ func ExampleLessor_TryAcquire() {
 	// b's token is larger: true
 }
 
-func ExampleLessor_RunLocked() {
+func Example_runLocked() {
 	ctx := context.Background()
 	pool, stop := exampleDB(ctx)
 	defer stop()

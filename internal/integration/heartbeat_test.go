@@ -1,4 +1,4 @@
-package fencelock_test
+package integration
 
 import (
 	"context"
@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/testhook"
 )
 
 // doneLateness waits for lease's Done and returns how long after the end of its trust window
@@ -172,7 +174,7 @@ func TestLateGrantReleasedAfterCallerCancels(t *testing.T) {
 	b := setup(t)
 	l := newLessor(t, b.pool, "late", fencelock.WithSafetyMargin(9900*time.Millisecond), fencelock.WithHeartbeatInterval(30*time.Millisecond))
 	ctx, cancel := context.WithCancel(b.ctx)
-	fencelock.SetAfterGrant(l, func() {
+	testhook.SetAfterGrant(l, func() {
 		cancel()                           // the caller gives up as the reply arrives...
 		time.Sleep(150 * time.Millisecond) // ...which arrives past the 100 ms trust window
 	})
@@ -217,7 +219,7 @@ func TestRenewalPlanLinear(t *testing.T) {
 
 	var plan []map[string]any
 	// sqlc numbers the parameters in order of appearance: names, tokens, ttls_us, holder.
-	err = b.pool.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+fencelock.StatementSQL("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
+	err = b.pool.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
 	require.NoError(t, err)
 	require.Len(t, plan, 1)
 	worst, where := 0.0, ""

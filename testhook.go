@@ -1,0 +1,22 @@
+package fencelock
+
+import (
+	"context"
+
+	"github.com/fencelock/fencelock/internal/testhook"
+)
+
+// The hooks of internal/testhook, for fencelock's own test modules; see that package.
+func init() {
+	testhook.ExecOnSession = func(ctx context.Context, lock any, sql string) error {
+		lk := lock.(*AdvisoryLock)
+		lk.connMu.Lock()
+		defer lk.connMu.Unlock()
+		_, err := lk.conn.Exec(ctx, sql)
+		return err
+	}
+	testhook.SetAfterGrant = func(lessor any, f func()) { lessor.(*Lessor).afterGrant = f }
+	testhook.EndAbandonedGrant = func(ctx context.Context, lessor any, pid uint32) error {
+		return lessor.(*Lessor).endAbandonedGrant(ctx, pid)
+	}
+}
