@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
 )
 
 // doneSlack is how late a healthy in-process holder may see its Done close after the trust
@@ -38,6 +40,92 @@ func jitter(lo, hi time.Duration) time.Duration {
 	return lo + time.Duration(rand.Int64N(int64(hi-lo)+1))
 }
 
+// setupOpts are where scenarios' environments differ. The zero value is a fresh database on
+// the shared server, a two-minute deadline, and the database's own pool for everything.
+type setupOpts struct {
+	// scenario names the scenario in the report.
+	scenario string
+	// timeout is the context's deadline, from now; 0 means two minutes.
+	timeout time.Duration
+	// server, if not empty, are the options of a server dedicated to the test (closed at
+	// test cleanup, after the database is dropped), on which the database is made instead
+	// of on the shared server.
+	server []pgtest.Option
+	// dbSet, if set, is a "name = value" for ALTER DATABASE ... SET, run before the workers'
+	// pool opens, so that the pool's sessions start with it.
+	dbSet string
+	// poolConfig, if set, adjusts the config of the workers' pool (per-session settings,
+	// pool size).
+	poolConfig func(*pgxpool.Config)
+	// proxy starts an in-process toxiproxy in front of the server (see newToxiProxy) and
+	// opens the holders' pool through it.
+	proxy bool
+}
+
+// env is a scenario's environment, made by setup. Everything in it ends at test cleanup, in
+// this order: the workers' own pool and the holders' pool (those there are) close, the
+// context is cancelled, the proxy stops, db.Pool closes and the database is dropped, and a
+// dedicated server closes.
+type env struct {
+	ctx context.Context // the test's context, with its deadline
+	// db is the test's database. db.Pool (default settings) is the harness pool, and the
+	// workers' unless they get a pool of their own; db.Server is the server it lives on.
+	db *pgtest.DB
+	// pool is the workers' pool: a pool of its own, opened after dbSet and with poolConfig,
+	// if either is set, else db.Pool.
+	pool   *pgxpool.Pool
+	tp     *toxiProxy    // the proxy, if setupOpts.proxy (else nil)
+	hpool  *pgxpool.Pool // the holders' pool, through tp, if setupOpts.proxy (else nil)
+	report *Report       // the scenario's report, named setupOpts.scenario
+}
+
+// setup makes the environment of a scenario described by o: the database (on a dedicated
+// server if o.server is set), the proxy and the holders' pool if o.proxy, the context, the
+// database setting o.dbSet, and the workers' pool, registering their cleanup with t. It
+// skips the test (go test -short) or fails it as pgtest does when PostgreSQL is missing.
+func setup(t *testing.T, o setupOpts) *env {
+	t.Helper()
+	var db *pgtest.DB
+	if len(o.server) > 0 {
+		db = pgtest.NewServer(t, o.server...).NewDB(t)
+	} else {
+		db = pgtest.NewDB(t)
+	}
+	e := &env{db: db, pool: db.Pool, report: &Report{Scenario: o.scenario}}
+	var hcfg *pgxpool.Config
+	if o.proxy { // before the context: the proxy stops after it is cancelled
+		e.tp, hcfg = newToxiProxy(t, db.URL)
+	}
+	if o.timeout == 0 {
+		o.timeout = 2 * time.Minute
+	}
+	var cancel context.CancelFunc
+	e.ctx, cancel = context.WithTimeout(context.Background(), o.timeout)
+	t.Cleanup(cancel) // after the pools close (cleanups run last registered first)
+	if o.dbSet != "" {
+		_, err := db.Pool.Exec(e.ctx, fmt.Sprintf(`ALTER DATABASE %s SET %s`, pgx.Identifier{db.Name}.Sanitize(), o.dbSet))
+		require.NoError(t, err)
+	}
+	if o.proxy {
+		hpool, err := pgxpool.NewWithConfig(e.ctx, hcfg)
+		require.NoError(t, err)
+		t.Cleanup(hpool.Close)
+		e.hpool = hpool
+	}
+	if o.dbSet != "" || o.poolConfig != nil {
+		cfg, err := pgxpool.ParseConfig(db.URL)
+		require.NoError(t, err)
+		if o.poolConfig != nil {
+			o.poolConfig(cfg)
+		}
+		pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		e.pool = pool
+	}
+	return e
+}
+
 // newRecorder measures the clock offset on pool and returns a fresh recorder.
 func newRecorder(t *testing.T, ctx context.Context, pool *pgxpool.Pool) *Recorder {
 	t.Helper()
@@ -56,7 +144,7 @@ type leaseWorker struct {
 	ttl    time.Duration
 	writes int           // appends per grant
 	gap    time.Duration // pause between appends
-	opts   []fencelock.Option
+	opts   []fencelock.LessorOption
 	// pause, if set, runs between the holder's own validity check and its write.
 	pause func()
 	// guard makes every append run Lease.GuardTx first, in its transaction.
@@ -67,7 +155,7 @@ type leaseWorker struct {
 
 // run loops until ctx ends.
 func (w *leaseWorker) run(ctx context.Context) {
-	l, err := fencelock.NewLessor(w.pool, append([]fencelock.Option{fencelock.WithHolder(w.worker)}, w.opts...)...)
+	l, err := fencelock.NewLessor(w.pool, append([]fencelock.LessorOption{fencelock.WithHolder(w.worker)}, w.opts...)...)
 	if err != nil {
 		panic(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // Regression test for a bug found by TestScenarioSIGSTOP, fixed in lease.go: Lease.Err
@@ -23,9 +22,8 @@ import (
 // TrustedUntil at which Err still returns nil.
 func TestRegressionErrNilPastTrustWindow(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	e := setup(t, setupOpts{timeout: time.Minute})
+	ctx, db := e.ctx, e.db
 	// No heartbeat: nothing renews the lease, as when every renewal fails.
 	l, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("h"), fencelock.WithoutHeartbeat())
 	require.NoError(t, err)
@@ -86,17 +84,11 @@ func TestRegressionDoneOpenDuringHungUnlock(t *testing.T) {
 // and returns the function that lifts the blackhole.
 func blackholedPool(t *testing.T) (context.Context, *pgxpool.Pool, func() (lift func())) {
 	t.Helper()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	t.Cleanup(cancel)
-	tp, cfg := newToxiProxy(t, db.URL)
-	hpool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(hpool.Close)
-	return ctx, hpool, func() func() {
-		require.NoError(t, tp.add("bh-up", "timeout", "upstream", map[string]int64{"timeout": 0}))
-		require.NoError(t, tp.add("bh-down", "timeout", "downstream", map[string]int64{"timeout": 0}))
-		return func() { require.NoError(t, tp.reset()) }
+	e := setup(t, setupOpts{timeout: time.Minute, proxy: true})
+	return e.ctx, e.hpool, func() func() {
+		require.NoError(t, e.tp.add("bh-up", "timeout", "upstream", map[string]int64{"timeout": 0}))
+		require.NoError(t, e.tp.add("bh-down", "timeout", "downstream", map[string]int64{"timeout": 0}))
+		return func() { require.NoError(t, e.tp.reset()) }
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // Scenario 2: a pause injected between the holder's own validity check (Err() == nil) and its
@@ -23,10 +22,8 @@ func TestScenarioPauseBetweenCheckAndWrite(t *testing.T) {
 	for _, guard := range []bool{false, true} {
 		t.Run(fmt.Sprintf("guard=%v", guard), func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.NewDB(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			report := &Report{Scenario: fmt.Sprintf("2-pause-check-write-guard-%v", guard)}
+			e := setup(t, setupOpts{scenario: fmt.Sprintf("2-pause-check-write-guard-%v", guard)})
+			ctx, db, report := e.ctx, e.db, e.report
 			const ttl = 300 * time.Millisecond
 			for run := range runs(3) {
 				name := fmt.Sprintf("pause:%d", run)
@@ -36,10 +33,10 @@ func TestScenarioPauseBetweenCheckAndWrite(t *testing.T) {
 				var wg sync.WaitGroup
 				backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
 				paused := &leaseWorker{rec: rec, pool: db.Pool, worker: "paused", name: name, ttl: ttl, writes: 3, guard: guard,
-					opts:  []fencelock.Option{fencelock.WithoutHeartbeat(), backoff},
+					opts:  []fencelock.LessorOption{fencelock.WithoutHeartbeat(), backoff},
 					pause: func() { time.Sleep(jitter(0, ttl*3/2)) }}
 				healthy := &leaseWorker{rec: rec, pool: db.Pool, worker: "healthy", name: name, ttl: ttl, writes: 3, gap: 5 * time.Millisecond, guard: guard,
-					opts: []fencelock.Option{backoff}}
+					opts: []fencelock.LessorOption{backoff}}
 				wg.Go(func() { paused.run(wctx) })
 				wg.Go(func() { healthy.run(wctx) })
 				wg.Wait()

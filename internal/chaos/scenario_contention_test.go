@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // Scenario 8: 200 goroutines (each with a lessor of its own) contend for one lease name with
@@ -21,16 +20,8 @@ import (
 // rise strictly in grant order (checked on the ledger and by porcupine).
 func TestScenarioContention200(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 40
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	report := &Report{Scenario: "8-contention-200"}
+	e := setup(t, setupOpts{scenario: "8-contention-200", poolConfig: func(cfg *pgxpool.Config) { cfg.MaxConns = 40 }})
+	ctx, pool, report := e.ctx, e.pool, e.report
 	for run := range runs(1) {
 		name := fmt.Sprintf("hot:%d", run)
 		require.NoError(t, SetupRegister(ctx, pool, name))
@@ -40,7 +31,7 @@ func TestScenarioContention200(t *testing.T) {
 		var spurious atomic.Int64
 		for i := range 200 {
 			w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("g%d", i), name: name, ttl: 2 * time.Second, writes: 2,
-				opts: []fencelock.Option{fencelock.WithBackoff(fencelock.ExponentialBackoff(2*time.Millisecond, 100*time.Millisecond))},
+				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(2*time.Millisecond, 100*time.Millisecond))},
 				onDone: func(l *fencelock.Lease, _ time.Duration) {
 					if l.Err() != fencelock.ErrReleased {
 						spurious.Add(1)

@@ -29,11 +29,8 @@ func TestScenarioServerCrash(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			srv := pgtest.NewServer(t, append(tc.settings, pgtest.Crashable())...)
-			db := srv.NewDB(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			report := &Report{Scenario: "6-server-crash-" + tc.desc}
+			e := setup(t, setupOpts{scenario: "6-server-crash-" + tc.desc, server: append(tc.settings, pgtest.Crashable())})
+			ctx, db, srv, report := e.ctx, e.db, e.db.Server, e.report
 			const ttl = 800 * time.Millisecond
 			for run := range runs(2) {
 				name := fmt.Sprintf("crash:%d", run)
@@ -43,7 +40,7 @@ func TestScenarioServerCrash(t *testing.T) {
 				var wg sync.WaitGroup
 				for i := range 3 {
 					w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 4, gap: 5 * time.Millisecond,
-						opts: []fencelock.Option{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))}}
+						opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))}}
 					wg.Go(func() { w.run(wctx) })
 				}
 				time.Sleep(jitter(100*time.Millisecond, 400*time.Millisecond))

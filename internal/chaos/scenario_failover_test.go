@@ -214,7 +214,7 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	defer stop()
 	var wg sync.WaitGroup
 	for i := range 3 {
-		w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("w%d", i), name: leaseName, ttl: failoverTTL, writes: 30, gap: 10 * time.Millisecond, opts: []fencelock.Option{backoff}}
+		w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("w%d", i), name: leaseName, ttl: failoverTTL, writes: 30, gap: 10 * time.Millisecond, opts: []fencelock.LessorOption{backoff}}
 		wg.Go(func() { w.run(wctx) })
 	}
 	wg.Go(func() { advisoryAppender(t, wctx, rec, pool, "adv", advName) })
@@ -250,7 +250,7 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	require.NoError(t, sleeperApp.Append(ctx, pausedName, held.Token()))
 	// The taker contends for the paused holder's lease from now on: it cannot have it before
 	// the crash, since the paused holder renews it until then.
-	taker := &leaseWorker{rec: rec, pool: pool, worker: "taker", name: pausedName, ttl: failoverTTL, writes: 4, gap: 10 * time.Millisecond, opts: []fencelock.Option{backoff}}
+	taker := &leaseWorker{rec: rec, pool: pool, worker: "taker", name: pausedName, ttl: failoverTTL, writes: 4, gap: 10 * time.Millisecond, opts: []fencelock.LessorOption{backoff}}
 	wg.Go(func() { taker.run(wctx) })
 	if fc.sync {
 		pause()

@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // Scenario 5a: kill -9 of the holder process. In-process workers wait in Acquire; the time
@@ -18,10 +17,8 @@ import (
 // bound of the waiters (their backoff cap) plus slack for a loaded machine.
 func TestScenarioKillHolder(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	report := &Report{Scenario: "5-kill9-holder"}
+	e := setup(t, setupOpts{scenario: "5-kill9-holder"})
+	ctx, db, report := e.ctx, e.db, e.report
 	const ttl, backoffMax = time.Second, 50 * time.Millisecond
 	bound := ttl + backoffMax + 250*time.Millisecond
 	for run := range runs(3) {
@@ -34,7 +31,7 @@ func TestScenarioKillHolder(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range 2 {
 			w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 2, gap: 5 * time.Millisecond,
-				opts: []fencelock.Option{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, backoffMax))}}
+				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, backoffMax))}}
 			wg.Go(func() { w.run(wctx) })
 		}
 		time.Sleep(jitter(50*time.Millisecond, 400*time.Millisecond))
@@ -63,10 +60,8 @@ func TestScenarioKillHolder(t *testing.T) {
 // their tokens throughout.
 func TestScenarioTerminateBackend(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	report := &Report{Scenario: "5-terminate-backend"}
+	e := setup(t, setupOpts{scenario: "5-terminate-backend"})
+	ctx, db, report := e.ctx, e.db, e.report
 	const watchdog = 100 * time.Millisecond
 	for run := range runs(4) {
 		name := fmt.Sprintf("term:%d", run)

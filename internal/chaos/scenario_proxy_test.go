@@ -9,11 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // Scenario 3: latency and blackholes on the holder's connection, through an in-process
@@ -29,14 +27,8 @@ func TestScenarioProxyLatencyBlackhole(t *testing.T) {
 	for _, fault := range []string{"latency", "blackhole"} {
 		t.Run(fault, func(t *testing.T) {
 			t.Parallel()
-			db := pgtest.NewDB(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			tp, cfg := newToxiProxy(t, db.URL)
-			hpool, err := pgxpool.NewWithConfig(ctx, cfg)
-			require.NoError(t, err)
-			defer hpool.Close()
-			report := &Report{Scenario: "3-proxy-" + fault}
+			e := setup(t, setupOpts{scenario: "3-proxy-" + fault, proxy: true})
+			ctx, db, tp, hpool, report := e.ctx, e.db, e.tp, e.hpool, e.report
 			const ttl = 600 * time.Millisecond
 			for run := range runs(2) {
 				name := fmt.Sprintf("%s:%d", fault, run)
@@ -45,8 +37,8 @@ func TestScenarioProxyLatencyBlackhole(t *testing.T) {
 				wctx, stop := context.WithCancel(ctx)
 				var wg sync.WaitGroup
 				backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
-				holder := &leaseWorker{rec: rec, pool: hpool, worker: "holder", name: name, ttl: ttl, writes: 6, gap: 20 * time.Millisecond, opts: []fencelock.Option{backoff}}
-				contender := &leaseWorker{rec: rec, pool: db.Pool, worker: "contender", name: name, ttl: ttl, writes: 2, gap: 5 * time.Millisecond, opts: []fencelock.Option{backoff}}
+				holder := &leaseWorker{rec: rec, pool: hpool, worker: "holder", name: name, ttl: ttl, writes: 6, gap: 20 * time.Millisecond, opts: []fencelock.LessorOption{backoff}}
+				contender := &leaseWorker{rec: rec, pool: db.Pool, worker: "contender", name: name, ttl: ttl, writes: 2, gap: 5 * time.Millisecond, opts: []fencelock.LessorOption{backoff}}
 				wg.Go(func() { holder.run(wctx) })
 				wg.Go(func() { contender.run(wctx) })
 				for round := range 3 {
@@ -96,14 +88,8 @@ func TestScenarioProxyLatencyBlackhole(t *testing.T) {
 // the holder afterwards. Renewals share the holder's connections and are hit at random.
 func TestScenarioProxyReset(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	tp, cfg := newToxiProxy(t, db.URL)
-	hpool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer hpool.Close()
-	report := &Report{Scenario: "4-proxy-reset"}
+	e := setup(t, setupOpts{scenario: "4-proxy-reset", proxy: true})
+	ctx, db, tp, hpool, report := e.ctx, e.db, e.tp, e.hpool, e.report
 	var grantsUnknown, cleanupFailed, unknownWrites, unknownApplied int
 	for run := range runs(4) {
 		name := fmt.Sprintf("reset:%d", run)
@@ -114,7 +100,7 @@ func TestScenarioProxyReset(t *testing.T) {
 		wctx, stop := context.WithTimeout(ctx, 1200*time.Millisecond)
 		var wg sync.WaitGroup
 		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
-		contender := &leaseWorker{rec: rec, pool: db.Pool, worker: "contender", name: name, ttl: 300 * time.Millisecond, writes: 2, gap: 5 * time.Millisecond, opts: []fencelock.Option{backoff}}
+		contender := &leaseWorker{rec: rec, pool: db.Pool, worker: "contender", name: name, ttl: 300 * time.Millisecond, writes: 2, gap: 5 * time.Millisecond, opts: []fencelock.LessorOption{backoff}}
 		wg.Go(func() { contender.run(wctx) })
 		var mu sync.Mutex // one toxic at a time
 		streams := []string{"upstream", "downstream"}

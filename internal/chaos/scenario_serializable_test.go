@@ -8,12 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // Scenario 9: the database's default isolation is serializable. Lease workers, advisory
@@ -23,19 +20,12 @@ import (
 // goes missing and no order is captured twice.
 func TestScenarioSerializable(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	_, err := db.Pool.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET default_transaction_isolation = 'serializable'`, pgx.Identifier{db.Name}.Sanitize()))
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, db.URL)
-	require.NoError(t, err)
-	defer pool.Close()
+	e := setup(t, setupOpts{scenario: "9-serializable", dbSet: "default_transaction_isolation = 'serializable'"})
+	ctx, pool, report := e.ctx, e.pool, e.report
 	var iso string
 	require.NoError(t, pool.QueryRow(ctx, `SHOW transaction_isolation`).Scan(&iso))
 	require.Equal(t, "serializable", iso)
 
-	report := &Report{Scenario: "9-serializable"}
 	const initial = 40
 	for run := range runs(2) {
 		name, item, order := fmt.Sprintf("ser:%d", run), fmt.Sprintf("item%d", run), fmt.Sprintf("order%d", run)
@@ -47,7 +37,7 @@ func TestScenarioSerializable(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range 3 {
 			w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("l%d", i), name: name, ttl: time.Second, writes: 3,
-				opts: []fencelock.Option{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))}}
+				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))}}
 			wg.Go(func() { w.run(wctx) })
 		}
 		for i := range 3 { // advisory lockers: inventory and payments under a fenced session lock

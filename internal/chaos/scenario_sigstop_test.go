@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // Scenario 1: a holder process paused with SIGSTOP past its TTL, then resumed. Two in-process
@@ -19,10 +18,8 @@ import (
 // (a write in flight) and every such write must be rejected by the fence.
 func TestScenarioSIGSTOP(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	report := &Report{Scenario: "1-sigstop-holder"}
+	e := setup(t, setupOpts{scenario: "1-sigstop-holder"})
+	ctx, db, report := e.ctx, e.db, e.report
 	const ttl = time.Second
 	stale := 0
 	var resumeDetect []time.Duration
@@ -37,7 +34,7 @@ func TestScenarioSIGSTOP(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range 2 {
 			w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 3, gap: 10 * time.Millisecond,
-				opts: []fencelock.Option{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))}}
+				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))}}
 			wg.Go(func() { w.run(wctx) })
 		}
 		time.Sleep(jitter(0, 300*time.Millisecond))

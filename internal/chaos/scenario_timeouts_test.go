@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // sqlState returns the SQLSTATE of err, or "" if the server did not report one.
@@ -38,21 +37,14 @@ func sqlState(err error) string {
 // ledger.
 func TestScenarioIdleInTransactionTimeout(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	const idleTimeout = 100 * time.Millisecond
-	_, err := db.Pool.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET idle_in_transaction_session_timeout = '%dms'`,
-		pgx.Identifier{db.Name}.Sanitize(), idleTimeout.Milliseconds()))
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, db.URL)
-	require.NoError(t, err)
-	defer pool.Close()
+	e := setup(t, setupOpts{scenario: "7-idle-in-transaction-timeout",
+		dbSet: fmt.Sprintf("idle_in_transaction_session_timeout = '%dms'", idleTimeout.Milliseconds())})
+	ctx, db, pool, report := e.ctx, e.db, e.pool, e.report
 	var setting string
 	require.NoError(t, pool.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&setting))
 	require.Equal(t, "100ms", setting)
 
-	report := &Report{Scenario: "7-idle-in-transaction-timeout"}
 	var fired, long atomic.Int64
 	const ttl = time.Second
 	for run := range runs(2) {
@@ -76,9 +68,9 @@ func TestScenarioIdleInTransactionTimeout(t *testing.T) {
 			time.Sleep(d)
 		}
 		idler := &idleWorker{leaseWorker: leaseWorker{rec: rec, pool: pool, worker: "idler", name: name, ttl: ttl, writes: 3, guard: true,
-			opts: []fencelock.Option{backoff}}, idle: idle}
+			opts: []fencelock.LessorOption{backoff}}, idle: idle}
 		healthy := &leaseWorker{rec: rec, pool: pool, worker: "healthy", name: name, ttl: ttl, writes: 3, gap: 5 * time.Millisecond, guard: true,
-			opts: []fencelock.Option{backoff}}
+			opts: []fencelock.LessorOption{backoff}}
 		wg.Go(func() { idler.run(wctx) })
 		wg.Go(func() { healthy.run(wctx) })
 		wg.Wait()
@@ -105,7 +97,7 @@ type idleWorker struct {
 
 // run is leaseWorker.run with an Appender that idles.
 func (w *idleWorker) run(ctx context.Context) {
-	l, err := fencelock.NewLessor(w.pool, append([]fencelock.Option{fencelock.WithHolder(w.worker)}, w.opts...)...)
+	l, err := fencelock.NewLessor(w.pool, append([]fencelock.LessorOption{fencelock.WithHolder(w.worker)}, w.opts...)...)
 	if err != nil {
 		panic(err)
 	}
@@ -144,21 +136,15 @@ func (w *idleWorker) run(ctx context.Context) {
 // nothing; no token is granted twice and no stale write is accepted.
 func TestScenarioLockAndStatementTimeout(t *testing.T) {
 	t.Parallel()
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.RuntimeParams["lock_timeout"] = "10ms"
-	cfg.ConnConfig.RuntimeParams["statement_timeout"] = "50ms"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	e := setup(t, setupOpts{scenario: "7-lock-statement-timeout", poolConfig: func(cfg *pgxpool.Config) {
+		cfg.ConnConfig.RuntimeParams["lock_timeout"] = "10ms"
+		cfg.ConnConfig.RuntimeParams["statement_timeout"] = "50ms"
+	}})
+	ctx, db, pool, report := e.ctx, e.db, e.pool, e.report
 	var lockT, stmtT string
 	require.NoError(t, pool.QueryRow(ctx, `SELECT current_setting('lock_timeout'), current_setting('statement_timeout')`).Scan(&lockT, &stmtT))
 	require.Equal(t, []string{"10ms", "50ms"}, []string{lockT, stmtT})
 
-	report := &Report{Scenario: "7-lock-statement-timeout"}
 	fired := map[string]int{}
 	var firedMu sync.Mutex
 	count := func(err error) {
@@ -179,11 +165,11 @@ func TestScenarioLockAndStatementTimeout(t *testing.T) {
 		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
 		for i := range 2 {
 			w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("lease%d", i), name: name, ttl: 300 * time.Millisecond, writes: 2, gap: 5 * time.Millisecond, guard: true,
-				opts: []fencelock.Option{backoff}}
+				opts: []fencelock.LessorOption{backoff}}
 			wg.Go(func() { w.run(wctx) })
 		}
 		for i := range 3 {
-			w := &txWorker{rec: rec, pool: pool, worker: fmt.Sprintf("tx%d", i), name: name, try: i == 2, count: count, opts: []fencelock.Option{backoff}}
+			w := &txWorker{rec: rec, pool: pool, worker: fmt.Sprintf("tx%d", i), name: name, try: i == 2, count: count, opts: []fencelock.LessorOption{backoff}}
 			wg.Go(func() { w.run(wctx) })
 		}
 		wg.Wait()
@@ -213,11 +199,11 @@ type txWorker struct {
 	name   string
 	try    bool
 	count  func(error)
-	opts   []fencelock.Option
+	opts   []fencelock.LessorOption
 }
 
 func (w *txWorker) run(ctx context.Context) {
-	l, err := fencelock.NewLessor(w.pool, append([]fencelock.Option{fencelock.WithHolder(w.worker)}, w.opts...)...)
+	l, err := fencelock.NewLessor(w.pool, append([]fencelock.LessorOption{fencelock.WithHolder(w.worker)}, w.opts...)...)
 	if err != nil {
 		panic(err)
 	}

@@ -10,12 +10,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // soakEnv names the soak duration, e.g. FENCELOCK_SOAK=10m. Unset, TestSoak does nothing.
@@ -36,24 +34,14 @@ func TestSoak(t *testing.T) {
 	}
 	dur, err := time.ParseDuration(v)
 	require.NoError(t, err, "FENCELOCK_SOAK")
-	db := pgtest.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), dur+2*time.Minute)
-	defer cancel()
-	_, err = db.Pool.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET idle_in_transaction_session_timeout = '200ms'`, pgx.Identifier{db.Name}.Sanitize()))
-	require.NoError(t, err)
-	tp, cfg := newToxiProxy(t, db.URL)
-	hpool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer hpool.Close()
-	pool, err := pgxpool.New(ctx, db.URL) // the contenders' pool, direct, with the new setting
-	require.NoError(t, err)
-	defer pool.Close()
+	// e.pool is the contenders' pool, direct, with the new setting; e.hpool the holders'.
+	e := setup(t, setupOpts{scenario: "soak", timeout: dur + 2*time.Minute, proxy: true, dbSet: "idle_in_transaction_session_timeout = '200ms'"})
+	ctx, db, tp, hpool, pool, report := e.ctx, e.db, e.tp, e.hpool, e.pool, e.report
 
 	kinds := []string{"latency", "blackhole", "reset", "terminate"}
 	if v := os.Getenv("FENCELOCK_SOAK_FAULTS"); v != "" { // e.g. "latency,reset": only these
 		kinds = strings.Split(v, ",")
 	}
-	report := &Report{Scenario: "soak"}
 	faults := map[string]int{}
 	end := time.Now().Add(dur)
 	const ttl = 500 * time.Millisecond
@@ -66,7 +54,7 @@ func TestSoak(t *testing.T) {
 		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
 		for i, p := range []*pgxpool.Pool{hpool, hpool, pool, pool} {
 			w := &leaseWorker{rec: rec, pool: p, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 3, gap: 5 * time.Millisecond, guard: i%2 == 0,
-				opts: []fencelock.Option{backoff}}
+				opts: []fencelock.LessorOption{backoff}}
 			if i == 1 { // leaves its guarded transactions idle, at times past the timeout
 				iw := &idleWorker{leaseWorker: *w, idle: func() { time.Sleep(jitter(0, 300*time.Millisecond)) }}
 				wg.Go(func() { iw.run(wctx) })
