@@ -31,10 +31,6 @@ func (m LockMode) String() string {
 	return "exclusive"
 }
 
-// closeTimeout bounds the cancel request and the close of a connection fencelock destroys
-// because it cannot tell what its session holds.
-const closeTimeout = 5 * time.Second
-
 // AdvisoryLocker takes Postgres advisory locks: session locks ([AdvisoryLocker.TryLock],
 // [AdvisoryLocker.Lock] and their shared and by-key variants), each held by a session of its
 // own on a connection taken from the pool, and transaction locks
@@ -64,8 +60,9 @@ const closeTimeout = 5 * time.Second
 // application_name to "fencelock <name>", so pg_stat_activity joined with pg_locks shows who
 // holds what.
 //
-// An AdvisoryLocker is safe for concurrent use. It needs no Close: it runs no goroutine of its
-// own but a watchdog round, every [WithWatchdogInterval] while it holds session locks.
+// An AdvisoryLocker is safe for concurrent use. It needs no Close: it runs one goroutine, its
+// watchdog, only while it holds session locks (a round every [WithWatchdogInterval]); with no
+// session lock held it owns no goroutine.
 type AdvisoryLocker struct {
 	pool     *pgxpool.Pool
 	q        *db.Queries
@@ -83,8 +80,8 @@ type heldEntry struct {
 }
 
 // NewAdvisoryLocker returns a locker on pool, which must reach a primary directly (not through
-// a pooler, for session locks). Errors: an [*ArgumentError] for a nil pool or a bad option, or
-// one that applies to [NewLessor] only. No SQL runs.
+// a pooler, for session locks). Errors: an [*ArgumentError] for a nil pool or a bad option
+// (a nil one included). No SQL runs. (A [LessorOption] does not compile here.)
 //
 // Defaults:
 //   - namespace: [DefaultNamespace] ([WithNamespace])
@@ -200,6 +197,44 @@ func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 	return nil
 }
 
+// register records a granted lock and starts the watchdog if it is not running.
+func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
+	a.mu.Lock()
+	a.held[lk.key] = &heldEntry{name: lk.name, lock: lk}
+	start := a.watchdog.startLocked()
+	if start {
+		a.nextProbe = a.cfg.clock.Now().Add(a.cfg.watchdog)
+	}
+	a.mu.Unlock()
+	if start {
+		go a.watchdog.run()
+	}
+}
+
+// unregister forgets a lock that ended; with the last one it wakes the watchdog, which exits.
+func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
+	a.mu.Lock()
+	if e, ok := a.held[lk.key]; ok && e.lock == lk {
+		delete(a.held, lk.key)
+	}
+	empty := len(a.grantedLocked()) == 0
+	a.mu.Unlock()
+	if empty {
+		a.watchdog.poke()
+	}
+}
+
+// grantedLocked returns the granted locks (not reservations being acquired). a.mu is held.
+func (a *AdvisoryLocker) grantedLocked() []*AdvisoryLock {
+	var locks []*AdvisoryLock
+	for _, e := range a.held {
+		if e.lock != nil {
+			locks = append(locks, e.lock)
+		}
+	}
+	return locks
+}
+
 // acquire takes the lock on a connection of its own and checks the session is one a session
 // lock can be trusted on.
 func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryKey, mode LockMode, wait bool) (*AdvisoryLock, error) {
@@ -209,21 +244,14 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		return nil, wrapPg(what(), err)
 	}
 	startupPID := conn.Conn().PgConn().PID()
-	p := db.AdvisoryTryLockParams{
+	row, err := a.q.AdvisoryLock(ctx, conn, db.AdvisoryLockParams{
 		StartupPid: int32(startupPID),
 		AppName:    applicationName(name, key),
 		Tokens:     a.cfg.tokens,
+		Wait:       wait,
 		Pair:       key.pair, K1: key.k1, K2: key.k2, Key: key.key,
 		Shared: mode == Shared,
-	}
-	var row db.AdvisoryTryLockRow
-	if wait {
-		var r db.AdvisoryLockRow
-		r, err = a.q.AdvisoryLock(ctx, conn, db.AdvisoryLockParams(p))
-		row = db.AdvisoryTryLockRow(r)
-	} else {
-		row, err = a.q.AdvisoryTryLock(ctx, conn, p)
-	}
+	})
 	if err != nil {
 		// A failed wait may have been granted as ctx ended; a statement that failed after its
 		// grant (fencelock.next_token refused the token: ErrTokenBudget, ErrTokenEpochBehind,
@@ -268,19 +296,6 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		prevApp: row.PrevApplicationName,
 		ending:  newGrantEnd(),
 	}, nil
-}
-
-// destroySession closes conn instead of returning it to the pool, because its session may hold
-// a lock. With cancel, it first asks the server to cancel whatever the session runs (a lock
-// wait), so the session ends promptly rather than when it next writes to the closed socket.
-func destroySession(ctx context.Context, conn *pgxpool.Conn, cancel bool) {
-	c := conn.Hijack()
-	cctx, stop := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-	defer stop()
-	if cancel {
-		_ = c.PgConn().CancelRequest(cctx) // best effort: closing ends the session anyway
-	}
-	_ = c.Close(cctx)
 }
 
 var errPIDChanged = errors.New("the connection now reaches another backend")

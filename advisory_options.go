@@ -17,6 +17,18 @@ const (
 	DefaultMaxHeld = 64
 )
 
+// AdvisoryOption configures an [AdvisoryLocker]; [NewAdvisoryLocker] takes them. Each is
+// validated by the constructor, which fails with an [*ArgumentError] on a bad one. An option
+// that does not apply to an AdvisoryLocker (a [LessorOption]) does not compile there.
+type AdvisoryOption interface {
+	applyAdvisory(*advisoryConfig) error
+}
+
+// advisoryOption is an [AdvisoryOption] that sets the locker's own configuration.
+type advisoryOption func(*advisoryConfig) error
+
+func (o advisoryOption) applyAdvisory(c *advisoryConfig) error { return o(c) }
+
 // advisoryConfig is an AdvisoryLocker's configuration, every default resolved by
 // newAdvisoryConfig.
 type advisoryConfig struct {

@@ -70,20 +70,12 @@ func (a *AdvisoryLocker) lockTx(ctx context.Context, tx pgx.Tx, name string, key
 	if mode != Exclusive && mode != Shared {
 		return 0, argError("mode", "is %d; want Exclusive or Shared", int(mode))
 	}
-	p := db.AdvisoryTryLockTxParams{
+	row, err := a.q.AdvisoryLockTx(ctx, tx, db.AdvisoryLockTxParams{
 		Tokens: a.cfg.tokens,
+		Wait:   wait,
 		Pair:   key.pair, K1: key.k1, K2: key.k2, Key: key.key,
 		Shared: mode == Shared,
-	}
-	var row db.AdvisoryTryLockTxRow
-	var err error
-	if wait {
-		var r db.AdvisoryLockTxRow
-		r, err = a.q.AdvisoryLockTx(ctx, tx, db.AdvisoryLockTxParams(p))
-		row = db.AdvisoryTryLockTxRow(r)
-	} else {
-		row, err = a.q.AdvisoryTryLockTx(ctx, tx, p)
-	}
+	})
 	what := fmt.Sprintf("lock %s in transaction", describeLock(name, key))
 	switch {
 	case err != nil && ctx.Err() != nil:

@@ -12,44 +12,6 @@ import (
 // interval, and ends the locks whose session failed. The loop starts with the first lock held
 // and exits when the last one ends, so a locker that holds nothing owns no goroutine.
 
-// register records a granted lock and starts the watchdog if it is not running.
-func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
-	a.mu.Lock()
-	a.held[lk.key] = &heldEntry{name: lk.name, lock: lk}
-	start := a.watchdog.startLocked()
-	if start {
-		a.nextProbe = a.cfg.clock.Now().Add(a.cfg.watchdog)
-	}
-	a.mu.Unlock()
-	if start {
-		go a.watchdog.run()
-	}
-}
-
-// unregister forgets a lock that ended; with the last one it wakes the watchdog, which exits.
-func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
-	a.mu.Lock()
-	if e, ok := a.held[lk.key]; ok && e.lock == lk {
-		delete(a.held, lk.key)
-	}
-	empty := len(a.grantedLocked()) == 0
-	a.mu.Unlock()
-	if empty {
-		a.watchdog.poke()
-	}
-}
-
-// grantedLocked returns the granted locks (not reservations being acquired). a.mu is held.
-func (a *AdvisoryLocker) grantedLocked() []*AdvisoryLock {
-	var locks []*AdvisoryLock
-	for _, e := range a.held {
-		if e.lock != nil {
-			locks = append(locks, e.lock)
-		}
-	}
-	return locks
-}
-
 // watchdogRound is the watchdog loop's step. A round probes every held lock once the probe is
 // due (the first one interval after the loop started, each next one an interval after the
 // previous round ended), all at once, each for at most one interval; a round woken early

@@ -12,6 +12,10 @@ import (
 // may still run, and commit, on its backend. These helpers end such a statement and wait for
 // its backend to exit, so that a call that gave up returns only once nothing is left held.
 
+// cleanupTimeout bounds the statement that ends a grant whose outcome the client could not
+// learn (its acquire was cancelled mid-flight). Past it the grant expires by its TTL.
+const cleanupTimeout = 5 * time.Second
+
 // backendAliveSQL and cancelGrantSQL are plain SQL, not sqlc's: sqlc's catalog has no
 // pg_stat_activity. cancelGrantSQL cancels the backend only while it runs a grant statement
 // (sqlc's text starts with its name) in this database: behind a pooler the pid a connection
@@ -21,23 +25,6 @@ const (
 	cancelGrantSQL  = `SELECT count(pg_cancel_backend(a.pid)) FROM pg_stat_activity AS a
 		WHERE a.pid = $1 AND a.datname = current_database() AND a.query LIKE '-- name: LeaseGrant %'`
 )
-
-// endAbandonedGrant cancels the grant statement that the backend with pid may still run for
-// a connection the client abandoned, and then waits until that backend has exited, for at
-// most cleanupTimeout, detached from ctx. When no backend with pid runs a grant in this
-// database (it has exited, or pid is a pooler's), there is nothing to cancel or await.
-func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	var cancelled int64
-	if err := l.pool.QueryRow(cctx, cancelGrantSQL, int32(pid)).Scan(&cancelled); err != nil {
-		return fmt.Errorf("cancel abandoned grant on backend %d: %w", pid, err)
-	}
-	if cancelled == 0 {
-		return nil
-	}
-	return awaitBackendExit(cctx, l.pool, pid)
-}
 
 // awaitBackendExit polls pool, every 2ms, until no backend with pid is left in this database,
 // or ctx ends. There is no event to wait on: Postgres does not notify a backend's exit.
@@ -56,4 +43,21 @@ func awaitBackendExit(ctx context.Context, pool *pgxpool.Pool, pid uint32) error
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
+}
+
+// closeTimeout bounds the cancel request and the close of a connection fencelock destroys
+// because it cannot tell what its session holds.
+const closeTimeout = 5 * time.Second
+
+// destroySession closes conn instead of returning it to the pool, because its session may hold
+// a lock. With cancel, it first asks the server to cancel whatever the session runs (a lock
+// wait), so the session ends promptly rather than when it next writes to the closed socket.
+func destroySession(ctx context.Context, conn *pgxpool.Conn, cancel bool) {
+	c := conn.Hijack()
+	cctx, stop := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer stop()
+	if cancel {
+		_ = c.PgConn().CancelRequest(cctx) // best effort: closing ends the session anyway
+	}
+	_ = c.Close(cctx)
 }

@@ -8,6 +8,18 @@ import (
 	"time"
 )
 
+// LessorOption configures a [Lessor]; [NewLessor] takes them. Each is validated by the
+// constructor, which fails with an [*ArgumentError] on a bad one. An option that does not
+// apply to a Lessor (an [AdvisoryOption]) does not compile there.
+type LessorOption interface {
+	applyLessor(*lessorConfig) error
+}
+
+// lessorOption is a [LessorOption] that sets the lessor's own configuration.
+type lessorOption func(*lessorConfig) error
+
+func (o lessorOption) applyLessor(c *lessorConfig) error { return o(c) }
+
 // span is a duration given either as such or as a fraction of each lease's TTL.
 type span struct {
 	d       time.Duration // when perTTL is 0

@@ -14,10 +14,6 @@ import (
 	"github.com/fencelock/fencelock/internal/db"
 )
 
-// cleanupTimeout bounds the statement that ends a grant whose outcome the client could not
-// learn (its acquire was cancelled mid-flight). Past it the grant expires by its TTL.
-const cleanupTimeout = 5 * time.Second
-
 // Lessor grants named leases, rows of fencelock.leases, to one holder id. Each grant carries a
 // fencing token, an int64 > 0 drawn from a sequence under the row lock, so tokens for a name
 // rise strictly in grant order. TTLs are measured on the database clock. Held leases are

@@ -145,3 +145,20 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	}
 	return nil
 }
+
+// endAbandonedGrant cancels the grant statement that the backend with pid may still run for
+// a connection the client abandoned, and then waits until that backend has exited, for at
+// most cleanupTimeout, detached from ctx. When no backend with pid runs a grant in this
+// database (it has exited, or pid is a pooler's), there is nothing to cancel or await.
+func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var cancelled int64
+	if err := l.pool.QueryRow(cctx, cancelGrantSQL, int32(pid)).Scan(&cancelled); err != nil {
+		return fmt.Errorf("cancel abandoned grant on backend %d: %w", pid, err)
+	}
+	if cancelled == 0 {
+		return nil
+	}
+	return awaitBackendExit(cctx, l.pool, pid)
+}

@@ -3,6 +3,11 @@
 // [github.com/fencelock/fencelock.Migrate], and dedicated servers that fault tests may crash
 // and restart.
 //
+// It is a module of its own, github.com/fencelock/fencelock/pgtest, so that its dependencies
+// (testcontainers-go and the Docker client) stay out of the requirements of the fencelock
+// module: a service that imports fencelock does not get them; its tests get them with
+// go get github.com/fencelock/fencelock/pgtest.
+//
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 //
 //	func TestSomething(t *testing.T) {
@@ -59,8 +64,9 @@
 // # Skipping
 //
 // With go test -short, NewDB, NewServer, NewStandby, NewPatroni and NewPgBouncer skip the test ("needs
-// PostgreSQL"). Otherwise they never skip: when no server (or no pgbouncer) can be had they
-// fail the test, saying why, so that CI cannot count an untested package as passing.
+// PostgreSQL"), and [Main] skips the package's examples, which cannot skip themselves.
+// Otherwise they never skip: when no server (or no pgbouncer) can be had they fail the test,
+// saying why, so that CI cannot count an untested package as passing.
 //
 // # Requirements
 //

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"sync"
@@ -20,7 +21,9 @@ import (
 
 // childConfig configures a holder child process: it takes lease Name for TTL on the database
 // at URL as Worker, then appends to the ledger of Name every Interval, whatever its Done
-// says (a holder with a write in flight), until told to stop on stdin.
+// says (a holder with a write in flight), until told to stop on stdin. Each append follows
+// the holder's own check (see checkHeld). With Interval 0 it appends only when told to (see
+// child.write).
 type childConfig struct {
 	URL      string
 	Worker   string
@@ -74,26 +77,44 @@ func runChild(cfgJSON string) int {
 		return 2
 	}
 	rec.Complete(id, OK, nil, func(op *Op) { op.Token, op.Expires = int64(lease.Token()), lease.ExpiresAt() })
+	doneRecorded := make(chan struct{})
 	go func() {
+		defer close(doneRecorded)
 		<-lease.Done()
 		rec.Record(Op{Worker: cfg.Worker, Kind: KindDone, Name: cfg.Name, Token: int64(lease.Token()), Expires: lease.ExpiresAt(), Err: fmt.Sprint(lease.Err())})
 	}()
 
-	stop := make(chan struct{})
+	// stdin: a line "write" asks for one more check and append now; "stop" or EOF ends the child.
+	writes, stop := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(stop)
 		in := bufio.NewScanner(os.Stdin)
-		in.Scan() // "stop" or EOF
-		close(stop)
+		for in.Scan() && in.Text() == "write" {
+			writes <- struct{}{}
+		}
 	}()
 	app := &Appender{Pool: pool, Rec: rec, Worker: cfg.Worker, Holder: cfg.Worker}
-	for {
+	write := func() {
 		checkHeld(rec, cfg.Worker, lease)
 		_ = app.Append(ctx, cfg.Name, lease.Token())
+	}
+	var tick <-chan time.Time // nil, so never ready, when Interval is 0
+	if cfg.Interval > 0 {
+		write()
+	}
+	for {
+		if cfg.Interval > 0 {
+			tick = time.After(cfg.Interval)
+		}
 		select {
 		case <-stop:
 			_ = lease.Release(ctx)
+			<-doneRecorded // Release has closed Done: its record goes out before the exit
 			return 0
-		case <-time.After(cfg.Interval):
+		case <-writes:
+			write()
+		case <-tick:
+			write()
 		}
 	}
 }
@@ -115,9 +136,10 @@ func checkHeld(rec *Recorder, worker string, lease *fencelock.Lease) bool {
 type child struct {
 	t       *testing.T
 	cmd     *exec.Cmd
-	stdin   interface{ Close() error }
+	stdin   io.WriteCloser
 	granted chan Op
-	exited  chan struct{}
+	exited  chan struct{} // closed once the child has exited and its output is imported
+	waitErr error         // the child's exit error (nil: exit status 0), set before exited closes
 }
 
 // startChild starts a holder child with cfg, importing its history into rec.
@@ -159,7 +181,7 @@ func startChild(t *testing.T, cfg childConfig, rec *Recorder) *child {
 				rec.CompleteAt(id, ev.Op, ev.Wall.Add(ev.Op.Return-ev.Op.Invoke))
 			}
 		}
-		_ = cmd.Wait()
+		c.waitErr = cmd.Wait()
 	}()
 	return c
 }
@@ -178,10 +200,19 @@ func (c *child) waitGrant(ctx context.Context) Op {
 	return Op{}
 }
 
+// signal sends sig to the child.
 func (c *child) signal(sig syscall.Signal) { require.NoError(c.t, c.cmd.Process.Signal(sig)) }
 
-// finish tells the child to stop and waits for it to exit (at most limit).
-func (c *child) finish(limit time.Duration) {
+// write tells the child to make one more check and fenced append now (at once if it is
+// running, on resuming if it is stopped); both are recorded in its history.
+func (c *child) write() {
+	_, err := io.WriteString(c.stdin, "write\n")
+	require.NoError(c.t, err)
+}
+
+// finish tells the child to stop, waits for it to exit (at most limit, then kills it) and
+// returns its exit error: nil when it released its lease and exited with status 0.
+func (c *child) finish(limit time.Duration) error {
 	_ = c.stdin.Close()
 	select {
 	case <-c.exited:
@@ -189,6 +220,7 @@ func (c *child) finish(limit time.Duration) {
 		_ = c.cmd.Process.Kill()
 		<-c.exited
 	}
+	return c.waitErr
 }
 
 // kill sends SIGKILL and waits until the child has exited and its output is imported.

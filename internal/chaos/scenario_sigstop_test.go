@@ -2,7 +2,9 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -16,6 +18,7 @@ import (
 // Scenario 1: a holder process paused with SIGSTOP past its TTL, then resumed. Two in-process
 // workers take the lease over and write; the resumed child keeps writing with its old token
 // (a write in flight) and every such write must be rejected by the fence.
+// TestStoppedProcessIsFenced below pins the timing down and asserts each step of one such run.
 func TestScenarioSIGSTOP(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{scenario: "1-sigstop-holder"})
@@ -63,4 +66,67 @@ func TestScenarioSIGSTOP(t *testing.T) {
 	t.Logf("chaos: scenario=1-sigstop-holder stale_rejected=%d", stale)
 	require.Positive(t, stale, "the resumed child's writes must have been rejected as stale")
 	logReport(t, report)
+}
+
+// A holder process really paused with SIGSTOP past its TTL, step by step (scenario 1 with its
+// timing pinned down, so that each step can be asserted): while the child is stopped, a new
+// holder takes the lease over with a larger token and writes; resumed and told to write, the
+// child finds its lease lost (its own check fails, Done closed with a lost-lease error) and
+// its fenced write rejected as stale with current = the new token; the ledger holds the new
+// holder's write only.
+func TestStoppedProcessIsFenced(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{scenario: "1-sigstop-stepwise"})
+	ctx, db := e.ctx, e.db
+	const name = "payment:7"
+	require.NoError(t, SetupRegister(ctx, db.Pool, name))
+	rec := newRecorder(t, ctx, db.Pool)
+	// Interval 0: the child holds the lease, heartbeat running, and writes only when told.
+	c := startChild(t, childConfig{URL: db.URL, Worker: "old", Name: name, TTL: 500 * time.Millisecond}, rec)
+	old := c.waitGrant(ctx)
+
+	stopped := rec.Now()
+	c.signal(syscall.SIGSTOP)
+	cur, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("new"), fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond)))
+	require.NoError(t, err)
+	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// Granted once the TTL ran out on the server, which it cannot while the child's
+	// heartbeat runs: the grant shows the child stopped past its TTL.
+	ln, ok := acquireRecorded(actx, rec, cur, "new", name, 10*time.Second)
+	require.True(t, ok, "not granted: was the child's heartbeat still renewing its lease?")
+	require.Greater(t, int64(ln.Token()), old.Token)
+	require.NoError(t, (&Appender{Pool: db.Pool, Rec: rec, Worker: "new", Holder: "new"}).Append(ctx, name, ln.Token()))
+	c.signal(syscall.SIGCONT)
+	rec.Record(Op{Worker: "old", Kind: KindFault, Value: "sigstop", Invoke: stopped, Return: rec.Now()})
+
+	c.write()
+	require.NoError(t, c.finish(10*time.Second))
+	releaseRecorded(rec, "new", ln)
+	h := finalCheck(t, ctx, db.Pool, rec, e.report, name)
+
+	// The child's check, append and Done closing, each exactly once with Interval 0.
+	byKind := map[Kind][]Op{}
+	for _, op := range h {
+		if op.Worker == "old" {
+			byKind[op.Kind] = append(byKind[op.Kind], op)
+		}
+	}
+	require.Len(t, byKind[KindCheck], 1)
+	require.Equal(t, Fail, byKind[KindCheck][0].Outcome, "the resumed child's own check found the lease held")
+	require.Len(t, byKind[KindDone], 1)
+	// The error of this grant's loss, whatever its cause (the trust window's end, or the
+	// server's verdict if a renewal got there first), as the child recorded it: a string.
+	lost := &fencelock.LeaseLostError{Name: name, Token: tok(old.Token), Cause: errors.New("")}
+	require.True(t, strings.HasPrefix(byKind[KindDone][0].Err, lost.Error()), "Done closed with %q, not a lost lease", byKind[KindDone][0].Err)
+	require.Len(t, byKind[KindAppend], 1)
+	write := byKind[KindAppend][0]
+	require.True(t, write.Stale && write.Outcome == Fail, "the resumed child's write: %v", write)
+	require.Equal(t, int64(ln.Token()), write.Current)
+	var written []int64
+	for _, entry := range FinalLedgers(h)[name] {
+		written = append(written, EntryToken(entry))
+	}
+	require.Equal(t, []int64{int64(ln.Token())}, written)
+	logReport(t, e.report)
 }

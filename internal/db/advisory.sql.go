@@ -10,27 +10,32 @@ import (
 )
 
 const advisoryLock = `-- name: AdvisoryLock :one
-SELECT (g.waited IS NOT NULL)::boolean AS granted,
+SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        pg_backend_pid() AS backend_pid,
        current_setting('application_name') AS prev_application_name,
-       CASE WHEN g.waited IS NOT NULL THEN set_config('application_name', $1::text, false) ELSE '' END::text AS application_name,
-       (CASE WHEN g.waited IS NOT NULL AND $2::boolean THEN
+       CASE WHEN g.granted THEN set_config('application_name', $1::text, false) ELSE '' END::text AS application_name,
+       (CASE WHEN g.granted AND $2::boolean THEN
            fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
-          WHEN pg_is_in_recovery() OR pg_backend_pid() <> $3::integer THEN NULL
-          WHEN $4::boolean AND $5::boolean THEN pg_advisory_lock_shared($6::integer, $7::integer)::text
-          WHEN $4::boolean THEN pg_advisory_lock($6::integer, $7::integer)::text
-          WHEN $5::boolean THEN pg_advisory_lock_shared($8::bigint)::text
-          ELSE pg_advisory_lock($8::bigint)::text
-      END AS waited) AS g
+          WHEN pg_is_in_recovery() OR pg_backend_pid() <> $3::integer THEN false
+          WHEN $4::boolean AND $5::boolean AND $6::boolean THEN pg_advisory_lock_shared($7::integer, $8::integer)::text IS NOT NULL
+          WHEN $4::boolean AND $5::boolean THEN pg_advisory_lock($7::integer, $8::integer)::text IS NOT NULL
+          WHEN $4::boolean AND $6::boolean THEN pg_advisory_lock_shared($9::bigint)::text IS NOT NULL
+          WHEN $4::boolean THEN pg_advisory_lock($9::bigint)::text IS NOT NULL
+          WHEN $5::boolean AND $6::boolean THEN pg_try_advisory_lock_shared($7::integer, $8::integer)
+          WHEN $5::boolean THEN pg_try_advisory_lock($7::integer, $8::integer)
+          WHEN $6::boolean THEN pg_try_advisory_lock_shared($9::bigint)
+          ELSE pg_try_advisory_lock($9::bigint)
+      END AS granted) AS g
 `
 
 type AdvisoryLockParams struct {
 	AppName    string
 	Tokens     bool
 	StartupPid int32
+	Wait       bool
 	Pair       bool
 	Shared     bool
 	K1         int32
@@ -47,14 +52,32 @@ type AdvisoryLockRow struct {
 	Token               int64
 }
 
-// As AdvisoryTryLock, but waits in the server's lock queue (FIFO among conflicting requests)
-// until granted or cancelled; granted is then true unless the session was refused.
-// (pg_advisory_lock returns void, which casts to the empty text, not NULL.)
+// Takes a session advisory lock, exclusive or @shared, in one statement: with @wait it waits
+// in the server's lock queue (FIFO among conflicting requests) until granted or cancelled,
+// else it only tries. The key is one bigint (@key, @pair false) or two integers (@k1, @k2,
+// @pair true): Postgres keeps the two forms in separate key spaces; CASE evaluates only the
+// branch it picks. A waiting lock function returns void, which casts to the empty text, not
+// NULL: a wait that returns is a grant, so granted is then true unless the session was
+// refused. It reports why it took nothing when the session cannot be trusted with a session
+// lock: the server is in recovery (a lock taken on a hot standby excludes no one on the
+// primary), or the backend pid differs from @startup_pid, the one the connection reported at
+// startup (a pooler sits between: the next statement may run in another session, and closing
+// the client connection would not end the server session that holds the lock). Neither takes
+// the lock: the checks come before the lock in the CASE. When granted it also names the lock
+// in application_name, so pg_stat_activity joined with pg_locks shows who holds what, and
+// returns the previous application_name to put back on unlock. With @tokens it draws a fencing
+// token from the lease sequence after the grant with fencelock.next_token(true), which writes
+// this backend's row of fencelock.token_flushes and raises synchronous_commit from off to on,
+// so the statement's commit flushes the WAL and the token is durable before the result
+// returns, even when it falls in a range WAL-logged by a transaction that rolled back (a bare
+// nextval writes no WAL there, and a commit that wrote no WAL flushes nothing). In a
+// transaction lock (AdvisoryLockTx) the token is durable once the caller's transaction commits.
 func (q *Queries) AdvisoryLock(ctx context.Context, db DBTX, arg AdvisoryLockParams) (AdvisoryLockRow, error) {
 	row := db.QueryRow(ctx, advisoryLock,
 		arg.AppName,
 		arg.Tokens,
 		arg.StartupPid,
+		arg.Wait,
 		arg.Pair,
 		arg.Shared,
 		arg.K1,
@@ -74,22 +97,27 @@ func (q *Queries) AdvisoryLock(ctx context.Context, db DBTX, arg AdvisoryLockPar
 }
 
 const advisoryLockTx = `-- name: AdvisoryLockTx :one
-SELECT (g.waited IS NOT NULL)::boolean AS granted,
+SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
-       (CASE WHEN g.waited IS NOT NULL AND $1::boolean THEN
+       (CASE WHEN g.granted AND $1::boolean THEN
            fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
-          WHEN pg_is_in_recovery() THEN NULL
-          WHEN $2::boolean AND $3::boolean THEN pg_advisory_xact_lock_shared($4::integer, $5::integer)::text
-          WHEN $2::boolean THEN pg_advisory_xact_lock($4::integer, $5::integer)::text
-          WHEN $3::boolean THEN pg_advisory_xact_lock_shared($6::bigint)::text
-          ELSE pg_advisory_xact_lock($6::bigint)::text
-      END AS waited) AS g
+          WHEN pg_is_in_recovery() THEN false
+          WHEN $2::boolean AND $3::boolean AND $4::boolean THEN pg_advisory_xact_lock_shared($5::integer, $6::integer)::text IS NOT NULL
+          WHEN $2::boolean AND $3::boolean THEN pg_advisory_xact_lock($5::integer, $6::integer)::text IS NOT NULL
+          WHEN $2::boolean AND $4::boolean THEN pg_advisory_xact_lock_shared($7::bigint)::text IS NOT NULL
+          WHEN $2::boolean THEN pg_advisory_xact_lock($7::bigint)::text IS NOT NULL
+          WHEN $3::boolean AND $4::boolean THEN pg_try_advisory_xact_lock_shared($5::integer, $6::integer)
+          WHEN $3::boolean THEN pg_try_advisory_xact_lock($5::integer, $6::integer)
+          WHEN $4::boolean THEN pg_try_advisory_xact_lock_shared($7::bigint)
+          ELSE pg_try_advisory_xact_lock($7::bigint)
+      END AS granted) AS g
 `
 
 type AdvisoryLockTxParams struct {
 	Tokens bool
+	Wait   bool
 	Pair   bool
 	Shared bool
 	K1     int32
@@ -103,10 +131,14 @@ type AdvisoryLockTxRow struct {
 	Token      int64
 }
 
-// As AdvisoryTryLockTx, but waits in the server's lock queue until granted or cancelled.
+// Takes a transaction advisory lock inside the caller's transaction, released at its end:
+// with @wait it waits in the server's lock queue until granted or cancelled, else it only
+// tries. Key, @shared, @wait and CASE as in AdvisoryLock. Reports recovery as AdvisoryLock
+// does, before it locks. With @tokens, as AdvisoryLock.
 func (q *Queries) AdvisoryLockTx(ctx context.Context, db DBTX, arg AdvisoryLockTxParams) (AdvisoryLockTxRow, error) {
 	row := db.QueryRow(ctx, advisoryLockTx,
 		arg.Tokens,
+		arg.Wait,
 		arg.Pair,
 		arg.Shared,
 		arg.K1,
@@ -131,129 +163,6 @@ func (q *Queries) AdvisorySessionCheck(ctx context.Context, db DBTX) (int32, err
 	var backend_pid int32
 	err := row.Scan(&backend_pid)
 	return backend_pid, err
-}
-
-const advisoryTryLock = `-- name: AdvisoryTryLock :one
-SELECT g.granted::boolean AS granted,
-       pg_is_in_recovery() AS in_recovery,
-       pg_backend_pid() AS backend_pid,
-       current_setting('application_name') AS prev_application_name,
-       CASE WHEN g.granted THEN set_config('application_name', $1::text, false) ELSE '' END AS application_name,
-       (CASE WHEN g.granted AND $2::boolean THEN
-           fencelock.next_token(true)
-        ELSE 0 END)::bigint AS token
-FROM (SELECT CASE
-          WHEN pg_is_in_recovery() OR pg_backend_pid() <> $3::integer THEN false
-          WHEN $4::boolean AND $5::boolean THEN pg_try_advisory_lock_shared($6::integer, $7::integer)
-          WHEN $4::boolean THEN pg_try_advisory_lock($6::integer, $7::integer)
-          WHEN $5::boolean THEN pg_try_advisory_lock_shared($8::bigint)
-          ELSE pg_try_advisory_lock($8::bigint)
-      END AS granted) AS g
-`
-
-type AdvisoryTryLockParams struct {
-	AppName    string
-	Tokens     bool
-	StartupPid int32
-	Pair       bool
-	Shared     bool
-	K1         int32
-	K2         int32
-	Key        int64
-}
-
-type AdvisoryTryLockRow struct {
-	Granted             bool
-	InRecovery          bool
-	BackendPid          int32
-	PrevApplicationName string
-	ApplicationName     string
-	Token               int64
-}
-
-// Tries to take a session advisory lock, exclusive or @shared, in one statement. The key is one
-// bigint (@key, @pair false) or two integers (@k1, @k2, @pair true): Postgres keeps the two
-// forms in separate key spaces; CASE evaluates only the branch it picks. It reports
-// why it took nothing when the session cannot be trusted with a session lock: the server is
-// in recovery (a lock taken on a hot standby excludes no one on the primary), or the backend
-// pid differs from @startup_pid, the one the connection reported at startup (a pooler sits
-// between: the next statement may run in another session, and closing the client connection
-// would not end the server session that holds the lock). Neither takes the lock. When granted it also names the lock in application_name, so
-// pg_stat_activity joined with pg_locks shows who holds what, and returns the previous
-// application_name to put back on unlock. With @tokens it draws a fencing token from the lease
-// sequence after the grant with fencelock.next_token(true), which writes this backend's row of
-// fencelock.token_flushes and raises synchronous_commit from off to on, so the statement's commit flushes
-// the WAL and the token is durable before the result returns, even when it falls in a range
-// WAL-logged by a transaction that rolled back (a bare nextval writes no WAL there, and a
-// commit that wrote no WAL flushes nothing). In a transaction lock (AdvisoryTryLockTx,
-// AdvisoryLockTx) the token is durable once the caller's transaction commits.
-func (q *Queries) AdvisoryTryLock(ctx context.Context, db DBTX, arg AdvisoryTryLockParams) (AdvisoryTryLockRow, error) {
-	row := db.QueryRow(ctx, advisoryTryLock,
-		arg.AppName,
-		arg.Tokens,
-		arg.StartupPid,
-		arg.Pair,
-		arg.Shared,
-		arg.K1,
-		arg.K2,
-		arg.Key,
-	)
-	var i AdvisoryTryLockRow
-	err := row.Scan(
-		&i.Granted,
-		&i.InRecovery,
-		&i.BackendPid,
-		&i.PrevApplicationName,
-		&i.ApplicationName,
-		&i.Token,
-	)
-	return i, err
-}
-
-const advisoryTryLockTx = `-- name: AdvisoryTryLockTx :one
-SELECT g.granted::boolean AS granted,
-       pg_is_in_recovery() AS in_recovery,
-       (CASE WHEN g.granted AND $1::boolean THEN
-           fencelock.next_token(true)
-        ELSE 0 END)::bigint AS token
-FROM (SELECT CASE
-          WHEN pg_is_in_recovery() THEN false
-          WHEN $2::boolean AND $3::boolean THEN pg_try_advisory_xact_lock_shared($4::integer, $5::integer)
-          WHEN $2::boolean THEN pg_try_advisory_xact_lock($4::integer, $5::integer)
-          WHEN $3::boolean THEN pg_try_advisory_xact_lock_shared($6::bigint)
-          ELSE pg_try_advisory_xact_lock($6::bigint)
-      END AS granted) AS g
-`
-
-type AdvisoryTryLockTxParams struct {
-	Tokens bool
-	Pair   bool
-	Shared bool
-	K1     int32
-	K2     int32
-	Key    int64
-}
-
-type AdvisoryTryLockTxRow struct {
-	Granted    bool
-	InRecovery bool
-	Token      int64
-}
-
-// Tries to take a transaction advisory lock inside the caller's transaction, released at its
-// end. Reports recovery as AdvisoryTryLock does. With @tokens, as AdvisoryTryLock.
-func (q *Queries) AdvisoryTryLockTx(ctx context.Context, db DBTX, arg AdvisoryTryLockTxParams) (AdvisoryTryLockTxRow, error) {
-	row := db.QueryRow(ctx, advisoryTryLockTx,
-		arg.Tokens,
-		arg.Pair,
-		arg.Shared,
-		arg.K1,
-		arg.K2,
-		arg.Key,
-	)
-	var i AdvisoryTryLockTxRow
-	err := row.Scan(&i.Granted, &i.InRecovery, &i.Token)
-	return i, err
 }
 
 const advisoryUnlock = `-- name: AdvisoryUnlock :one

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"os"
 	"testing"
 	"time"
 
@@ -14,16 +13,8 @@ import (
 	"github.com/fencelock/fencelock/pgtest"
 )
 
-// holderChildEnv, when set to a database URL, turns the test binary into the holder process
-// of TestStoppedProcessIsFenced instead of running tests.
-const holderChildEnv = "FENCELOCK_TEST_HOLDER_CHILD"
-
-func TestMain(m *testing.M) {
-	if url := os.Getenv(holderChildEnv); url != "" {
-		os.Exit(runHolderChild(url))
-	}
-	pgtest.Main(m)
-}
+// TestMain runs the tests through pgtest.Main, which stops the shared server afterwards.
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // bundle is what most tests need: a fresh migrated database and a context bounded so that a
 // hung test fails instead of stalling the suite.
@@ -33,6 +24,8 @@ type bundle struct {
 	db   *pgtest.DB
 }
 
+// setup returns a bundle on a fresh database of the shared server, its context ending at
+// test cleanup or after two minutes.
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := pgtest.NewDB(t)
@@ -44,6 +37,7 @@ func setup(t *testing.T) *bundle {
 // fastBackoff keeps waits short in tests where many waiters contend.
 var fastBackoff = fencelock.WithBackoff(fencelock.ExponentialBackoff(200*time.Microsecond, 5*time.Millisecond))
 
+// newLessor returns a lessor on pool with holder id holder and opts, failing the test on error.
 func newLessor(t *testing.T, pool *pgxpool.Pool, holder string, opts ...fencelock.LessorOption) *fencelock.Lessor {
 	t.Helper()
 	l, err := fencelock.NewLessor(pool, append([]fencelock.LessorOption{fencelock.WithHolder(holder)}, opts...)...)
@@ -58,6 +52,7 @@ type leaseRow struct {
 	Expired bool
 }
 
+// readLease returns the row of lease name, failing the test if there is none.
 func readLease(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) leaseRow {
 	t.Helper()
 	var r leaseRow
@@ -78,7 +73,8 @@ func waitDone(t *testing.T, lease *fencelock.Lease, limit time.Duration) {
 }
 
 // fencedWrite is the protected write of the tests: in one transaction, advance the fence of
-// resource to token and bump a counter row keyed by resource.
+// resource to token and insert the row (resource, token) into the writes table (see
+// createWrites).
 func fencedWrite(ctx context.Context, pool *pgxpool.Pool, resource string, token fencelock.Token) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := fencelock.FenceTx(ctx, tx, resource, token); err != nil {
@@ -89,12 +85,14 @@ func fencedWrite(ctx context.Context, pool *pgxpool.Pool, resource string, token
 	})
 }
 
+// createWrites creates the writes table of fencedWrite in b's database.
 func createWrites(t *testing.T, b *bundle) {
 	t.Helper()
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE writes (resource text NOT NULL, token bigint NOT NULL)`)
 	require.NoError(t, err)
 }
 
+// writtenTokens returns the tokens of the rows fencedWrite wrote for resource, in ascending order.
 func writtenTokens(t *testing.T, b *bundle, resource string) []int64 {
 	t.Helper()
 	rows, err := b.pool.Query(b.ctx, `SELECT token FROM writes WHERE resource = $1 ORDER BY token`, resource)
@@ -104,6 +102,8 @@ func writtenTokens(t *testing.T, b *bundle, resource string) []int64 {
 	return got
 }
 
+// pgxTx lets test files name pgx.Tx without importing pgx.
 type pgxTx = pgx.Tx
 
+// pgxRows lets test files name pgx.Rows without importing pgx.
 type pgxRows = pgx.Rows

@@ -1,55 +1,43 @@
--- name: AdvisoryTryLock :one
--- Tries to take a session advisory lock, exclusive or @shared, in one statement. The key is one
--- bigint (@key, @pair false) or two integers (@k1, @k2, @pair true): Postgres keeps the two
--- forms in separate key spaces; CASE evaluates only the branch it picks. It reports
--- why it took nothing when the session cannot be trusted with a session lock: the server is
--- in recovery (a lock taken on a hot standby excludes no one on the primary), or the backend
--- pid differs from @startup_pid, the one the connection reported at startup (a pooler sits
--- between: the next statement may run in another session, and closing the client connection
--- would not end the server session that holds the lock). Neither takes the lock. When granted it also names the lock in application_name, so
--- pg_stat_activity joined with pg_locks shows who holds what, and returns the previous
--- application_name to put back on unlock. With @tokens it draws a fencing token from the lease
--- sequence after the grant with fencelock.next_token(true), which writes this backend's row of
--- fencelock.token_flushes and raises synchronous_commit from off to on, so the statement's commit flushes
--- the WAL and the token is durable before the result returns, even when it falls in a range
--- WAL-logged by a transaction that rolled back (a bare nextval writes no WAL there, and a
--- commit that wrote no WAL flushes nothing). In a transaction lock (AdvisoryTryLockTx,
--- AdvisoryLockTx) the token is durable once the caller's transaction commits.
+-- name: AdvisoryLock :one
+-- Takes a session advisory lock, exclusive or @shared, in one statement: with @wait it waits
+-- in the server's lock queue (FIFO among conflicting requests) until granted or cancelled,
+-- else it only tries. The key is one bigint (@key, @pair false) or two integers (@k1, @k2,
+-- @pair true): Postgres keeps the two forms in separate key spaces; CASE evaluates only the
+-- branch it picks. A waiting lock function returns void, which casts to the empty text, not
+-- NULL: a wait that returns is a grant, so granted is then true unless the session was
+-- refused. It reports why it took nothing when the session cannot be trusted with a session
+-- lock: the server is in recovery (a lock taken on a hot standby excludes no one on the
+-- primary), or the backend pid differs from @startup_pid, the one the connection reported at
+-- startup (a pooler sits between: the next statement may run in another session, and closing
+-- the client connection would not end the server session that holds the lock). Neither takes
+-- the lock: the checks come before the lock in the CASE. When granted it also names the lock
+-- in application_name, so pg_stat_activity joined with pg_locks shows who holds what, and
+-- returns the previous application_name to put back on unlock. With @tokens it draws a fencing
+-- token from the lease sequence after the grant with fencelock.next_token(true), which writes
+-- this backend's row of fencelock.token_flushes and raises synchronous_commit from off to on,
+-- so the statement's commit flushes the WAL and the token is durable before the result
+-- returns, even when it falls in a range WAL-logged by a transaction that rolled back (a bare
+-- nextval writes no WAL there, and a commit that wrote no WAL flushes nothing). In a
+-- transaction lock (AdvisoryLockTx) the token is durable once the caller's transaction commits.
 SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        pg_backend_pid() AS backend_pid,
        current_setting('application_name') AS prev_application_name,
-       CASE WHEN g.granted THEN set_config('application_name', sqlc.arg(app_name)::text, false) ELSE '' END AS application_name,
+       CASE WHEN g.granted THEN set_config('application_name', sqlc.arg(app_name)::text, false) ELSE '' END::text AS application_name,
        (CASE WHEN g.granted AND sqlc.arg(tokens)::boolean THEN
            fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN false
+          WHEN sqlc.arg(wait)::boolean AND sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text IS NOT NULL
+          WHEN sqlc.arg(wait)::boolean AND sqlc.arg(pair)::boolean THEN pg_advisory_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text IS NOT NULL
+          WHEN sqlc.arg(wait)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(key)::bigint)::text IS NOT NULL
+          WHEN sqlc.arg(wait)::boolean THEN pg_advisory_lock(sqlc.arg(key)::bigint)::text IS NOT NULL
           WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_try_advisory_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
           WHEN sqlc.arg(pair)::boolean THEN pg_try_advisory_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
           WHEN sqlc.arg(shared)::boolean THEN pg_try_advisory_lock_shared(sqlc.arg(key)::bigint)
           ELSE pg_try_advisory_lock(sqlc.arg(key)::bigint)
       END AS granted) AS g;
-
--- name: AdvisoryLock :one
--- As AdvisoryTryLock, but waits in the server's lock queue (FIFO among conflicting requests)
--- until granted or cancelled; granted is then true unless the session was refused.
--- (pg_advisory_lock returns void, which casts to the empty text, not NULL.)
-SELECT (g.waited IS NOT NULL)::boolean AS granted,
-       pg_is_in_recovery() AS in_recovery,
-       pg_backend_pid() AS backend_pid,
-       current_setting('application_name') AS prev_application_name,
-       CASE WHEN g.waited IS NOT NULL THEN set_config('application_name', sqlc.arg(app_name)::text, false) ELSE '' END::text AS application_name,
-       (CASE WHEN g.waited IS NOT NULL AND sqlc.arg(tokens)::boolean THEN
-           fencelock.next_token(true)
-        ELSE 0 END)::bigint AS token
-FROM (SELECT CASE
-          WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN NULL
-          WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
-          WHEN sqlc.arg(pair)::boolean THEN pg_advisory_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
-          WHEN sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(key)::bigint)::text
-          ELSE pg_advisory_lock(sqlc.arg(key)::bigint)::text
-      END AS waited) AS g;
 
 -- name: AdvisoryUnlock :one
 -- Releases one session advisory lock and puts application_name back. released is false when
@@ -70,9 +58,11 @@ SELECT CASE
 -- session itself can release them, and the lock's connection is used by nothing else.
 SELECT pg_backend_pid() AS backend_pid;
 
--- name: AdvisoryTryLockTx :one
--- Tries to take a transaction advisory lock inside the caller's transaction, released at its
--- end. Reports recovery as AdvisoryTryLock does. With @tokens, as AdvisoryTryLock.
+-- name: AdvisoryLockTx :one
+-- Takes a transaction advisory lock inside the caller's transaction, released at its end:
+-- with @wait it waits in the server's lock queue until granted or cancelled, else it only
+-- tries. Key, @shared, @wait and CASE as in AdvisoryLock. Reports recovery as AdvisoryLock
+-- does, before it locks. With @tokens, as AdvisoryLock.
 SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        (CASE WHEN g.granted AND sqlc.arg(tokens)::boolean THEN
@@ -80,23 +70,12 @@ SELECT g.granted::boolean AS granted,
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
           WHEN pg_is_in_recovery() THEN false
+          WHEN sqlc.arg(wait)::boolean AND sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_xact_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text IS NOT NULL
+          WHEN sqlc.arg(wait)::boolean AND sqlc.arg(pair)::boolean THEN pg_advisory_xact_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text IS NOT NULL
+          WHEN sqlc.arg(wait)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_xact_lock_shared(sqlc.arg(key)::bigint)::text IS NOT NULL
+          WHEN sqlc.arg(wait)::boolean THEN pg_advisory_xact_lock(sqlc.arg(key)::bigint)::text IS NOT NULL
           WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_try_advisory_xact_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
           WHEN sqlc.arg(pair)::boolean THEN pg_try_advisory_xact_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
           WHEN sqlc.arg(shared)::boolean THEN pg_try_advisory_xact_lock_shared(sqlc.arg(key)::bigint)
           ELSE pg_try_advisory_xact_lock(sqlc.arg(key)::bigint)
       END AS granted) AS g;
-
--- name: AdvisoryLockTx :one
--- As AdvisoryTryLockTx, but waits in the server's lock queue until granted or cancelled.
-SELECT (g.waited IS NOT NULL)::boolean AS granted,
-       pg_is_in_recovery() AS in_recovery,
-       (CASE WHEN g.waited IS NOT NULL AND sqlc.arg(tokens)::boolean THEN
-           fencelock.next_token(true)
-        ELSE 0 END)::bigint AS token
-FROM (SELECT CASE
-          WHEN pg_is_in_recovery() THEN NULL
-          WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_xact_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
-          WHEN sqlc.arg(pair)::boolean THEN pg_advisory_xact_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text
-          WHEN sqlc.arg(shared)::boolean THEN pg_advisory_xact_lock_shared(sqlc.arg(key)::bigint)::text
-          ELSE pg_advisory_xact_lock(sqlc.arg(key)::bigint)::text
-      END AS waited) AS g;

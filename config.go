@@ -1,0 +1,24 @@
+package fencelock
+
+import "log/slog"
+
+// What the configurations of a Lessor (lessor_options.go) and an AdvisoryLocker
+// (advisory_options.go) share: the settings both take, and how options are applied.
+
+// commonConfig holds the settings that both constructors take.
+type commonConfig struct {
+	logger *slog.Logger
+}
+
+// applyAll applies opts in order to c; a nil option is refused.
+func applyAll[O any](opts []O, apply func(O) error) error {
+	for _, o := range opts {
+		if any(o) == nil {
+			return argError("option", "must not be nil")
+		}
+		if err := apply(o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
