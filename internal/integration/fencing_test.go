@@ -68,7 +68,9 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 			b := setup(t)
 			a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
 			c := newLessor(t, b.pool, "c")
-			la, err := a.Acquire(b.ctx, "job", 300*time.Millisecond)
+			// A TTL of 1 s: the guard must run inside the trust window (900 ms), also on a
+			// machine loaded by the whole suite under -race (300 ms was too short there once).
+			la, err := a.Acquire(b.ctx, "job", time.Second)
 			require.NoError(t, err)
 
 			tx, err := b.pool.Begin(b.ctx)
