@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -69,9 +68,8 @@ type AdvisoryLocker struct {
 	cfg      advisoryConfig
 	watchdog *loop // advisory_watchdog.go; runs while a session lock is held
 
-	mu        sync.Mutex
-	held      map[AdvisoryKey]*heldEntry // held and being acquired session locks
-	nextProbe time.Time                  // when the watchdog next probes the held locks
+	mu   sync.Mutex
+	held map[AdvisoryKey]*heldEntry // held and being acquired session locks
 }
 
 type heldEntry struct {
@@ -197,30 +195,27 @@ func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 	return nil
 }
 
-// register records a granted lock and starts the watchdog if it is not running.
+// register records a granted lock and, if the watchdog was stopped, arms its first round one
+// interval from now.
 func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
 	a.mu.Lock()
 	a.held[lk.key] = &heldEntry{name: lk.name, lock: lk}
 	start := a.watchdog.startLocked()
-	if start {
-		a.nextProbe = a.cfg.clock.Now().Add(a.cfg.watchdog)
-	}
 	a.mu.Unlock()
 	if start {
-		go a.watchdog.run()
+		a.watchdog.wakeAt(a.cfg.clock.Now().Add(a.cfg.watchdog))
 	}
 }
 
-// unregister forgets a lock that ended; with the last one it wakes the watchdog, which exits.
+// unregister forgets a lock that ended; with the last one it stops the watchdog.
 func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	if e, ok := a.held[lk.key]; ok && e.lock == lk {
 		delete(a.held, lk.key)
 	}
-	empty := len(a.grantedLocked()) == 0
-	a.mu.Unlock()
-	if empty {
-		a.watchdog.poke()
+	if len(a.grantedLocked()) == 0 {
+		a.watchdog.stopLocked()
 	}
 }
 

@@ -9,25 +9,20 @@ import (
 
 // The watchdog: while an AdvisoryLocker holds session locks, its loop (loop.go) runs a round
 // every interval that probes each held lock's session, all probes at once, each bounded by the
-// interval, and ends the locks whose session failed. The loop starts with the first lock held
-// and exits when the last one ends, so a locker that holds nothing owns no goroutine.
+// interval, and ends the locks whose session failed. The loop is armed with the first lock
+// held and stopped when the last one ends; between rounds no goroutine runs, so a lock held
+// for less than one interval costs none.
 
-// watchdogRound is the watchdog loop's step. A round probes every held lock once the probe is
-// due (the first one interval after the loop started, each next one an interval after the
-// previous round ended), all at once, each for at most one interval; a round woken early
-// (a lock ended) only checks whether anything is left.
+// watchdogRound is the watchdog loop's step: it probes every held lock, all at once, each for
+// at most one interval, and asks for the next round an interval after this one ended. The
+// first round runs one interval after the loop was armed (register).
 func (a *AdvisoryLocker) watchdogRound(now time.Time) (next time.Time, ok bool) {
 	a.mu.Lock()
 	locks := a.grantedLocked()
-	switch {
-	case len(locks) == 0:
+	if len(locks) == 0 {
 		a.watchdog.stopLocked()
 		a.mu.Unlock()
 		return now, false
-	case now.Before(a.nextProbe):
-		next = a.nextProbe
-		a.mu.Unlock()
-		return next, true
 	}
 	a.mu.Unlock()
 	var wg sync.WaitGroup
@@ -35,11 +30,7 @@ func (a *AdvisoryLocker) watchdogRound(now time.Time) (next time.Time, ok bool) 
 		wg.Go(func() { a.probe(lk) })
 	}
 	wg.Wait()
-	a.mu.Lock()
-	a.nextProbe = a.cfg.clock.Now().Add(a.cfg.watchdog)
-	next = a.nextProbe
-	a.mu.Unlock()
-	return next, true
+	return a.cfg.clock.Now().Add(a.cfg.watchdog), true
 }
 
 // probe checks one lock's session; a failure ends the lock. A probe that finds the connection

@@ -34,21 +34,30 @@ const (
 	maxRenewInFlight = 2
 )
 
-// add registers a held lease with the lessor, queues it for the heartbeat (starting the loop
-// if needed) and for the trust watch. O(log n).
+// add registers a held lease with the lessor, queues it for the heartbeat (arming the loop if
+// it was stopped, or moving its next round earlier) and for the trust watch. O(log n).
 func (l *Lessor) add(lease *Lease) {
 	l.mu.Lock()
 	l.active[lease.name] = lease
 	head := l.enqueueLocked(lease)
 	l.watchTrustLocked(lease)
 	start := l.heartbeat.startLocked()
+	at, wake := l.nextRenewalLocked(start || head)
 	l.mu.Unlock()
-	switch {
-	case start:
-		go l.heartbeat.run()
-	case head:
-		l.heartbeat.poke()
+	if wake {
+		l.heartbeat.wakeAt(at)
 	}
+}
+
+// nextRenewalLocked returns when the heartbeat's earliest queued lease is due, if moved is true
+// (the caller changed the queue's head or armed the loop) and the queue is not empty. l.mu
+// must be held.
+func (l *Lessor) nextRenewalLocked(moved bool) (at time.Time, wake bool) {
+	if !moved {
+		return time.Time{}, false
+	}
+	e, ok := l.queue.head()
+	return e.at, ok
 }
 
 // enqueueLocked puts lease in the renewal heap when it has a heartbeat, is held and is not
@@ -67,25 +76,25 @@ func (l *Lessor) enqueueLocked(lease *Lease) bool {
 	return l.queue.push(lease, renewAt)
 }
 
-// forget unregisters lease: no longer held, no longer renewed. O(log n). It wakes the loop
-// only when nothing is left, so that it exits.
+// forget unregisters lease: no longer held, no longer renewed. O(log n). With the last lease
+// gone and no renewal in flight it stops the loop (a renewal in flight wakes it when it
+// returns, and the round then stops it).
 func (l *Lessor) forget(lease *Lease) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	if l.active[lease.name] == lease {
 		delete(l.active, lease.name)
 	}
 	l.queue.remove(lease)
 	l.unwatchTrustLocked(lease)
-	empty := len(l.active) == 0
-	l.mu.Unlock()
-	if empty {
-		l.heartbeat.poke()
+	if len(l.active) == 0 && l.inFlight == 0 {
+		l.heartbeat.stopLocked()
 	}
 }
 
 // heartbeatRound is the heartbeat loop's step: it starts a renewal goroutine for each batch
-// of due leases and returns when the loop must next wake. The loop owns the renewal
-// goroutines it starts and exits only when no lease is held and none of them is left.
+// of due leases and returns when the next round is due. The loop stops only when no lease is
+// held and none of the renewal goroutines is left (each wakes it when it returns).
 func (l *Lessor) heartbeatRound(now time.Time) (next time.Time, ok bool) {
 	batches, next, ok := l.take(now)
 	for _, batch := range batches {
@@ -95,9 +104,8 @@ func (l *Lessor) heartbeatRound(now time.Time) (next time.Time, ok bool) {
 }
 
 // take pops the leases due for renewal at now into batches, as many as the in-flight bound
-// allows, and returns when the loop must next wake. ok is false when nothing is held and no
-// batch is in flight; the loop is then marked stopped under the same lock, so add starts a
-// new one.
+// allows, and returns when the next round is due. ok is false when nothing is held and no
+// batch is in flight; the loop is then stopped under the same lock, so add arms it again.
 func (l *Lessor) take(now time.Time) (batches [][]*Lease, next time.Time, ok bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -155,7 +163,7 @@ func (l *Lessor) renewBatch(batch []*Lease) {
 		}
 		l.inFlight--
 		l.mu.Unlock()
-		l.heartbeat.poke()
+		l.heartbeat.wakeAt(l.cfg.clock.Now()) // a slot is free: take the leases due, or stop
 	}()
 	var deadline time.Time
 	for _, lease := range batch {

@@ -177,9 +177,10 @@ func (lease *Lease) Renew(ctx context.Context) error {
 	l := lease.lessor
 	l.mu.Lock()
 	head := l.enqueueLocked(lease) // a lease the heartbeat had left to lapse is renewed again
+	at, wake := l.nextRenewalLocked(head)
 	l.mu.Unlock()
-	if head {
-		l.heartbeat.poke()
+	if wake {
+		l.heartbeat.wakeAt(at)
 	}
 	return nil
 }

@@ -1,29 +1,44 @@
 package fencelock
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
-// loop is the one idiom for a goroutine that runs while its owner holds something: the
-// Lessor's heartbeat and the AdvisoryLocker's watchdog. The owner starts it when it takes its
-// first grant, wakes it when a grant changes the loop's next wake-up, and the loop exits when
-// its step finds nothing held; a lessor or locker that holds nothing owns no goroutine, and
-// needs no Close.
+// loop is the one idiom for work that runs in rounds while its owner holds something: the
+// Lessor's heartbeat and the AdvisoryLocker's watchdog. Rounds run on the clock's timer (each
+// on a goroutine of the runtime's, none between rounds), one at a time. The owner arms the
+// loop when it takes its first grant, asks for an earlier round when a grant needs one sooner
+// (wakeAt), and stops it when it holds nothing; each round's step returns when the next round
+// is due, or that nothing is held. So a lessor or locker that holds nothing owns no goroutine
+// and no armed timer, a grant held for less than one round costs no goroutine, and neither
+// needs a Close.
 //
 // running is guarded by the owner's mutex, the same lock under which the owner adds and
-// removes grants: a step that sees nothing held clears it under that lock, so a grant added
-// at the same moment finds it cleared and starts a new loop, and is never left unserved.
+// removes grants and under which a step looks at them: a step that sees nothing held clears
+// it under that lock, so a grant added at the same moment finds it cleared and arms the loop
+// again, and is never left without rounds.
 type loop struct {
 	clock   clock
-	step    func(now time.Time) (next time.Time, ok bool) // one round; ok false: exit (running cleared)
+	step    func(now time.Time) (next time.Time, ok bool) // one round; ok false: nothing held (stopLocked called)
 	running bool                                          // guarded by the owner's mutex
-	wake    chan struct{}                                 // cap 1
+
+	mu      sync.Mutex
+	t       timer     // runs round; nil until first armed
+	armed   bool      // t is set to fire at at
+	at      time.Time // when t fires, while armed
+	busy    bool      // a round is running
+	wanted  time.Time // while busy: the earliest round asked for meanwhile; zero if none
+	stopped bool      // while busy: the owner stopped the loop meanwhile
 }
 
 func newLoop(c clock, step func(now time.Time) (time.Time, bool)) *loop {
-	return &loop{clock: c, step: step, wake: make(chan struct{}, 1)}
+	return &loop{clock: c, step: step}
 }
 
-// startLocked reports whether the caller, having added a grant under the owner's mutex, must
-// start the loop (go lp.run()) once it has released the mutex: true when it was not running.
+// startLocked reports whether the loop was stopped, and marks it running. The caller holds the
+// owner's mutex and has just added a grant; when it returns true, the caller arms the loop
+// (wakeAt) once it has released the mutex.
 func (lp *loop) startLocked() bool {
 	if lp.running {
 		return false
@@ -32,38 +47,81 @@ func (lp *loop) startLocked() bool {
 	return true
 }
 
-// stopLocked marks the loop stopped; its step calls it, under the owner's mutex, when it
-// finds nothing held, and then returns ok false.
-func (lp *loop) stopLocked() { lp.running = false }
-
-// poke wakes the loop for a round now. It never blocks: one pending wake-up is enough.
-func (lp *loop) poke() {
-	select {
-	case lp.wake <- struct{}{}:
-	default:
+// stopLocked stops the loop: no round runs until it is armed again. The caller holds the
+// owner's mutex and has found nothing held (the owner's last grant ended, or a step found
+// nothing).
+func (lp *loop) stopLocked() {
+	lp.running = false
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if lp.busy {
+		lp.stopped = true
+		lp.wanted = time.Time{}
+		return
+	}
+	if lp.armed {
+		lp.t.Stop()
+		lp.armed = false
 	}
 }
 
-// run calls step, sleeps until the time step returned or a poke, and again, until step says
-// nothing is held. Its timer is its own: a loop started while a stopping one is on its way
-// out never shares a timer with it (a spare wake-up in the channel costs one idle round).
-func (lp *loop) run() {
-	var t timer
-	defer func() {
-		if t != nil {
-			t.Stop()
+// wakeAt asks for a round at at or sooner: the loop's next round moves earlier, never later.
+// It never blocks on a round.
+func (lp *loop) wakeAt(at time.Time) {
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if lp.busy {
+		if lp.wanted.IsZero() || at.Before(lp.wanted) {
+			lp.wanted = at
 		}
-	}()
-	for {
-		next, ok := lp.step(lp.clock.Now())
-		if !ok {
-			return
-		}
-		if d := next.Sub(lp.clock.Now()); t == nil {
-			t = lp.clock.AfterFunc(d, lp.poke)
-		} else {
-			t.Reset(d)
-		}
-		<-lp.wake
+		return
 	}
+	if lp.armed && !at.Before(lp.at) {
+		return
+	}
+	lp.armLocked(at)
+}
+
+// armLocked sets the timer to run a round at at. lp.mu is held.
+func (lp *loop) armLocked(at time.Time) {
+	d := at.Sub(lp.clock.Now())
+	if lp.t == nil {
+		lp.t = lp.clock.AfterFunc(d, lp.round)
+	} else {
+		lp.t.Reset(d)
+	}
+	lp.armed, lp.at = true, at
+}
+
+// round runs one step and arms the timer for the next round: at the time the step returned,
+// or sooner if a round was asked for meanwhile. A timer that fires while a round runs (it was
+// re-armed as an earlier round's goroutine was starting) leaves its round to be run right after.
+func (lp *loop) round() {
+	lp.mu.Lock()
+	if lp.busy {
+		now := lp.clock.Now()
+		if lp.wanted.IsZero() || now.Before(lp.wanted) {
+			lp.wanted = now
+		}
+		lp.mu.Unlock()
+		return
+	}
+	lp.busy, lp.armed, lp.stopped, lp.wanted = true, false, false, time.Time{}
+	lp.mu.Unlock()
+
+	next, ok := lp.step(lp.clock.Now())
+
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	lp.busy = false
+	switch {
+	case !lp.wanted.IsZero(): // asked for meanwhile (by a grant added after the step looked)
+		if ok && !lp.stopped && next.Before(lp.wanted) {
+			lp.wanted = next
+		}
+		lp.armLocked(lp.wanted)
+	case ok && !lp.stopped:
+		lp.armLocked(next)
+	}
+	lp.wanted = time.Time{}
 }

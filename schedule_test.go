@@ -151,49 +151,78 @@ func TestTrustWatchOnManualClock(t *testing.T) {
 	l.mu.Unlock()
 }
 
-// The loop idiom: a step runs when the loop starts, again at the time it returned, at once on
-// a poke, and the loop exits (running cleared under the owner's lock) when the step says so.
+// The loop idiom, on a manual clock (its timers run inside advance, so every round here runs
+// synchronously): a round runs at the time asked, the next at the time the step returned, an
+// earlier request moves it, a later one does not; a round asked for while one runs follows it;
+// stopping, by the owner or by a step that finds nothing held, leaves no round armed, and the
+// loop can be armed again.
 func TestLoopOnManualClock(t *testing.T) {
 	clk := newManualClock()
-	var mu sync.Mutex
-	held := 1
-	steps := make(chan time.Time)
+	t0 := clk.Now()
+	var mu sync.Mutex // the owner's
+	held := true
+	var steps []time.Duration // when each round ran, since t0
+	var during func()         // runs inside the next step, as a grant added meanwhile would
 	var lp *loop
 	lp = newLoop(clk, func(now time.Time) (time.Time, bool) {
+		if f := during; f != nil {
+			during = nil
+			f()
+		}
 		mu.Lock()
 		defer mu.Unlock()
-		if held == 0 {
+		if !held {
 			lp.stopLocked()
-			close(steps)
 			return now, false
 		}
-		steps <- now
+		steps = append(steps, now.Sub(t0))
 		return now.Add(time.Second), true
 	})
-	mu.Lock()
-	require.True(t, lp.startLocked())
-	require.False(t, lp.startLocked(), "a running loop is not started twice")
-	mu.Unlock()
-	done := make(chan struct{})
-	go func() { lp.run(); close(done) }()
-	t0 := <-steps
-	clk.advance(999 * time.Millisecond)
-	select {
-	case <-steps:
-		t.Fatal("the step ran before its time")
-	case <-time.After(10 * time.Millisecond):
+	start := func(at time.Duration) {
+		mu.Lock()
+		require.True(t, lp.startLocked())
+		require.False(t, lp.startLocked(), "a running loop is not started twice")
+		mu.Unlock()
+		lp.wakeAt(t0.Add(at))
 	}
-	go clk.advance(time.Millisecond)
-	require.Equal(t, t0.Add(time.Second), <-steps, "the step ran at the time it returned")
+	ms := time.Millisecond
+
+	start(time.Second)
+	clk.advance(999 * ms)
+	require.Empty(t, steps, "a round ran before its time")
+	clk.advance(ms)
+	require.Equal(t, []time.Duration{time.Second}, steps)
+	clk.advance(time.Second)
+	require.Equal(t, []time.Duration{time.Second, 2 * time.Second}, steps, "the next round runs when the step asked")
+
+	lp.wakeAt(t0.Add(2100 * ms)) // earlier than the armed 3 s
+	lp.wakeAt(t0.Add(2900 * ms)) // later than that: no change
+	clk.advance(200 * ms)
+	require.Equal(t, 2100*ms, steps[2], "an earlier round asked for moved the next one")
+
+	during = func() { lp.wakeAt(clk.Now()) } // asked for while a round runs
+	clk.advance(time.Second)
+	require.Equal(t, []time.Duration{3100 * ms, 3100 * ms}, steps[3:], "a round asked for during a round runs right after it")
+
 	mu.Lock()
-	held = 0
+	held = false
+	lp.stopLocked() // the owner's last grant ended
 	mu.Unlock()
-	lp.poke()
-	_, open := <-steps
-	require.False(t, open)
-	<-done
+	clk.advance(10 * time.Second)
+	require.Len(t, steps, 5, "a stopped loop ran a round")
+
+	held = true
+	start(14 * time.Second)
+	clk.advance(time.Second)
+	require.Len(t, steps, 6, "a loop armed again runs")
 	mu.Lock()
-	require.True(t, lp.startLocked(), "a stopped loop can be started again")
+	held = false // the next step finds nothing held and stops the loop itself
+	mu.Unlock()
+	clk.advance(time.Second)
+	clk.advance(10 * time.Second)
+	require.Len(t, steps, 6)
+	mu.Lock()
+	require.False(t, lp.running)
 	mu.Unlock()
 }
 
