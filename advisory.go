@@ -59,9 +59,8 @@ func (m LockMode) String() string {
 // application_name to "fencelock <name>", so pg_stat_activity joined with pg_locks shows who
 // holds what.
 //
-// An AdvisoryLocker is safe for concurrent use. It needs no Close: it runs one goroutine, its
-// watchdog, only while it holds session locks (a round every [WithWatchdogInterval]); with no
-// session lock held it owns no goroutine.
+// An AdvisoryLocker is safe for concurrent use. It needs no Close: it runs no goroutine of its
+// own but a watchdog round, every [WithWatchdogInterval] while it holds session locks.
 type AdvisoryLocker struct {
 	pool     *pgxpool.Pool
 	q        *db.Queries

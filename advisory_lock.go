@@ -49,14 +49,22 @@ func (lk *AdvisoryLock) Done() <-chan struct{} { return lk.ending.done }
 // [*SessionLostError] (matching [ErrLockLost]).
 func (lk *AdvisoryLock) Err() error { return lk.ending.cause() }
 
-// end is the one way a lock ends: Done closes with cause (the holder stops trusting the lock at
-// once, before anything that may hang), then the session is given up by settle (the unlock
-// statement, or closing the connection), then the lock leaves its locker's held set. Only the
-// call that ended the lock settles it, and only while the lock still has its connection,
-// under connMu. It reports whether this call ended the lock and whether settle ran.
-func (lk *AdvisoryLock) end(cause error, settle func(conn *pgxpool.Conn)) (ended, settled bool) {
-	if !lk.ending.finish(cause) {
-		return false, false // the call that ended it settles it
+// end is the one way a lock ends. The call that takes the lock's connection gives the session
+// up with settle (the unlock statement, or closing the connection), under connMu; then the lock
+// leaves its locker's held set. Done closes with cause at one of two points, as the caller says:
+//   - doneFirst (Unlock): before anything else, since the statement may hang and the holder must
+//     stop trusting the lock it gives up at once. A call that did not end the lock waits until
+//     the one that did has settled the session, and touches nothing.
+//   - otherwise (a lost session): last, once the session is closed and the locker has forgotten
+//     the lock, so that when Done closes nothing is held and the locker may take the name
+//     again. A call that finds the connection already taken leaves Done to the call that took it.
+//
+// It reports whether this call closed Done and whether it settled the session.
+func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpool.Conn)) (ended, settled bool) {
+	if doneFirst && !lk.ending.finish(cause) {
+		lk.connMu.Lock() // wait for the call that ended it to settle the session
+		lk.connMu.Unlock()
+		return false, false
 	}
 	lk.connMu.Lock()
 	conn := lk.conn
@@ -65,8 +73,14 @@ func (lk *AdvisoryLock) end(cause error, settle func(conn *pgxpool.Conn)) (ended
 		settle(conn)
 	}
 	lk.connMu.Unlock()
+	if conn == nil {
+		return doneFirst, false
+	}
 	lk.locker.unregister(lk)
-	return true, conn != nil
+	if doneFirst {
+		return true, true
+	}
+	return lk.ending.finish(cause), true
 }
 
 // Unlock releases the lock and puts the connection back in the pool, in one statement. When
@@ -81,7 +95,7 @@ func (lk *AdvisoryLock) end(cause error, settle func(conn *pgxpool.Conn)) (ended
 func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	what := func() string { return "unlock " + describeLock(lk.name, lk.key) } // for errors only
 	var err error
-	ended, settled := lk.end(ErrUnlocked, func(conn *pgxpool.Conn) {
+	ended, settled := lk.end(ErrUnlocked, true, func(conn *pgxpool.Conn) {
 		row, uerr := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
 			Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
 			Shared:              lk.mode == Shared,
@@ -104,12 +118,14 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	case !ended:
 		return fmt.Errorf("%s: %w: %w", what(), ErrNotHeld, lk.Err())
 	}
+	// Ended here, but the watchdog had taken the session, which it closes: nothing is held.
 	return fmt.Errorf("%s: %w: its session was lost", what(), ErrNotHeld)
 }
 
-// lost ends a lock whose session failed the watchdog's probe, closing its connection.
+// lost ends a lock whose session failed the watchdog's probe, closing its connection; Done
+// closes once nothing is held.
 func (lk *AdvisoryLock) lost(cause error) {
-	ended, _ := lk.end(&SessionLostError{Key: lk.key, Name: lk.name, Cause: cause}, func(conn *pgxpool.Conn) {
+	ended, _ := lk.end(&SessionLostError{Key: lk.key, Name: lk.name, Cause: cause}, false, func(conn *pgxpool.Conn) {
 		destroySession(context.Background(), conn, false)
 	})
 	if ended {

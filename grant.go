@@ -3,10 +3,12 @@ package fencelock
 import "sync"
 
 // grantEnd is how a grant ends, shared by [Lease] and [AdvisoryLock]: once, with a cause,
-// closing the Done channel. Each owner has one end path that takes the grant out of its
-// owner's held set and then calls finish (Lease.end, AdvisoryLock.end), so that every way a
-// grant ends (release, unlock, renewal verdict, trust window, watchdog, guard check) orders
-// the two steps the same way. Safe for concurrent use.
+// closing the Done channel. Each owner has one end path that every way its grants end goes
+// through (release, unlock, renewal verdict, trust window, guard check, watchdog), and that
+// orders the steps one way per owner: Lease.end takes the lease out of its lessor's held set,
+// then closes Done (a release's statement follows); AdvisoryLock.end closes Done first on
+// unlock (its statement may hang) and last on a lost session (nothing is held by then). Safe
+// for concurrent use.
 type grantEnd struct {
 	done chan struct{}
 

@@ -24,26 +24,62 @@ func TestGrantEndsOnce(t *testing.T) {
 	}
 }
 
-// An advisory lock's one end path: Done closes, the session is settled by the call that ended
-// the lock only, and the lock leaves the locker's held set; a second end (an Unlock racing a
-// watchdog loss) neither settles the session again nor changes the cause. No server: settle
-// never touches the connection here.
-func TestAdvisoryLockEndSettlesOnce(t *testing.T) {
+// newTestLock returns an advisory lock held by a locker of its own, with no server: its
+// connection is a stand-in that the settle funcs of these tests never touch.
+func newTestLock() *AdvisoryLock {
 	cfg := advisoryConfig{clock: newManualClock(), watchdog: time.Second}
 	a := &AdvisoryLocker{cfg: cfg, held: map[AdvisoryKey]*heldEntry{}}
 	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
 	lk := &AdvisoryLock{locker: a, key: Int64Key(1), conn: &pgxpool.Conn{}, ending: newGrantEnd()}
 	a.held[lk.key] = &heldEntry{lock: lk}
+	return lk
+}
 
+// Unlock's end: Done closes before the session is settled (the statement may hang), the
+// session is settled once, and the lock leaves the locker's held set; a second end (an Unlock
+// racing the watchdog, or a second Unlock) neither settles the session again nor changes the
+// cause.
+func TestAdvisoryLockEndOnUnlock(t *testing.T) {
+	lk := newTestLock()
 	settled := 0
-	ended, ran := lk.end(ErrUnlocked, func(*pgxpool.Conn) { settled++ })
+	ended, ran := lk.end(ErrUnlocked, true, func(*pgxpool.Conn) {
+		settled++
+		require.True(t, lk.ending.ended(), "Done was open while the unlock statement ran")
+	})
 	require.True(t, ended)
 	require.True(t, ran)
-	ended, ran = lk.end(errors.New("lost"), func(*pgxpool.Conn) { settled++ })
-	require.False(t, ended)
-	require.False(t, ran)
+	for _, doneFirst := range []bool{true, false} {
+		ended, ran = lk.end(errors.New("lost"), doneFirst, func(*pgxpool.Conn) { settled++ })
+		require.False(t, ended)
+		require.False(t, ran)
+	}
 	require.Equal(t, 1, settled)
 	require.ErrorIs(t, lk.Err(), ErrUnlocked)
 	require.Nil(t, lk.conn)
-	require.Empty(t, a.held, "the ended lock is still in the locker's held set")
+	require.Empty(t, lk.locker.held, "the ended lock is still in the locker's held set")
+}
+
+// A lost session's end: Done stays open until the session is closed and the locker has
+// forgotten the lock, so that a holder woken by Done finds nothing held and may lock the name
+// again at once (the review of issue 9 found Done closing first, and a TryLock right after it
+// failing with ErrAlreadyHeld).
+func TestAdvisoryLockEndOnLossClosesDoneLast(t *testing.T) {
+	lk := newTestLock()
+	release := make(chan struct{})
+	settling := make(chan struct{})
+	go lk.end(errors.New("session probe failed"), false, func(*pgxpool.Conn) {
+		close(settling)
+		<-release
+	})
+	<-settling
+	select {
+	case <-lk.Done():
+		t.Fatal("Done closed while the lost session was still being closed")
+	default:
+	}
+	close(release)
+	<-lk.Done()
+	lk.locker.mu.Lock()
+	defer lk.locker.mu.Unlock()
+	require.Empty(t, lk.locker.held, "Done closed before the locker forgot the lock")
 }

@@ -8,22 +8,22 @@ import (
 	"github.com/fencelock/fencelock/internal/db"
 )
 
-// The heartbeat: one goroutine per Lessor, alive exactly while the lessor holds leases (or a
-// renewal batch is in flight). It keeps the held leases with a heartbeat in a min-heap by
+// The heartbeat: the lessor's loop (loop.go), armed exactly while the lessor holds leases (or a
+// renewal batch is in flight), its rounds run on a timer, none between rounds. It keeps the held leases with a heartbeat in a min-heap by
 // renewal time and, when leases come due, renews them in batches of at most maxRenewBatch, one
 // statement each, at most maxRenewInFlight statements at a time, each in a goroutine of its own,
-// so the loop is never blocked by a statement. Adding or removing a lease costs O(log n) and
-// wakes the loop only when it changes the loop's next wake-up; a round renews the k leases due
+// so a round is never blocked by a statement. Adding or removing a lease costs O(log n) and
+// moves the loop's next round only when it changes the earliest renewal; a round renews the k leases due
 // at O(k log n), never a scan of all held leases.
 //
 // The heartbeat does not end leases by their trust window: the lessor's trust watch
 // (trustwatch.go) closes Done at the end of each lease's trust window, whatever the heartbeat,
 // a statement, or the pool is doing at that moment.
 
-// The loop is the lessor's loop (loop.go): started by the first lease added, woken when a lease
-// changes its next wake-up, gone when nothing is held and no renewal is in flight. When a lease
-// is due, and what is done with one that is late or about to lapse, is the timing core's
-// (schedule.go).
+// The loop is armed by the first lease added, its next round moved earlier when a lease
+// becomes the earliest renewal, and it is stopped when nothing is held and no renewal is in
+// flight. When a lease is due, and what is done with one that is late or about to lapse, is
+// the timing core's (schedule.go).
 
 const (
 	// maxRenewBatch bounds the leases one renewal statement carries, so that one statement

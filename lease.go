@@ -84,6 +84,8 @@ func (lease *Lease) retryAfter(now time.Time, err error) {
 // later calls change nothing. It reports whether this call ended the lease.
 func (lease *Lease) end(err error) bool {
 	lease.lessor.forget(lease)
+	lease.mu.Lock() // so that a renewal's outcome is applied wholly before the end or not at all
+	defer lease.mu.Unlock()
 	return lease.ending.finish(err)
 }
 
@@ -141,7 +143,7 @@ func (lease *Lease) Done() <-chan struct{} { return lease.ending.done }
 // [ErrLeaseLost]) whose Cause is [ErrTrustWindowExpired] or the server's verdict.
 //
 // Err reads the local monotonic clock itself: past the end of the trust window it ends the
-// lease on the spot (closing Done) rather than wait for the heartbeat goroutine to notice, so
+// lease on the spot (closing Done) rather than wait for the trust watch's timer to fire, so
 // a process that was paused past its TTL sees the loss at its first check after waking.
 func (lease *Lease) Err() error {
 	if err := lease.ending.cause(); err != nil {

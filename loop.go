@@ -11,8 +11,8 @@ import (
 // loop when it takes its first grant, asks for an earlier round when a grant needs one sooner
 // (wakeAt), and stops it when it holds nothing; each round's step returns when the next round
 // is due, or that nothing is held. So a lessor or locker that holds nothing owns no goroutine
-// and no armed timer, a grant held for less than one round costs no goroutine, and neither
-// needs a Close.
+// (and no armed timer, but for a round armed as its last grant ended, which runs once and
+// stops), a grant held for less than one round costs no goroutine, and neither needs a Close.
 //
 // running is guarded by the owner's mutex, the same lock under which the owner adds and
 // removes grants and under which a step looks at them: a step that sees nothing held clears

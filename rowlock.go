@@ -17,7 +17,7 @@ import (
 // Lessor grants named leases, rows of fencelock.leases, to one holder id. Each grant carries a
 // fencing token, an int64 > 0 drawn from a sequence under the row lock, so tokens for a name
 // rise strictly in grant order. TTLs are measured on the database clock. Held leases are
-// renewed by a heartbeat: one goroutine per lessor, running only while it holds leases, renews
+// renewed by a heartbeat: rounds on a timer, armed only while the lessor holds leases, renew
 // the leases that are due in batches of at most 5,000, one statement each (a statement costs
 // O(n) in its batch), at most two statements at a time. Each lease's trust window is ended by
 // the lessor's trust watch (one timer), whatever the heartbeat is doing. Acquiring or releasing
@@ -27,8 +27,8 @@ import (
 // A Lessor is safe for concurrent use. TTL grant attempts (TryAcquire, Acquire) by one lessor
 // on one name are serialised locally, so goroutines that share a lessor queue for a name
 // instead of racing each other (RunLocked attempts queue on the server's row lock instead).
-// It needs no Close: with no lease held it owns no goroutine (renewal statements in flight
-// end by their deadline, the end of their leases' trust windows).
+// It needs no Close: with no lease held it owns no goroutine and no armed timer (renewal
+// statements in flight end by their deadline, the end of their leases' trust windows).
 //
 // The scheme is the fencing-token lease of Gray and Cheriton (1989) and Kleppmann (2016),
 // with Postgres as the lock service and the fence in the same database as the guarded data.
