@@ -2,10 +2,13 @@ package fencelock
 
 import "time"
 
-// clock is the time source of a Lessor and an AdvisoryLocker: the local clock in production,
-// a manual one in the tests of the timing core (schedule_test.go), so that the heartbeat's
-// schedule, the trust watch and the watchdog can be driven without waiting and without a
-// server. Readings carry Go's monotonic clock, which every trust-window comparison uses.
+// clock is the time source of the timing of a Lessor and an AdvisoryLocker: trust windows
+// (grants, renewals, Err), the heartbeat's and the watchdog's rounds (loop.go) and the trust
+// watch. It is the local clock in production and a manual one in the tests of the timing core
+// (schedule_test.go), so that those can be driven without waiting and without a server. (The
+// waits between Acquire attempts and the polls for a backend's exit use the local clock
+// directly: they only pace statements.) Readings carry Go's monotonic clock, which every
+// trust-window comparison uses.
 type clock interface {
 	// Now returns the current time.
 	Now() time.Time

@@ -12,6 +12,9 @@ func init() {
 		lk := lock.(*AdvisoryLock)
 		lk.connMu.Lock()
 		defer lk.connMu.Unlock()
+		if lk.conn == nil {
+			return ErrNotHeld
+		}
 		_, err := lk.conn.Exec(ctx, sql)
 		return err
 	}
