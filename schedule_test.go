@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -255,4 +256,70 @@ func TestOptionsTypedPerConstructor(t *testing.T) {
 	_, isLessor := both.(LessorOption)
 	_, isAdvisory := both.(AdvisoryOption)
 	require.True(t, isLessor && isAdvisory, "WithLogger applies to both")
+}
+
+// The loop on the system clock under concurrent grants and ends: rounds never overlap, a
+// stopped loop is armed again by the next grant, and a grant held at the end gets its round.
+func TestLoopConcurrentStartStop(t *testing.T) {
+	var mu sync.Mutex // the owner's
+	held := 0
+	var inRound atomic.Int32
+	rounds := make(chan struct{}, 1)
+	var lp *loop
+	lp = newLoop(systemClock{}, func(now time.Time) (time.Time, bool) {
+		if inRound.Add(1) != 1 {
+			t.Error("two rounds ran at once")
+		}
+		defer inRound.Add(-1)
+		mu.Lock()
+		defer mu.Unlock()
+		if held == 0 {
+			lp.stopLocked()
+			return now, false
+		}
+		select {
+		case rounds <- struct{}{}:
+		default:
+		}
+		return now.Add(time.Millisecond), true
+	})
+	grant := func() {
+		mu.Lock()
+		held++
+		start := lp.startLocked()
+		mu.Unlock()
+		if start {
+			lp.wakeAt(time.Now())
+		}
+	}
+	end := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if held--; held == 0 {
+			lp.stopLocked()
+		}
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 2000 {
+				grant()
+				end()
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	require.Zero(t, held)
+	mu.Unlock()
+	for len(rounds) > 0 {
+		<-rounds
+	}
+	grant()
+	select {
+	case <-rounds:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a grant held after the churn got no round")
+	}
+	end()
 }
