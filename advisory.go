@@ -65,7 +65,7 @@ type AdvisoryLocker struct {
 	pool     *pgxpool.Pool
 	q        *db.Queries
 	cfg      advisoryConfig
-	watchdog *loop // advisory_watchdog.go; runs while a session lock is held
+	watchdog *loop // advisory_watchdog.go; armed while a session lock is held
 
 	mu   sync.Mutex
 	held map[AdvisoryKey]*heldEntry // held and being acquired session locks

@@ -36,7 +36,7 @@ type Lessor struct {
 	pool      *pgxpool.Pool
 	q         *db.Queries
 	cfg       lessorConfig
-	heartbeat *loop // heartbeat.go; runs while a lease is held or a renewal is in flight
+	heartbeat *loop // heartbeat.go; armed while a lease is held or a renewal is in flight
 
 	mu         sync.Mutex
 	active     map[string]*Lease // held leases by name (at most one each: no re-entry)
