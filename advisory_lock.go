@@ -50,8 +50,9 @@ func (lk *AdvisoryLock) Done() <-chan struct{} { return lk.ending.done }
 func (lk *AdvisoryLock) Err() error { return lk.ending.cause() }
 
 // end is the one way a lock ends. The call that takes the lock's connection gives the session
-// up with settle (the unlock statement, or closing the connection), under connMu; then the lock
-// leaves its locker's held set. Done closes with cause at one of two points, as the caller says:
+// up with settle (the unlock statement, or closing the connection) and takes the lock out of
+// its locker's held set, both under connMu, so that a call waiting on connMu returns only
+// once both are done. Done closes with cause at one of two points, as the caller says:
 //   - doneFirst (Unlock): before anything else, since the statement may hang and the holder must
 //     stop trusting the lock it gives up at once. A call that did not end the lock waits until
 //     the one that did has settled the session, and touches nothing.
@@ -66,17 +67,19 @@ func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpo
 		lk.connMu.Unlock()
 		return false, false
 	}
+	// The locker forgets the lock before connMu is released: a call that waited on connMu
+	// returns only once nothing of the lock is left.
 	lk.connMu.Lock()
 	conn := lk.conn
 	lk.conn = nil
 	if conn != nil {
 		settle(conn)
+		lk.locker.unregister(lk)
 	}
 	lk.connMu.Unlock()
 	if conn == nil {
 		return doneFirst, false
 	}
-	lk.locker.unregister(lk)
 	if doneFirst {
 		return true, true
 	}

@@ -83,3 +83,39 @@ func TestAdvisoryLockEndOnLossClosesDoneLast(t *testing.T) {
 	defer lk.locker.mu.Unlock()
 	require.Empty(t, lk.locker.held, "Done closed before the locker forgot the lock")
 }
+
+// An Unlock that races a loss (the watchdog took the session and is closing it) returns only
+// once the session is closed and the locker has forgotten the lock, so that a TryLock right
+// after it is not refused with ErrAlreadyHeld; so does a second Unlock racing the first.
+func TestAdvisoryLockEndRacingEnds(t *testing.T) {
+	for _, first := range []struct {
+		desc      string
+		doneFirst bool
+	}{{"UnlockRacingLoss", false}, {"UnlockRacingUnlock", true}} {
+		t.Run(first.desc, func(t *testing.T) {
+			lk := newTestLock()
+			release := make(chan struct{})
+			settling := make(chan struct{})
+			go lk.end(errors.New("first"), first.doneFirst, func(*pgxpool.Conn) {
+				close(settling)
+				<-release
+			})
+			<-settling
+			returned := make(chan struct{})
+			go func() {
+				lk.end(ErrUnlocked, true, func(*pgxpool.Conn) { t.Error("the session was settled twice") })
+				close(returned)
+			}()
+			select {
+			case <-returned:
+				t.Fatal("Unlock returned while the first end was still settling the session")
+			case <-time.After(20 * time.Millisecond):
+			}
+			close(release)
+			<-returned
+			lk.locker.mu.Lock()
+			defer lk.locker.mu.Unlock()
+			require.Empty(t, lk.locker.held, "Unlock returned before the locker forgot the lock")
+		})
+	}
+}

@@ -73,6 +73,9 @@ func (lease *Lease) renewed(sent, expiresAt time.Time) {
 func (lease *Lease) retryAfter(now time.Time, err error) {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
+	if lease.ending.ended() {
+		return
+	}
 	lease.lastErr = err
 	if lease.times.heartbeat > 0 {
 		lease.nextRenew = lease.times.retryAt(now)
