@@ -24,6 +24,7 @@ import (
 type benchEnv struct {
 	ctx  context.Context
 	pool *pgxpool.Pool
+	url  string // the database's URL, for clients of other drivers
 }
 
 // benchSetup starts a dedicated server. pgtest runs servers with fsync=off; set
@@ -42,7 +43,7 @@ func benchSetup(b *testing.B) *benchEnv {
 		INSERT INTO bench SELECT g, 0 FROM generate_series(1, 10) g`); err != nil {
 		b.Fatal(err)
 	}
-	return &benchEnv{ctx: ctx, pool: db.Pool}
+	return &benchEnv{ctx: ctx, pool: db.Pool, url: db.URL}
 }
 
 func (e *benchEnv) update(id int) func() error {

@@ -3,9 +3,11 @@ module github.com/fencelock/fencelock/internal/integration
 go 1.26.8
 
 require (
+	cirello.io/pglock v1.16.1
 	github.com/fencelock/fencelock v0.0.0-00010101000000-000000000000
 	github.com/fencelock/fencelock/pgtest v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
+	github.com/lib/pq v1.12.3
 	github.com/pressly/goose/v3 v3.29.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0

@@ -1,0 +1,181 @@
+package integration
+
+import (
+	"context"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock"
+)
+
+// contenders is the number of lessors (or advisory lockers) of BenchmarkContention.
+const contenders = 16
+
+// BenchmarkContention: 16 contenders for one name, each in a loop: wait for it (Lessor.Acquire,
+// or AdvisoryLocker.Lock), hold it for a uniform random time in [0, 10 ms), release it, and
+// queue again, until b.N grants in all. It reports:
+//   - handoff-p50-us, handoff-p99-us: from the moment a holder starts its release to the next
+//     grant's return;
+//   - share-min, share-max: the grants of the least and of the most favoured contender, as a
+//     multiple of the fair share (b.N / 16);
+//   - regrant: the fraction of grants that went to the contender that had just released;
+//   - commits/grant, wal-writes/grant: transactions committed in the database
+//     (pg_stat_database.xact_commit, read-only ones included) and WAL writes of the server
+//     (pg_stat_wal.wal_write: with fsync=off, the count of WAL flush requests that wrote), per
+//     grant, read once the contenders' sessions have exited and flushed their statistics.
+//
+// The figures before the fair queue of waiters are the baseline of that work (docs/PERFORMANCE.md).
+func BenchmarkContention(b *testing.B) {
+	b.Run("Lease", func(b *testing.B) {
+		e := benchSetup(b)
+		contention(b, e, func(pool *pgxpool.Pool) func() (func() error, error) {
+			l, err := fencelock.NewLessor(pool)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return func() (func() error, error) {
+				lease, err := l.Acquire(e.ctx, "contended", time.Minute)
+				if err != nil {
+					return nil, err
+				}
+				return func() error { return lease.Release(e.ctx) }, nil
+			}
+		})
+	})
+	b.Run("Advisory", func(b *testing.B) {
+		e := benchSetup(b)
+		contention(b, e, func(pool *pgxpool.Pool) func() (func() error, error) {
+			a, err := fencelock.NewAdvisoryLocker(pool)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return func() (func() error, error) {
+				lk, err := a.Lock(e.ctx, "contended")
+				if err != nil {
+					return nil, err
+				}
+				return func() error { return lk.Unlock(e.ctx) }, nil
+			}
+		})
+	})
+}
+
+// contention runs the loop of BenchmarkContention with one contender per call of newContender,
+// each given the contenders' pool, and reports its figures.
+func contention(b *testing.B, e *benchEnv, newContender func(*pgxpool.Pool) func() (func() error, error)) {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(e.url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = 2*contenders + 2 // a session lock holds a connection; its waiter takes another
+	cfg.ConnConfig.RuntimeParams["application_name"] = "contender"
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	acquire := make([]func() (func() error, error), contenders)
+	for i := range acquire {
+		acquire[i] = newContender(pool)
+	}
+	commits0, walWrites0 := serverCounters(b, e)
+
+	var (
+		mu          sync.Mutex
+		lastRelease time.Time // when the last holder started its release
+		lastHolder  = -1
+		handoffs    []time.Duration
+		grants      [contenders]int
+		regrants    int
+		remaining   atomic.Int64
+	)
+	remaining.Store(int64(b.N))
+	errs := make(chan error, contenders)
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	for i := range contenders {
+		wg.Go(func() {
+			for remaining.Add(-1) >= 0 {
+				release, err := acquire[i]()
+				if err != nil {
+					errs <- err
+					return
+				}
+				now := time.Now()
+				mu.Lock()
+				if !lastRelease.IsZero() {
+					handoffs = append(handoffs, now.Sub(lastRelease))
+				}
+				if lastHolder == i {
+					regrants++
+				}
+				grants[i]++
+				mu.Unlock()
+				time.Sleep(rand.N(10 * time.Millisecond))
+				mu.Lock()
+				lastRelease, lastHolder = time.Now(), i
+				mu.Unlock()
+				if err := release(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	select {
+	case err := <-errs:
+		b.Fatal(err)
+	default:
+	}
+	pool.Close()
+	commits1, walWrites1 := serverCounters(b, e)
+
+	n := float64(b.N)
+	slices.Sort(handoffs)
+	if len(handoffs) > 0 {
+		b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds()), "handoff-p50-us")
+		b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds()), "handoff-p99-us")
+	}
+	fair := n / contenders
+	b.ReportMetric(float64(slices.Min(grants[:]))/fair, "share-min")
+	b.ReportMetric(float64(slices.Max(grants[:]))/fair, "share-max")
+	b.ReportMetric(float64(regrants)/n, "regrant")
+	b.ReportMetric(float64(commits1-commits0)/n, "commits/grant")
+	b.ReportMetric(float64(walWrites1-walWrites0)/n, "wal-writes/grant")
+}
+
+// serverCounters returns the database's committed transactions and the server's WAL writes,
+// once every session of the contenders' pool has exited: a backend flushes its statistics at
+// exit, so none of theirs is left pending.
+func serverCounters(b *testing.B, e *benchEnv) (commits, walWrites int64) {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(e.ctx, 30*time.Second)
+	defer cancel()
+	for {
+		var left int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'contender'`).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			b.Fatalf("the contenders' sessions did not exit: %v", ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+		(SELECT wal_write FROM pg_stat_wal)`).Scan(&commits, &walWrites); err != nil {
+		b.Fatal(err)
+	}
+	return commits, walWrites
+}
