@@ -10,7 +10,8 @@ type commonConfig struct {
 	logger *slog.Logger
 }
 
-// applyAll applies opts in order to c; a nil option is refused.
+// applyAll calls apply on each of opts, in order, and stops at the first error; a nil option
+// is refused with an ArgumentError.
 func applyAll[O any](opts []O, apply func(O) error) error {
 	for _, o := range opts {
 		if any(o) == nil {
