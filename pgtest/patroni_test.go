@@ -1,12 +1,10 @@
 package pgtest_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -241,35 +239,6 @@ func TestStartPatroni_Close(t *testing.T) {
 	require.ErrorContains(t, err, "no member is running")
 }
 
-// childTempDir returns a temp dir, removed at cleanup, in which the server user may create
-// and remove entries, as in /tmp (mode 1777).
-func childTempDir(t *testing.T) string {
-	t.Helper()
-	tmp, err := os.MkdirTemp("", "pgtest-child-*")
-	require.NoError(t, err)
-	require.NoError(t, os.Chmod(tmp, 0o1777))
-	t.Cleanup(func() { os.RemoveAll(tmp) })
-	return tmp
-}
-
-// patroniHelperEnv makes TestPatroniHelperProcess, run in a child test binary by
-// TestPatroniDiesWithTestBinary, start a cluster, print its URL and wait to be killed.
-const patroniHelperEnv = "PGTEST_PATRONI_HELPER"
-
-// TestPatroniHelperProcess is not a test: it does nothing unless patroniHelperEnv is set.
-func TestPatroniHelperProcess(t *testing.T) {
-	if os.Getenv(patroniHelperEnv) == "" {
-		return
-	}
-	c, err := pgtest.StartPatroni(context.Background(), 2)
-	if err != nil {
-		fmt.Println("error:", strings.ReplaceAll(err.Error(), "\n", " | "))
-		os.Exit(1)
-	}
-	fmt.Println(c.URL("postgres"))
-	time.Sleep(time.Hour) // killed by the parent test
-}
-
 // TestPatroniDiesWithTestBinary checks that a cluster whose test binary is killed (SIGKILL, so
 // no cleanup runs) goes away: no postmaster listens any more and the temp dir is removed,
 // both by the janitor. (etcd and Patroni get the parent-death signal; this test does not
@@ -279,19 +248,7 @@ func TestPatroniDiesWithTestBinary(t *testing.T) {
 		t.Skip("needs PostgreSQL")
 	}
 	t.Parallel()
-	tmp := childTempDir(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestPatroniHelperProcess$")
-	cmd.Env = append(os.Environ(), patroniHelperEnv+"=1", "TMPDIR="+tmp)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	url := strings.TrimSpace(line)
-	require.True(t, strings.HasPrefix(url, "postgres://"), "child: %s", url)
+	cmd, tmp, url := startHangingChild(t, "patroni")
 	hosts, _, _ := strings.Cut(strings.TrimPrefix(url, "postgres://postgres@"), "/")
 	addrs := strings.Split(hosts, ",")
 	require.Len(t, addrs, 2, url)

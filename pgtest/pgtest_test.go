@@ -20,8 +20,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) != "" {
-		runHelper()
+	if kind := os.Getenv(helperEnv); kind != "" {
+		runHelper(kind)
 		return
 	}
 	pgtest.Main(m)
@@ -241,18 +241,59 @@ func TestTimings(t *testing.T) {
 	t.Logf("NewServer: %v each (mean of 3)", time.Since(began)/3)
 }
 
-// helperEnv makes the test binary, run as a child by TestServerDiesWithTestBinary, start a
-// server, print its URL and wait to be killed.
+// helperEnv, set to "server" or "patroni", turns the test binary into the child of
+// startHangingChild: it starts a local server or a 2-node Patroni cluster, prints its URL and
+// waits to be killed.
 const helperEnv = "PGTEST_HELPER_START_AND_HANG"
 
-func runHelper() {
-	srv, err := pgtest.Start(context.Background())
+// runHelper is the child of startHangingChild (see helperEnv).
+func runHelper(kind string) {
+	var url string
+	var err error
+	switch kind {
+	case "server":
+		var srv *pgtest.Server
+		if srv, err = pgtest.Start(context.Background()); err == nil {
+			url = srv.URL("postgres")
+		}
+	case "patroni":
+		var c *pgtest.PatroniCluster
+		if c, err = pgtest.StartPatroni(context.Background(), 2); err == nil {
+			url = c.URL("postgres")
+		}
+	default:
+		err = fmt.Errorf("unknown kind %q", kind)
+	}
 	if err != nil {
-		fmt.Println("error:", err)
+		fmt.Println("error:", strings.ReplaceAll(err.Error(), "\n", " | "))
 		os.Exit(1)
 	}
-	fmt.Println(srv.URL("postgres"))
+	fmt.Println(url)
 	time.Sleep(time.Hour) // killed by the parent test
+}
+
+// startHangingChild runs the test binary as a child that starts a server of kind ("server" or
+// "patroni"), with env added to its environment and TMPDIR set to a temp dir of its own (its
+// temp dirs may be left behind by design), and returns the child, that dir and the URL the
+// child printed. The child is killed at test cleanup if the test has not killed it.
+func startHangingChild(t *testing.T, kind string, env ...string) (cmd *exec.Cmd, tmp, url string) {
+	t.Helper()
+	tmp, err := os.MkdirTemp("", "pgtest-child-*")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(tmp, 0o1777))
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	cmd = exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), helperEnv+"="+kind, "TMPDIR="+tmp), env...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	url = strings.TrimSpace(line)
+	require.True(t, strings.HasPrefix(url, "postgres://"), "child: %s", url)
+	return cmd, tmp, url
 }
 
 // TestServerDiesWithTestBinary checks that the kernel kills a local server whose test binary
@@ -263,21 +304,7 @@ func TestServerDiesWithTestBinary(t *testing.T) {
 	}
 	t.Parallel()
 	ctx := testContext(t)
-	// The child's temp dirs are left behind by design: give it a dir to leave them in.
-	tmp := childTempDir(t)
-
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), helperEnv+"=1", "TMPDIR="+tmp, pgtest.EnvServer+"=local")
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
-	line, err := bufio.NewReader(out).ReadString('\n')
-	require.NoError(t, err)
-	url := strings.TrimSpace(line)
-	require.True(t, strings.HasPrefix(url, "postgres://"), "child: %s", url)
+	cmd, _, url := startHangingChild(t, "server", pgtest.EnvServer+"=local")
 	conn, err := pgx.Connect(ctx, url)
 	require.NoError(t, err, "the child's server is up")
 	require.NoError(t, conn.Close(ctx))

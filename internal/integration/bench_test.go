@@ -53,6 +53,21 @@ func (e *benchEnv) update(id int) func() error {
 	}
 }
 
+// writeTx returns a one-row write transaction that first runs check in it, if not nil.
+func (e *benchEnv) writeTx(check func(pgx.Tx) error) func() error {
+	return func() error {
+		return pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
+			if check != nil {
+				if err := check(tx); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(e.ctx, `UPDATE bench SET v = v + 1 WHERE id = 2`)
+			return err
+		})
+	}
+}
+
 func (e *benchEnv) selectOne() error {
 	var one int
 	return e.pool.QueryRow(e.ctx, `SELECT 1`).Scan(&one)
@@ -134,20 +149,7 @@ func BenchmarkRenew(b *testing.B) {
 // without it (the fence adds one statement).
 func BenchmarkFenceTx(b *testing.B) {
 	e := benchSetup(b)
-	write := func(fence bool) func() error {
-		return func() error {
-			return pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
-				if fence {
-					if err := fencelock.FenceTx(e.ctx, tx, "bench", 1); err != nil {
-						return err
-					}
-				}
-				_, err := tx.Exec(e.ctx, `UPDATE bench SET v = v + 1 WHERE id = 2`)
-				return err
-			})
-		}
-	}
-	ratio(b, write(true), write(false))
+	ratio(b, e.writeTx(func(tx pgx.Tx) error { return fencelock.FenceTx(e.ctx, tx, "bench", 1) }), e.writeTx(nil))
 }
 
 // BenchmarkLeaseFenceTx: a write transaction with Lease.FenceTx (the lease check and the fence
@@ -163,20 +165,7 @@ func BenchmarkLeaseFenceTx(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer lease.Release(e.ctx)
-	write := func(fence bool) func() error {
-		return func() error {
-			return pgx.BeginFunc(e.ctx, e.pool, func(tx pgx.Tx) error {
-				if fence {
-					if err := lease.FenceTx(e.ctx, tx, "bench"); err != nil {
-						return err
-					}
-				}
-				_, err := tx.Exec(e.ctx, `UPDATE bench SET v = v + 1 WHERE id = 2`)
-				return err
-			})
-		}
-	}
-	ratio(b, write(true), write(false))
+	ratio(b, e.writeTx(func(tx pgx.Tx) error { return lease.FenceTx(e.ctx, tx, "bench") }), e.writeTx(nil))
 }
 
 // BenchmarkRunLocked: the transaction-scoped row lock around a one-row write, beside the bare

@@ -81,17 +81,12 @@ func TestTokensRiseAcrossFailover(t *testing.T) {
 			standby := primary.NewStandby(t)
 			url, err := pgtest.ClusterURL(db.Name, primary, standby)
 			require.NoError(t, err)
-			pool, err := pgxpool.New(ctx, url+"&pool_max_conns=64") // each advisory session lock keeps a connection
-			require.NoError(t, err)
-			t.Cleanup(pool.Close)
+			pool := newPool(t, ctx, url+"&pool_max_conns=64") // each advisory session lock keeps a connection
 			if mode == "sync" {
 				require.NoError(t, primary.SetSynchronousStandbys(ctx, "*"))
 			} else {
 				// A rebase on the standby is refused as read-only, before anything.
-				spool, err := pgxpool.New(ctx, standby.URL(db.Name))
-				require.NoError(t, err)
-				_, err = fencelock.RebaseTokenEpoch(ctx, spool, 0)
-				spool.Close()
+				_, err := fencelock.RebaseTokenEpoch(ctx, newPool(t, ctx, standby.URL(db.Name)), 0)
 				require.ErrorIs(t, err, fencelock.ErrReadOnly)
 			}
 
@@ -252,9 +247,7 @@ func TestRebaseTokenEpochAfterLogicalCopy(t *testing.T) {
 	standby := primary.NewStandby(t)
 	require.NoError(t, primary.Crash(ctx))
 	require.NoError(t, standby.Promote(ctx))
-	srcPool, err := pgxpool.New(ctx, standby.URL(src.Name))
-	require.NoError(t, err)
-	t.Cleanup(srcPool.Close)
+	srcPool := newPool(t, ctx, standby.URL(src.Name))
 	lease, err := newLessor(t, srcPool, "src").TryAcquire(ctx, "copied", time.Minute)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, lease.Token().Epoch())
@@ -497,9 +490,7 @@ func TestTokensRiseAcrossSecondPromotion(t *testing.T) {
 			c := a.NewStandby(t)
 			require.NoError(t, a.Crash(ctx))
 			require.NoError(t, b.Promote(ctx))
-			bpool, err := pgxpool.New(ctx, b.URL(db.Name))
-			require.NoError(t, err)
-			t.Cleanup(bpool.Close)
+			bpool := newPool(t, ctx, b.URL(db.Name))
 			var top fencelock.Token
 			for i := range 50 {
 				token, err := tokenPaths[0].issue(t, ctx, bpool, i)
@@ -516,9 +507,7 @@ func TestTokensRiseAcrossSecondPromotion(t *testing.T) {
 			}
 			require.NoError(t, b.Crash(ctx))
 			require.NoError(t, c.Promote(ctx))
-			cpool, err := pgxpool.New(ctx, c.URL(db.Name))
-			require.NoError(t, err)
-			t.Cleanup(cpool.Close)
+			cpool := newPool(t, ctx, c.URL(db.Name))
 			token, err := tokenPaths[0].issue(t, ctx, cpool, 100)
 			require.NoError(t, err)
 			if shared {

@@ -53,6 +53,15 @@ type leaseRow struct {
 }
 
 // readLease returns the row of lease name, failing the test if there is none.
+// newPool returns a pool on url, closed at test cleanup.
+func newPool(t *testing.T, ctx context.Context, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 func readLease(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) leaseRow {
 	t.Helper()
 	var r leaseRow
