@@ -19,7 +19,9 @@ const (
 
 // AdvisoryOption configures an [AdvisoryLocker]; [NewAdvisoryLocker] takes them. Each is
 // validated by the constructor, which fails with an [*ArgumentError] on a bad one. An option
-// that does not apply to an AdvisoryLocker (a [LessorOption]) does not compile there.
+// that does not apply to an AdvisoryLocker (a [LessorOption]) does not compile there. An
+// option is an immutable value: one may be passed to any number of constructors, from any
+// goroutine.
 type AdvisoryOption interface {
 	applyAdvisory(*advisoryConfig) error
 }

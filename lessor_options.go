@@ -10,7 +10,8 @@ import (
 
 // LessorOption configures a [Lessor]; [NewLessor] takes them. Each is validated by the
 // constructor, which fails with an [*ArgumentError] on a bad one. An option that does not
-// apply to a Lessor (an [AdvisoryOption]) does not compile there.
+// apply to a Lessor (an [AdvisoryOption]) does not compile there. An option is an immutable
+// value: one may be passed to any number of constructors, from any goroutine.
 type LessorOption interface {
 	applyLessor(*lessorConfig) error
 }

@@ -3,7 +3,7 @@ package fencelock
 import "log/slog"
 
 // Option is an option that applies to both constructors: it is a [LessorOption] and an
-// [AdvisoryOption] ([WithLogger]).
+// [AdvisoryOption] ([WithLogger]). Like them it is an immutable value, safe to share.
 type Option interface {
 	LessorOption
 	AdvisoryOption

@@ -149,7 +149,9 @@ func TestTrustWatchOnManualClock(t *testing.T) {
 	require.ErrorIs(t, lost.Cause, ErrTrustWindowExpired)
 	l.mu.Lock()
 	require.Empty(t, l.active, "every lease that ended left the held set")
+	require.False(t, l.heartbeat.running, "a lessor that holds nothing kept its heartbeat running")
 	l.mu.Unlock()
+	require.False(t, l.heartbeat.armed, "a lessor that holds nothing kept a heartbeat timer armed")
 }
 
 // The loop idiom, on a manual clock (its timers run inside advance, so every round here runs
@@ -209,6 +211,7 @@ func TestLoopOnManualClock(t *testing.T) {
 	held = false
 	lp.stopLocked() // the owner's last grant ended
 	mu.Unlock()
+	require.False(t, lp.armed, "a stopped loop left its timer armed")
 	clk.advance(10 * time.Second)
 	require.Len(t, steps, 5, "a stopped loop ran a round")
 
@@ -225,6 +228,7 @@ func TestLoopOnManualClock(t *testing.T) {
 	mu.Lock()
 	require.False(t, lp.running)
 	mu.Unlock()
+	require.False(t, lp.armed, "a loop stopped by its step left its timer armed")
 }
 
 // Options are typed per constructor: an option of one does not satisfy the other's option
@@ -322,4 +326,28 @@ func TestLoopConcurrentStartStop(t *testing.T) {
 		t.Fatal("a grant held after the churn got no round")
 	}
 	end()
+}
+
+// The heartbeat's loop is armed, for the first renewal, by the first lease held, and disarmed
+// when the last one ends: a lessor that holds nothing keeps no timer (no server: the lease ends
+// before its renewal is due).
+func TestHeartbeatArmedWhileHeld(t *testing.T) {
+	clk := newManualClock()
+	cfg, err := newLessorConfig(nil)
+	require.NoError(t, err)
+	cfg.clock = clk
+	l := newLessor(nil, cfg)
+	lt, err := cfg.times(9 * time.Second) // heartbeat 3 s, queued 750 ms early
+	require.NoError(t, err)
+	lease := newLease(l, "a", 1, lt, clk.Now(), time.Time{})
+	l.add(lease)
+	l.heartbeat.mu.Lock()
+	armed, at := l.heartbeat.armed, l.heartbeat.at
+	l.heartbeat.mu.Unlock()
+	require.True(t, armed)
+	require.Equal(t, clk.Now().Add(2250*time.Millisecond), at, "armed for the first renewal")
+	require.True(t, lease.end(ErrReleased))
+	l.heartbeat.mu.Lock()
+	defer l.heartbeat.mu.Unlock()
+	require.False(t, l.heartbeat.armed, "the heartbeat's timer stayed armed with nothing held")
 }
