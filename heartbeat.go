@@ -90,6 +90,7 @@ func (l *Lessor) forget(lease *Lease) {
 	if len(l.active) == 0 && l.inFlight == 0 {
 		l.heartbeat.stopLocked()
 	}
+	l.idleCheckLocked()
 }
 
 // heartbeatRound is the heartbeat loop's step: it starts a renewal goroutine for each batch

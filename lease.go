@@ -202,11 +202,17 @@ func (lease *Lease) Release(ctx context.Context) error {
 	// Stop trusting the lease before the statement: it may hang (a blackholed connection)
 	// past the trust window.
 	lease.end(ErrReleased)
-	n, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: lease.name, Holder: l.cfg.holder, Token: int64(lease.token)})
-	if err != nil {
-		return wrapPg(fmt.Sprintf("release lease %q", lease.name), err)
+	// Inside the name's gate: no attempt of this lessor on the name runs meanwhile, so none
+	// can take this grant for its own while the release is in flight. When ctx has ended the
+	// statement is not sent either.
+	if exit, err := l.enter(ctx, lease.name); err == nil {
+		defer exit()
 	}
-	if n == 0 {
+	released, err := l.releaseStatement(ctx, lease.name, lease.token)
+	if err != nil {
+		return err
+	}
+	if !released {
 		return fmt.Errorf("release lease %q (token %d): %w", lease.name, lease.token, ErrNotHeld)
 	}
 	return nil

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -44,7 +43,9 @@ type Lessor struct {
 	trust      leaseHeap         // held leases by the end of their trust window (trustwatch.go)
 	trustTimer timer             // fires at the trust watch's head; nil until the first lease
 	inFlight   int               // renewal statements in flight
-	gates      map[string]*gate  // per-name serialisation of attempts
+	gates      map[string]*gate  // per-name serialisation of attempts, claims and releases
+	waits      map[string]*wait  // Acquires in a queue, by name (lease_queue.go)
+	listen     listener          // the listening connection that wakes them (listener.go)
 
 	afterGrant func() // tests only: runs after each grant statement returns
 }
@@ -84,6 +85,8 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 		queue:  leaseHeap{which: renewHeap},
 		trust:  leaseHeap{which: trustHeap},
 		gates:  make(map[string]*gate),
+		waits:  make(map[string]*wait),
+		listen: newListener(),
 	}
 	l.heartbeat = newLoop(cfg.clock, l.heartbeatRound)
 	return l
@@ -114,7 +117,7 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	lease, err := l.tryAcquire(ctx, name, lt)
+	lease, _, err := l.attempt(ctx, name, lt, nil, queueLiveness(lt.ttl))
 	return lease, notAcquired(err)
 }
 
@@ -133,12 +136,7 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	if err != nil {
 		return nil, err
 	}
-	var lease *Lease
-	err = l.retry(ctx, "acquire lease", name, func(int) (err error) {
-		lease, err = l.tryAcquire(ctx, name, lt)
-		return err
-	})
-	return lease, err
+	return l.acquireQueued(ctx, name, lt)
 }
 
 // retry calls attempt until it returns anything but errRefused, or ctx ends (then it
@@ -196,29 +194,55 @@ func notAcquired(err error) error {
 	return err
 }
 
-// tryAcquire makes one attempt: the lease, errRefused, or another error.
-func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, error) {
+// attempt makes one grant attempt, for the wait w of an Acquire (nil for TryAcquire): the
+// lease, errRefused, or another error. In a wait it first claims a grant a release handed over
+// by NOTIFY; then it runs LeaseAcquire, which grants the lease (outcome 1), finds it held by
+// this holder already (2: handed to this wait before the statement, or kept by the server after
+// a trust-window loss), finds it handed to this wait (3), or refuses it, with the wait then in
+// the queue (4) or not (0). live is the wait's liveness in the queue.
+func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wait, live time.Duration) (*Lease, attemptInfo, error) {
 	exit, err := l.enter(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("acquire lease %q: %w", name, err)
+		return nil, attemptInfo{}, fmt.Errorf("acquire lease %q: %w", name, err)
 	}
 	defer exit()
 	// Checked inside the gate: no other attempt of this lessor on name can grant meanwhile.
 	if l.holds(name) {
-		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
+		return nil, attemptInfo{}, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
+	}
+	var waitID int64
+	channel := ""
+	if w != nil {
+		l.mu.Lock()
+		handed, sent, serverNow := w.takeHandedLocked(), w.sent, w.serverNow
+		waitID = w.id
+		if l.listen.ready {
+			channel = l.listen.channel
+		}
+		l.mu.Unlock()
+		for i, h := range handed {
+			lease, err := l.claim(ctx, name, lt, h, sent, serverNow)
+			if !errors.Is(err, errRefused) {
+				for _, rest := range handed[i+1:] { // two grants to one wait: not expected; hand them on
+					l.releaseToken(ctx, name, rest.token)
+				}
+				return lease, attemptInfo{}, err
+			}
+		}
 	}
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
-		return nil, wrapPg(fmt.Sprintf("acquire lease %q", name), err)
+		return nil, attemptInfo{}, wrapPg(fmt.Sprintf("acquire lease %q", name), err)
 	}
 	pid := conn.Conn().PgConn().PID()
 	sent := l.cfg.clock.Now()
-	row, err := l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{
-		Name:      name,
-		Holder:    l.cfg.holder,
-		TtlUs:     lt.ttl.Microseconds(),
-		Nowait:    true,
-		MayInsert: true,
+	row, err := l.q.LeaseAcquire(ctx, conn, db.LeaseAcquireParams{
+		Name:    name,
+		Holder:  l.cfg.holder,
+		WaitID:  waitID,
+		TtlUs:   lt.ttl.Microseconds(),
+		Channel: channel,
+		LiveUs:  live.Microseconds(),
 	})
 	if l.afterGrant != nil {
 		l.afterGrant()
@@ -227,29 +251,47 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 	// outcome is known (the statement failed, or was never sent).
 	abandoned := err != nil && conn.Conn().IsClosed()
 	conn.Release()
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		// Held and unexpired, or the row is held by a transaction: someone else has it.
-		return nil, errRefused
-	case err != nil:
-		return nil, l.grantFailed(ctx, name, pid, abandoned, err)
+	if err != nil {
+		return nil, attemptInfo{}, l.grantFailed(ctx, name, pid, abandoned, err)
+	}
+	info := attemptInfo{listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
+	if w != nil {
+		l.mu.Lock()
+		w.sent, w.serverNow = sent, row.ServerNow
+		if row.Outcome == outcomeHanded {
+			w.id = newWaitID() // its row is used up
+		}
+		l.mu.Unlock()
+	}
+	switch row.Outcome {
+	case outcomeGranted:
+	case outcomeMine, outcomeHanded:
+		lease, err := l.claim(ctx, name, lt, handoff{token: Token(row.Token), expiresAt: row.ExpiresAt}, sent, row.ServerNow)
+		return lease, info, err
+	default:
+		return nil, info, errRefused
 	}
 	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
 	if !l.cfg.clock.Now().Before(lease.TrustedUntil()) {
 		// The reply took longer than the trust window: the grant is useless to its holder.
 		// End it (scoped to this grant) and report a refusal, so Acquire tries again. Not
 		// with ctx: it may have ended meanwhile, and the grant must not stay held for a TTL.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-		defer cancel()
-		if err := lease.Release(rctx); err != nil && !errors.Is(err, ErrNotHeld) { // not held: expired, nothing left
-			l.cfg.common.logger.Error("fencelock: could not end a grant that arrived after its trust window; it expires by its TTL",
-				"lease", name, "holder", l.cfg.holder, "error", err)
-		}
-		return nil, errRefused
+		lease.end(ErrReleased)
+		l.releaseToken(ctx, name, lease.token)
+		return nil, info, errRefused
 	}
 	l.add(lease)
-	return lease, nil
+	return lease, info, nil
 }
+
+// The outcomes of LeaseAcquire.
+const (
+	outcomeRefused = 0 // refused, not in the queue (a try)
+	outcomeGranted = 1 // granted by this statement
+	outcomeMine    = 2 // already held by this holder
+	outcomeHanded  = 3 // handed to this wait by a release after the statement's snapshot
+	outcomeQueued  = 4 // refused, in the queue
+)
 
 // grantFailed handles a grant statement that returned err on the session of backend pid. A
 // server error means the statement failed and granted nothing; so does any error that left

@@ -83,3 +83,44 @@ func acquireWait(now time.Time, backoff, jitter time.Duration, expires time.Time
 	}
 	return backoff
 }
+
+const (
+	// minQueueLiveness and maxQueueLiveness bound how long a waiter stays in a lease's queue
+	// after its last refresh (queueLiveness).
+	minQueueLiveness = 250 * time.Millisecond
+	maxQueueLiveness = 5 * time.Second
+)
+
+// queueLiveness returns how long a waiter for a lease of TTL ttl stays in the name's queue
+// after its last refresh: the TTL, within [250 ms, 5 s]. A waiter that dies or is paused
+// leaves the queue that long after its last refresh, so it blocks the waiters behind it for at
+// most that long; a live one refreshes every third of it (queueWait).
+func queueLiveness(ttl time.Duration) time.Duration {
+	return min(max(ttl, minQueueLiveness), maxQueueLiveness)
+}
+
+// queueWait returns how long a waiting Acquire sleeps after a refused attempt before its next
+// one, unless a release wakes it first. listening: the attempt carried the lessor's NOTIFY
+// channel, so a release hands the lease over and wakes it; it then only refreshes its place
+// every third of the liveness, and, at the head of the queue (ahead == 0), tries again just
+// after the holder's grant expires (a holder that died hands nothing over). Not listening (a
+// transaction pooler, a listening connection lost or not up yet): the poll of acquireWait.
+// remaining is the holder's remaining TTL reported by the attempt (0: free or unknown).
+func queueWait(listening bool, ahead int64, remaining, live, backoff, jitter time.Duration) time.Duration {
+	if !listening {
+		if remaining > 0 && remaining < backoff {
+			return remaining + jitter
+		}
+		return backoff
+	}
+	refresh := live / 3
+	switch {
+	case ahead > 0:
+		return refresh
+	case remaining <= 0:
+		return min(backoff, refresh) // free, yet refused: a row locked for a moment (a guarded transaction, a RunLocked)
+	case remaining < refresh:
+		return remaining + jitter
+	}
+	return refresh
+}

@@ -19,6 +19,7 @@ func init() {
 		return err
 	}
 	testhook.SetAfterGrant = func(lessor any, f func()) { lessor.(*Lessor).afterGrant = f }
+	testhook.Wakeups = wakeups.Load
 	testhook.EndAbandonedGrant = func(ctx context.Context, lessor any, pid uint32) error {
 		return lessor.(*Lessor).endAbandonedGrant(ctx, pid)
 	}

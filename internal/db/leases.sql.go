@@ -201,33 +201,6 @@ func (q *Queries) LeaseGuard(ctx context.Context, db DBTX, arg LeaseGuardParams)
 	return expires_at, err
 }
 
-const leaseRelease = `-- name: LeaseRelease :execrows
-UPDATE fencelock.leases
-SET expires_at = clock_timestamp()
-FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)) AS cfg
-WHERE name = $1::text AND holder = $2::text AND token = $3::bigint
-  AND expires_at > clock_timestamp()
-`
-
-type LeaseReleaseParams struct {
-	Name   string
-	Holder string
-	Token  int64
-}
-
-// Ends a grant now by moving its expiry to the current time. Scoped to (name, holder, token),
-// so a late release from an old holder never frees a newer grant; 0 rows means the grant had
-// already expired or been taken over. The row stays (tokens come from the sequence, not the
-// row), so the next grant of the name is a HOT update. synchronous_commit is raised from off to on, so an
-// acknowledged release is not undone by a crash (which would keep the name held for a TTL).
-func (q *Queries) LeaseRelease(ctx context.Context, db DBTX, arg LeaseReleaseParams) (int64, error) {
-	result, err := db.Exec(ctx, leaseRelease, arg.Name, arg.Holder, arg.Token)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const leaseReleaseUnknown = `-- name: LeaseReleaseUnknown :execrows
 UPDATE fencelock.leases
 SET expires_at = clock_timestamp()

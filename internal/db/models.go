@@ -6,6 +6,8 @@ package db
 
 import (
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type FencelockFence struct {
@@ -19,6 +21,35 @@ type FencelockLease struct {
 	Token      int64
 	AcquiredAt time.Time
 	ExpiresAt  time.Time
+}
+
+type FencelockLeaseQueue struct {
+	Name          string
+	Holder        string
+	Position      int64
+	Since         time.Time
+	Waited        int32
+	WokenByNotify interface{}
+}
+
+type FencelockLeaseQueueSummary struct {
+	Name       string
+	Waiters    int64
+	HeadHolder interface{}
+	HeadWaited interface{}
+}
+
+type FencelockLeaseWaiter struct {
+	Name             string
+	Holder           string
+	WaitID           int64
+	Seq              int64
+	Channel          pgtype.Text
+	TtlUs            int64
+	Since            time.Time
+	ExpiresAt        time.Time
+	GrantedToken     int64
+	GrantedExpiresAt pgtype.Timestamptz
 }
 
 type FencelockTokenEpoch struct {

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"math"
 	"net/url"
 	"os"
@@ -131,6 +132,18 @@ func TestTokensRiseAcrossFailover(t *testing.T) {
 	}
 }
 
+// migrationSections returns the Up and Down SQL of one of fencelock's migrations, without
+// goose's annotations, to run by hand.
+func migrationSections(t *testing.T, file string) (up, down string) {
+	t.Helper()
+	b, err := fs.ReadFile(migrations.FS, file)
+	require.NoError(t, err)
+	text := strings.NewReplacer("-- +goose StatementBegin", "", "-- +goose StatementEnd", "").Replace(string(b))
+	up, down, ok := strings.Cut(text, "-- +goose Down")
+	require.True(t, ok, "%s has no Down section", file)
+	return strings.TrimPrefix(up, "-- +goose Up"), down
+}
+
 // gooseProvider returns a goose provider for fencelock's migrations on pool, as Migrate has it.
 func gooseProvider(t *testing.T, pool *pgxpool.Pool) *goose.Provider {
 	t.Helper()
@@ -150,6 +163,12 @@ func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
 	p := gooseProvider(t, b.pool)
 	_, err := p.DownTo(b.ctx, 2)
 	require.NoError(t, err)
+	// Today's TryAcquire needs the queue of waiters (migration 00004), which is independent of
+	// the tokens: put it in place by hand for the grants at version 2, and take it out again
+	// before migrating.
+	up, down := migrationSections(t, "00004_lease_queue.sql")
+	_, err = b.pool.Exec(b.ctx, up)
+	require.NoError(t, err)
 	var before []fencelock.Token
 	for i, tc := range tokenPaths {
 		token, err := tc.issue(t, b.ctx, b.pool, i)
@@ -157,6 +176,8 @@ func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
 		require.Zero(t, token.Epoch(), "%s: before migration 00003, a plain sequence value", tc.desc)
 		before = append(before, token)
 	}
+	_, err = b.pool.Exec(b.ctx, down)
+	require.NoError(t, err)
 	require.NoError(t, fencelock.Migrate(b.ctx, b.pool))
 	for i, tc := range tokenPaths {
 		token, err := tc.issue(t, b.ctx, b.pool, 100+i)
@@ -354,7 +375,9 @@ func TestTokenPathsForUnprivilegedRole(t *testing.T) {
 	}{
 		{"GrantedBeforeMigration", true, baseGrants},
 		{"GrantedToPublicBeforeMigration", true, strings.ReplaceAll(baseGrants, "%[1]s", "PUBLIC")},
-		{"GrantedAfter", false, baseGrants + `; GRANT SELECT, UPDATE (last_epoch) ON fencelock.token_epoch TO %[1]s`},
+		{"GrantedAfter", false, baseGrants + `; GRANT SELECT, UPDATE (last_epoch) ON fencelock.token_epoch TO %[1]s;
+			GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.lease_waiters TO %[1]s;
+			GRANT USAGE ON SEQUENCE fencelock.lease_waiters_seq TO %[1]s`},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/pgtest"
@@ -116,3 +117,21 @@ type pgxTx = pgx.Tx
 
 // pgxRows lets test files name pgx.Rows without importing pgx.
 type pgxRows = pgx.Rows
+
+// verifyNoLeakWithin fails t unless, within d, no goroutine is left but those opts ignore: for
+// goroutines that end by a stated bound (a lessor's listening connection closes a second after
+// its last wait or lease), not at once.
+func verifyNoLeakWithin(t *testing.T, d time.Duration, opts ...goleak.Option) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := goleak.Find(opts...)
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("goroutines left %v after the bound: %v", d, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -282,7 +282,8 @@ func TestAcquireCancelledLeavesNothing(t *testing.T) {
 		require.Zero(t, held, "round %d", i)
 		_ = lh.Release(b.ctx) // may have expired already
 	}
-	goleak.VerifyNone(t, ignore)
+	// The waiter's listening connection closes a second after its last wait (listenerLinger).
+	verifyNoLeakWithin(t, 3*time.Second, ignore)
 }
 
 // A cancelled ctx during the grant statement itself (blocked on a row held by a transaction)

@@ -15,4 +15,7 @@ var (
 	SetAfterGrant func(lessor any, f func())
 	// EndAbandonedGrant runs lessor's cleanup of a grant abandoned on the backend with pid.
 	EndAbandonedGrant func(ctx context.Context, lessor any, pid uint32) error
+	// Wakeups returns how many NOTIFYs this process's lease releases have sent (one per
+	// hand-off to a listening waiter).
+	Wakeups func() int64
 )

@@ -135,18 +135,6 @@ FROM fencelock.leases AS l JOIN v ON l.name = v.name AND l.token = v.token
 WHERE l.holder = sqlc.arg(holder)::text AND l.expires_at > clock_timestamp()
   AND (SELECT count(*) FROM renewed) < cardinality(sqlc.arg(names)::text[]);
 
--- name: LeaseRelease :execrows
--- Ends a grant now by moving its expiry to the current time. Scoped to (name, holder, token),
--- so a late release from an old holder never frees a newer grant; 0 rows means the grant had
--- already expired or been taken over. The row stays (tokens come from the sequence, not the
--- row), so the next grant of the name is a HOT update. synchronous_commit is raised from off to on, so an
--- acknowledged release is not undone by a crash (which would keep the name held for a TTL).
-UPDATE fencelock.leases
-SET expires_at = clock_timestamp()
-FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true)) AS cfg
-WHERE name = sqlc.arg(name)::text AND holder = sqlc.arg(holder)::text AND token = sqlc.arg(token)::bigint
-  AND expires_at > clock_timestamp();
-
 -- name: LeaseReleaseUnknown :execrows
 -- Ends any grant of @name to @holder except the tokens in @keep_tokens (the lessor's leases of
 -- the name it still believes held). Used after an acquire

@@ -1,0 +1,254 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// The queue of lease waiters, the client's side (the server's is migrations/00004 and
+// sqlc/queries/queue.sql). A waiting Acquire joins the name's queue with its first refused
+// attempt and is served first come, first served: a release hands the lease to the head of the
+// queue in its own statement and wakes only that waiter, through its lessor's listening
+// connection (listener.go). While anyone waits, no attempt from outside the queue is granted
+// (TryAcquire does not barge). A waiter refreshes its place every third of its liveness
+// (queueLiveness); one that dies leaves the queue when its row expires, one that gives up
+// deletes its row, and hands on a grant it was handed meanwhile.
+
+// wait is one lessor's wait for one name. The lessor's goroutines in Acquire on the name share
+// it and its row in fencelock.lease_waiters (one row per name and holder). Guarded by the
+// lessor's mu.
+type wait struct {
+	id     int64         // wait_id of its row; a new one once a grant handed to it is used up
+	refs   int           // goroutines in Acquire on it
+	wake   chan struct{} // closed, and replaced, to wake them
+	handed []handoff     // grants delivered by NOTIFY, not claimed yet
+	// The last statement of this wait: when it was sent (local clock) and the database clock
+	// during it, which map a handed grant's expiry onto the local clock.
+	sent, serverNow time.Time
+}
+
+func (w *wait) signalLocked() {
+	close(w.wake)
+	w.wake = make(chan struct{})
+}
+
+// waitIDs numbers waits; it starts at random, so a wait_id left in the table by an earlier
+// process with the same holder id is not taken for one of this process's.
+var waitIDs atomic.Int64
+
+func init() { waitIDs.Store(rand.Int64N(1 << 60)) }
+
+func newWaitID() int64 { return waitIDs.Add(1) }
+
+// wakeups counts the NOTIFYs sent by this process's releases (tests and benchmarks read it).
+var wakeups atomic.Int64
+
+// joinWait registers a goroutine waiting for name and returns its wait.
+func (l *Lessor) joinWait(name string) *wait {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.waits[name]
+	if w == nil {
+		w = &wait{id: newWaitID(), wake: make(chan struct{})}
+		l.waits[name] = w
+	}
+	w.refs++
+	return w
+}
+
+// leaveWait unregisters a goroutine's wait. The last one out takes the wait's row out of the
+// queue, unless it was granted (the grant's statement did), and hands on every grant handed to
+// the wait that no Acquire claimed. It runs detached from ctx: a cancelled Acquire must not
+// stay in the queue.
+func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bool) {
+	l.mu.Lock()
+	w.refs--
+	if granted {
+		w.signalLocked() // the lessor's other goroutines on name: ErrAlreadyHeld
+	}
+	if w.refs > 0 {
+		l.mu.Unlock()
+		return
+	}
+	delete(l.waits, name)
+	handed, id := w.handed, w.id
+	w.handed = nil
+	l.idleCheckLocked()
+	l.mu.Unlock()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if !granted {
+		row, err := l.q.LeaseLeaveQueue(cctx, l.pool, db.LeaseLeaveQueueParams{Name: name, Holder: l.cfg.holder, WaitID: id})
+		switch {
+		case err != nil:
+			l.cfg.common.logger.Error("fencelock: could not leave a lease's queue; the place expires by itself",
+				"lease", name, "holder", l.cfg.holder, "error", err)
+		case row.GrantedToken != 0:
+			handed = append(handed, handoff{token: Token(row.GrantedToken)})
+		}
+	}
+	for _, h := range handed {
+		l.releaseUnclaimed(cctx, name, h.token)
+	}
+}
+
+// notified handles a NOTIFY of a release: it hands the grant to the wait it names, or, when
+// that wait is over, hands the lease on.
+func (l *Lessor) notified(payload string) error {
+	id, h, name, err := parseWake(payload)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	if w := l.waits[name]; w != nil && w.id == id {
+		if h.token != 0 {
+			w.handed = append(w.handed, h)
+		}
+		w.signalLocked()
+		l.mu.Unlock()
+		return nil
+	}
+	l.mu.Unlock()
+	if h.token != 0 {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+			defer cancel()
+			l.releaseUnclaimed(ctx, name, h.token)
+		}()
+	}
+	return nil
+}
+
+// takeHandedLocked returns the grants handed to w by NOTIFY, and gives w a new id when there
+// were any: its row is used up (a later refresh must join the queue again, not find the same
+// grant). l.mu must be held.
+func (w *wait) takeHandedLocked() []handoff {
+	h := w.handed
+	if len(h) > 0 {
+		w.handed = nil
+		w.id = newWaitID()
+	}
+	return h
+}
+
+// claim makes a lease of a grant found on the server (handed to this lessor by a release, or
+// held by its holder id) with h's token and expiry. The trust window is mapped onto the local
+// clock through a statement sent at sent (local) during which the database clock read
+// serverNow: the grant's expiry happens, on the local clock, no earlier than sent + (expiry -
+// serverNow), so the window ends at that minus the safety margin (the same clock-rate
+// assumption as every trust window, here over the statement's age as well). A grant whose
+// window has already ended is handed on, and the claim refused. The caller holds name's gate.
+func (l *Lessor) claim(ctx context.Context, name string, lt leaseTimes, h handoff, sent, serverNow time.Time) (*Lease, error) {
+	if l.holds(name) {
+		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
+	}
+	now := l.cfg.clock.Now()
+	grantedAt := sent.Add(h.expiresAt.Sub(serverNow) - lt.ttl)
+	if grantedAt.After(now) {
+		grantedAt = now
+	}
+	lease := newLease(l, name, h.token, lt, grantedAt, h.expiresAt)
+	if !now.Before(lease.TrustedUntil()) {
+		lease.end(ErrReleased)
+		l.releaseToken(ctx, name, h.token)
+		return nil, errRefused
+	}
+	l.add(lease)
+	return lease, nil
+}
+
+// releaseUnclaimed ends the grant of name with token, handing it to the next waiter, unless
+// this lessor holds it (an Acquire claimed it). It takes name's gate, so no claim runs
+// meanwhile.
+func (l *Lessor) releaseUnclaimed(ctx context.Context, name string, token Token) {
+	exit, err := l.enter(ctx, name)
+	if err != nil {
+		l.cfg.common.logger.Error("fencelock: could not hand on a grant nobody waits for; it expires by its TTL",
+			"lease", name, "token", int64(token), "holder", l.cfg.holder, "error", err)
+		return
+	}
+	defer exit()
+	l.mu.Lock()
+	held := l.active[name]
+	l.mu.Unlock()
+	if held != nil && held.token == token {
+		return
+	}
+	l.releaseToken(ctx, name, token)
+}
+
+// releaseToken ends the grant (name, this holder, token) with LeaseRelease, detached from
+// ctx's cancellation: a grant nobody will use must not stay held for a TTL. Errors are logged.
+func (l *Lessor) releaseToken(ctx context.Context, name string, token Token) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if _, err := l.releaseStatement(rctx, name, token); err != nil {
+		l.cfg.common.logger.Error("fencelock: could not end a grant nobody uses; it expires by its TTL",
+			"lease", name, "token", int64(token), "holder", l.cfg.holder, "error", err)
+	}
+}
+
+// releaseStatement runs LeaseRelease for (name, this holder, token): it ends the grant and
+// hands it to the head of the queue, if any. It reports whether the grant was still current.
+func (l *Lessor) releaseStatement(ctx context.Context, name string, token Token) (bool, error) {
+	row, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: name, Holder: l.cfg.holder, Token: int64(token)})
+	if err != nil {
+		return false, wrapPg(fmt.Sprintf("release lease %q", name), err)
+	}
+	wakeups.Add(row.Woken)
+	return row.Released > 0, nil
+}
+
+// acquireQueued is Acquire's loop: attempts, in the name's queue from the first refusal on,
+// until granted or ctx ends.
+func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) (lease *Lease, err error) {
+	w := l.joinWait(name)
+	defer func() { l.leaveWait(ctx, name, w, err == nil) }()
+	live := queueLiveness(lt.ttl)
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for n := 0; ; n++ {
+		lease, a, err := l.attempt(ctx, name, lt, w, live)
+		if !errors.Is(err, errRefused) {
+			return lease, err
+		}
+		l.mu.Lock()
+		if n == 0 {
+			l.startListeningLocked()
+		}
+		wake, pending := w.wake, len(w.handed) > 0
+		l.mu.Unlock()
+		if pending {
+			continue
+		}
+		d := queueWait(a.listening, a.ahead, a.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
+		if t == nil {
+			t = time.NewTimer(d)
+		} else {
+			t.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("acquire lease %q: %w", name, context.Cause(ctx))
+		case <-t.C:
+		case <-wake:
+		}
+	}
+}
+
+// attemptInfo is what a refused attempt tells the next one's timing.
+type attemptInfo struct {
+	listening bool          // the attempt carried the lessor's NOTIFY channel
+	ahead     int64         // live waiters ahead
+	remaining time.Duration // the holder's remaining TTL (0: free or unknown)
+}
