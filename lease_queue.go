@@ -98,31 +98,20 @@ func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bo
 	}
 }
 
-// notified handles a NOTIFY of a release: it hands the grant to the wait it names, or, when
-// that wait is over, hands the lease on.
-func (l *Lessor) notified(payload string) error {
-	id, h, name, err := parseWake(payload)
-	if err != nil {
-		return err
-	}
+// notified hands a grant delivered by NOTIFY to the wait it names, and wakes that wait. One
+// for a wait that is over is dropped: the wait took its row out of the queue when it ended
+// (leaveWait), and got back, and handed on, any grant handed to it before.
+func (l *Lessor) notified(wk wakeup) {
 	l.mu.Lock()
-	if w := l.waits[name]; w != nil && w.id == id {
-		if h.token != 0 {
-			w.handed = append(w.handed, h)
-		}
-		w.signalLocked()
-		l.mu.Unlock()
-		return nil
+	defer l.mu.Unlock()
+	w := l.waits[wk.name]
+	if w == nil || w.id != wk.waitID {
+		return
 	}
-	l.mu.Unlock()
-	if h.token != 0 {
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-			defer cancel()
-			l.releaseUnclaimed(ctx, name, h.token)
-		}()
+	if wk.token != 0 {
+		w.handed = append(w.handed, wk.handoff)
 	}
-	return nil
+	w.signalLocked()
 }
 
 // takeHandedLocked returns the grants handed to w by NOTIFY, and gives w a new id when there
@@ -197,13 +186,23 @@ func (l *Lessor) releaseToken(ctx context.Context, name string, token Token) {
 // releaseStatement runs LeaseRelease for (name, this holder, token): it ends the grant and
 // hands it to the head of the queue, if any. It reports whether the grant was still current.
 func (l *Lessor) releaseStatement(ctx context.Context, name string, token Token) (bool, error) {
-	row, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: name, Holder: l.cfg.holder, Token: int64(token)})
+	outcome, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: name, Holder: l.cfg.holder, Token: int64(token)})
 	if err != nil {
 		return false, wrapPg(fmt.Sprintf("release lease %q", name), err)
 	}
-	wakeups.Add(row.Woken)
-	return row.Released > 0, nil
+	if outcome == releaseHandedWoken {
+		wakeups.Add(1)
+	}
+	return outcome != releaseNotCurrent, nil
 }
+
+// The outcomes of LeaseRelease (fencelock.hand_off).
+const (
+	releaseNotCurrent  = 0 // the grant had expired or been taken over: nothing changed
+	releaseReleased    = 1 // released, not handed over
+	releaseHanded      = 2 // handed to the head of the queue, which polls
+	releaseHandedWoken = 3 // handed to the head of the queue, and woken by NOTIFY
+)
 
 // acquireQueued is Acquire's loop: attempts, in the name's queue from the first refusal on,
 // until granted or ctx ends.
@@ -224,7 +223,7 @@ func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) 
 		}
 		l.mu.Lock()
 		if n == 0 {
-			l.startListeningLocked()
+			l.attachListenerLocked()
 		}
 		wake, pending := w.wake, len(w.handed) > 0
 		l.mu.Unlock()
@@ -232,6 +231,11 @@ func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) 
 			continue
 		}
 		d := queueWait(a.listening, a.ahead, a.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
+		if a.joined && a.ahead == 0 {
+			// Joined at the head: a release that ran while this attempt did saw no waiter and
+			// woke nobody. Look again soon, once.
+			d = min(d, joinRecheck)
+		}
 		if t == nil {
 			t = time.NewTimer(d)
 		} else {
@@ -246,8 +250,13 @@ func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) 
 	}
 }
 
+// joinRecheck: a wait that joined a queue at its head tries again this soon, once, in case a
+// release ran concurrently with its joining and, not seeing it yet, woke nobody.
+const joinRecheck = 20 * time.Millisecond
+
 // attemptInfo is what a refused attempt tells the next one's timing.
 type attemptInfo struct {
+	joined    bool          // the attempt joined the queue (a new place, not a refresh)
 	listening bool          // the attempt carried the lessor's NOTIFY channel
 	ahead     int64         // live waiters ahead
 	remaining time.Duration // the holder's remaining TTL (0: free or unknown)

@@ -6,139 +6,188 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// The lessor's listening connection: one session that LISTENs on the lessor's own channel, so
-// that a release that hands a lease to one of this lessor's waits (LeaseRelease) wakes it at
-// once, without a poll in between. Only the head of a queue is notified, on its own lessor's
-// channel: no herd.
+// The listening connection: one session per pool that LISTENs on a channel of its own, so that
+// a release that hands a lease to a wait of one of the pool's lessors (LeaseRelease) wakes that
+// wait at once, without a poll in between. Only the head of a queue is notified, on the
+// channel of its own process's pool: no herd of waiters. (PostgreSQL's notify queue is one per
+// database: each NOTIFY signals every listening session of the database, which reads the queue
+// in a short read-only transaction. One session per pool, not per waiter or lessor, keeps that
+// to one per process.)
 //
-// It is opened by the first wait of the lessor that is refused (a lessor that never waits
-// never opens it), and closed listenerLinger after the lessor last had a wait or a held lease
-// (so a lessor that holds, releases and waits again keeps it). It is a connection taken from
-// the pool and hijacked, so the pool's connect hooks apply and its slot is freed.
+// A lessor attaches to its pool's listener at its first refused wait (a lessor that never waits
+// never opens one) and detaches listenerLinger after it last had a wait or a held lease (so a
+// lessor that holds, releases and waits again keeps it); the connection closes when its last
+// lessor detaches. It is a connection taken from the pool and hijacked, so the pool's connect
+// hooks apply and the pool's slot is freed.
 //
 // Where LISTEN cannot work, waits poll as before this queue existed: behind a pooler (the
 // backend pid the server reports differs from the one the connection got at startup, as for
 // session advisory locks: transaction pooling would lose the LISTEN; session pooling is
-// refused too, conservatively), and while the connection is down (terminated, broken): it is
-// opened again with backoff, and every wait is woken to poll when it goes down. No wake-up is
-// needed for safety: a release hands the lease over in its own statement, and a wait that
-// missed its NOTIFY finds the grant at its next poll.
+// treated the same, conservatively), and while the connection is down (terminated, broken):
+// it is opened again with backoff, and every wait is woken to poll when it goes down. No
+// wake-up is needed for safety: a release hands the lease over in its own statement, and a
+// wait that missed its NOTIFY finds the grant at its next poll.
 
-// listenerLinger is how long the listening connection stays open after the lessor last had a
-// wait or a held lease.
+// listenerLinger is how long a lessor stays attached to its pool's listening connection after
+// it last had a wait or a held lease.
 const listenerLinger = time.Second
 
-// listenProbeTimeout bounds opening the listening connection (connect, pooler check, LISTEN).
-const listenProbeTimeout = 5 * time.Second
+// listenOpenTimeout bounds opening the listening connection (connect, pooler check, LISTEN).
+const listenOpenTimeout = 5 * time.Second
+
+// listenBackoff paces attempts to open the listening connection again.
+var listenBackoff = ExponentialBackoff(10*time.Millisecond, time.Second)
 
 // errPooled: the listening connection reaches the server through a pooler.
-var errPooled = errors.New("fencelock: a pooler sits between client and server (backend pid differs from the startup pid): LISTEN cannot be trusted; waiters poll")
+var errPooled = errors.New("a pooler sits between client and server (backend pid differs from the startup pid): LISTEN cannot be trusted; lease waiters poll")
 
+// listener is the listening connection of one pool, shared by the pool's lessors.
 type listener struct {
-	channel string // the lessor's NOTIFY channel: "fencelock_" and 16 hex digits
+	pool    *pgxpool.Pool
+	channel string // "fencelock_" and 16 hex digits
 
-	// Guarded by the lessor's mu.
-	running bool               // a listening goroutine runs (or is winding down after cancel)
-	cancel  context.CancelFunc // stops it
+	mu      sync.Mutex
+	lessors map[string]*Lessor // attached, by holder id
 	ready   bool               // LISTEN is in place on a direct session
-	idle    timer              // armed while the lessor has no wait and no lease; closes it
-	gen     int                // counts the goroutines started; a stale one's state changes are ignored
+	cancel  context.CancelFunc // stops the goroutine
+	logger  *slog.Logger       // the first attached lessor's
 }
 
-func newListener() listener {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return listener{channel: "fencelock_" + hex.EncodeToString(b[:])}
-}
+// listeners holds the listener of each pool that has attached lessors.
+var listeners = struct {
+	sync.Mutex
+	byPool map[*pgxpool.Pool]*listener
+}{byPool: make(map[*pgxpool.Pool]*listener)}
 
-// listeningChannel returns the lessor's channel while its listening connection is ready, else
-// "" (the wait then polls).
-func (l *Lessor) listeningChannel() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.listen.ready {
-		return l.listen.channel
+// attachListenerLocked attaches l to its pool's listener, opening it when l is the first, and
+// disarms l's detach. l.mu must be held.
+func (l *Lessor) attachListenerLocked() {
+	if l.lingering != nil {
+		l.lingering.Stop()
 	}
-	return ""
-}
-
-// startListeningLocked opens the listening connection if it is not running, and disarms its
-// idle close. l.mu must be held.
-func (l *Lessor) startListeningLocked() {
-	if l.listen.idle != nil {
-		l.listen.idle.Stop()
-	}
-	if l.listen.running {
+	if l.listener != nil {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	l.listen.gen++
-	l.listen.running, l.listen.cancel = true, cancel
-	go l.listenLoop(ctx, l.listen.gen)
+	listeners.Lock()
+	defer listeners.Unlock()
+	ls := listeners.byPool[l.pool]
+	if ls == nil {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		ctx, cancel := context.WithCancel(context.Background())
+		ls = &listener{pool: l.pool, channel: "fencelock_" + hex.EncodeToString(b[:]),
+			lessors: make(map[string]*Lessor), cancel: cancel, logger: l.cfg.common.logger}
+		listeners.byPool[l.pool] = ls
+		go ls.run(ctx)
+	}
+	ls.mu.Lock()
+	ls.lessors[l.cfg.holder] = l
+	ls.mu.Unlock()
+	l.listener = ls
 }
 
-// idleCheckLocked arms the listening connection's close when the lessor has neither a wait
-// nor a held lease. l.mu must be held.
+// idleCheckLocked arms l's detach from the listener when l has neither a wait nor a held
+// lease. l.mu must be held.
 func (l *Lessor) idleCheckLocked() {
-	if !l.listen.running || len(l.waits) > 0 || len(l.active) > 0 {
+	if l.listener == nil || len(l.waits) > 0 || len(l.active) > 0 {
 		return
 	}
-	if l.listen.idle == nil {
-		l.listen.idle = l.cfg.clock.AfterFunc(listenerLinger, l.closeIfIdle)
+	if l.lingering == nil {
+		l.lingering = l.cfg.clock.AfterFunc(listenerLinger, l.detachIfIdle)
 	} else {
-		l.listen.idle.Reset(listenerLinger)
+		l.lingering.Reset(listenerLinger)
 	}
 }
 
-// closeIfIdle closes the listening connection if the lessor still has neither a wait nor a
-// held lease.
-func (l *Lessor) closeIfIdle() {
+// detachIfIdle detaches l from its listener if l still has neither a wait nor a held lease;
+// the last lessor out closes the connection.
+func (l *Lessor) detachIfIdle() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if !l.listen.running || len(l.waits) > 0 || len(l.active) > 0 {
+	ls := l.listener
+	if ls == nil || len(l.waits) > 0 || len(l.active) > 0 {
 		return
 	}
-	l.listen.cancel()
-	l.listen.running, l.listen.ready = false, false
-}
-
-// setListening records whether LISTEN is in place, and wakes every wait when it went down, so
-// that each polls from now on (and, when it is up again, refreshes its row with the channel).
-func (l *Lessor) setListening(gen int, ready bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if gen != l.listen.gen || l.listen.ready == ready {
-		return
-	}
-	l.listen.ready = ready
-	for _, w := range l.waits {
-		w.signalLocked()
+	l.listener = nil
+	listeners.Lock()
+	defer listeners.Unlock()
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	delete(ls.lessors, l.cfg.holder)
+	if len(ls.lessors) == 0 {
+		ls.cancel()
+		ls.ready = false
+		delete(listeners.byPool, ls.pool)
 	}
 }
 
-// listenLoop keeps the listening connection open until ctx ends: on a failure it polls again
-// (setListening(false)) and reopens the connection with the lessor's backoff. Behind a pooler it
-// gives up for this run: waits poll.
-func (l *Lessor) listenLoop(ctx context.Context, gen int) {
+// listeningChannelLocked returns the channel of l's listener while LISTEN is in place, else ""
+// (a wait then polls). l.mu must be held.
+func (l *Lessor) listeningChannelLocked() string {
+	ls := l.listener
+	if ls == nil {
+		return ""
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if !ls.ready {
+		return ""
+	}
+	return ls.channel
+}
+
+// setReady records whether LISTEN is in place, and wakes every wait of the attached lessors
+// when it changed: each polls from now on, or, once it is up, refreshes its place with the
+// channel.
+func (ls *listener) setReady(ctx context.Context, ready bool) {
+	ls.mu.Lock()
+	if ctx.Err() != nil || ls.ready == ready {
+		ls.mu.Unlock()
+		return
+	}
+	ls.ready = ready
+	attached := make([]*Lessor, 0, len(ls.lessors))
+	for _, l := range ls.lessors {
+		attached = append(attached, l)
+	}
+	ls.mu.Unlock()
+	for _, l := range attached {
+		l.mu.Lock()
+		for _, w := range l.waits {
+			w.signalLocked()
+		}
+		l.mu.Unlock()
+	}
+}
+
+// run keeps the listening connection open until ctx ends: on a failure waits poll
+// (setReady(false)) and it opens the connection again after a backoff. Behind a pooler it
+// gives up: waits poll until the last lessor detaches.
+func (ls *listener) run(ctx context.Context) {
 	for n := 0; ; n++ {
-		err := l.listenSession(ctx, gen)
-		l.setListening(gen, false)
+		err := ls.session(ctx)
+		ls.setReady(ctx, false)
 		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, errPooled) {
-			l.cfg.common.logger.Warn("fencelock: lease waiters poll: "+errPooled.Error(), "holder", l.cfg.holder)
+			ls.logger.Warn("fencelock: " + errPooled.Error())
 			return
 		}
-		l.cfg.common.logger.Warn("fencelock: listening connection lost; lease waiters poll until it is back", "holder", l.cfg.holder, "error", err)
-		t := time.NewTimer(l.cfg.backoff(n))
+		if n == 0 {
+			ls.logger.Warn("fencelock: listening connection lost; lease waiters poll until it is back", "error", err)
+		}
+		t := time.NewTimer(listenBackoff(n))
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -148,12 +197,12 @@ func (l *Lessor) listenLoop(ctx context.Context, gen int) {
 	}
 }
 
-// listenSession opens one listening session and dispatches its notifications until it fails
-// or ctx ends.
-func (l *Lessor) listenSession(ctx context.Context, gen int) error {
-	octx, cancel := context.WithTimeout(ctx, listenProbeTimeout)
+// session opens one listening session and dispatches its notifications until it fails or ctx
+// ends.
+func (ls *listener) session(ctx context.Context) error {
+	octx, cancel := context.WithTimeout(ctx, listenOpenTimeout)
 	defer cancel()
-	pc, err := l.pool.Acquire(octx)
+	pc, err := ls.pool.Acquire(octx)
 	if err != nil {
 		return err
 	}
@@ -170,18 +219,33 @@ func (l *Lessor) listenSession(ctx context.Context, gen int) error {
 	if uint32(pid) != conn.PgConn().PID() {
 		return errPooled
 	}
-	if _, err := conn.Exec(octx, "LISTEN "+pgx.Identifier{l.listen.channel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(octx, "LISTEN "+pgx.Identifier{ls.channel}.Sanitize()); err != nil {
 		return err
 	}
-	l.setListening(gen, true)
+	ls.setReady(ctx, true)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			return err
 		}
-		if err := l.notified(n.Payload); err != nil {
-			l.cfg.common.logger.Error("fencelock: unreadable notification", "holder", l.cfg.holder, "payload", n.Payload, "error", err)
-		}
+		ls.dispatch(n.Payload)
+	}
+}
+
+// dispatch hands a notification to the lessor it names. One for a lessor no longer attached
+// is dropped: its wait is over, and leaving the queue hands on whatever was handed to it
+// (leaveWait).
+func (ls *listener) dispatch(payload string) {
+	wk, err := parseWake(payload)
+	if err != nil {
+		ls.logger.Error("fencelock: unreadable notification", "payload", payload, "error", err)
+		return
+	}
+	ls.mu.Lock()
+	l := ls.lessors[wk.holder]
+	ls.mu.Unlock()
+	if l != nil {
+		l.notified(wk)
 	}
 }
 
@@ -192,18 +256,31 @@ type handoff struct {
 	expiresAt time.Time
 }
 
-// parseWake reads a payload of LeaseRelease: "<wait_id> <token> <expires_at µs> <name>";
-// token 0 wakes the wait without a grant (the lease is free: try now).
-func parseWake(payload string) (waitID int64, h handoff, name string, err error) {
-	f := strings.SplitN(payload, " ", 4)
-	if len(f) != 4 {
-		return 0, h, "", fmt.Errorf("want 4 fields, got %d", len(f))
+// wakeup is one notification of LeaseRelease: the wait it wakes, and the grant handed to it
+// (token 0: none; the lease is free, try now).
+type wakeup struct {
+	holder, name string
+	waitID       int64
+	handoff
+}
+
+// parseWake reads a payload of LeaseRelease:
+// "<wait_id> <token> <expires_at, µs> <octets of holder> <holder><name>".
+func parseWake(payload string) (wakeup, error) {
+	f := strings.SplitN(payload, " ", 5)
+	if len(f) != 5 {
+		return wakeup{}, fmt.Errorf("want 5 fields, got %d", len(f))
 	}
 	waitID, err1 := strconv.ParseInt(f[0], 10, 64)
 	token, err2 := strconv.ParseInt(f[1], 10, 64)
 	us, err3 := strconv.ParseInt(f[2], 10, 64)
-	if err := errors.Join(err1, err2, err3); err != nil {
-		return 0, h, "", err
+	n, err4 := strconv.Atoi(f[3])
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return wakeup{}, err
 	}
-	return waitID, handoff{token: Token(token), expiresAt: time.UnixMicro(us)}, f[3], nil
+	if n < 0 || n > len(f[4]) {
+		return wakeup{}, fmt.Errorf("holder of %d bytes in %d", n, len(f[4]))
+	}
+	return wakeup{holder: f[4][:n], name: f[4][n:], waitID: waitID,
+		handoff: handoff{token: Token(token), expiresAt: time.UnixMicro(us)}}, nil
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -45,7 +46,8 @@ type Lessor struct {
 	inFlight   int               // renewal statements in flight
 	gates      map[string]*gate  // per-name serialisation of attempts, claims and releases
 	waits      map[string]*wait  // Acquires in a queue, by name (lease_queue.go)
-	listen     listener          // the listening connection that wakes them (listener.go)
+	listener   *listener         // the pool's listening connection, while attached (listener.go)
+	lingering  timer             // detaches from it once idle; nil until first armed
 
 	afterGrant func() // tests only: runs after each grant statement returns
 }
@@ -86,7 +88,6 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 		trust:  leaseHeap{which: trustHeap},
 		gates:  make(map[string]*gate),
 		waits:  make(map[string]*wait),
-		listen: newListener(),
 	}
 	l.heartbeat = newLoop(cfg.clock, l.heartbeatRound)
 	return l
@@ -216,9 +217,7 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 		l.mu.Lock()
 		handed, sent, serverNow := w.takeHandedLocked(), w.sent, w.serverNow
 		waitID = w.id
-		if l.listen.ready {
-			channel = l.listen.channel
-		}
+		channel = l.listeningChannelLocked()
 		l.mu.Unlock()
 		for i, h := range handed {
 			lease, err := l.claim(ctx, name, lt, h, sent, serverNow)
@@ -236,6 +235,9 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 	}
 	pid := conn.Conn().PgConn().PID()
 	sent := l.cfg.clock.Now()
+	if w == nil {
+		return l.tryGrant(ctx, conn, name, lt, pid, sent)
+	}
 	row, err := l.q.LeaseAcquire(ctx, conn, db.LeaseAcquireParams{
 		Name:    name,
 		Holder:  l.cfg.holder,
@@ -254,7 +256,7 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 	if err != nil {
 		return nil, attemptInfo{}, l.grantFailed(ctx, name, pid, abandoned, err)
 	}
-	info := attemptInfo{listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
+	info := attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
 	if w != nil {
 		l.mu.Lock()
 		w.sent, w.serverNow = sent, row.ServerNow
@@ -271,7 +273,31 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 	default:
 		return nil, info, errRefused
 	}
-	lease := newLease(l, name, Token(row.Token), lt, sent, row.ExpiresAt)
+	return l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt, info)
+}
+
+// tryGrant is TryAcquire's attempt, on conn (which it releases): LeaseGrant, the one
+// statement of an uncontended grant, which refuses while anyone waits in the name's queue.
+func (l *Lessor) tryGrant(ctx context.Context, conn *pgxpool.Conn, name string, lt leaseTimes, pid uint32, sent time.Time) (*Lease, attemptInfo, error) {
+	row, err := l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: lt.ttl.Microseconds(), Nowait: true, MayInsert: true})
+	if l.afterGrant != nil {
+		l.afterGrant()
+	}
+	abandoned := err != nil && conn.Conn().IsClosed()
+	conn.Release()
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		// Held and unexpired, waited for, or the row is held by a transaction.
+		return nil, attemptInfo{}, errRefused
+	case err != nil:
+		return nil, attemptInfo{}, l.grantFailed(ctx, name, pid, abandoned, err)
+	}
+	return l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt, attemptInfo{})
+}
+
+// granted makes a lease of a grant sent at sent, unless its reply came after its trust window.
+func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token Token, sent, expiresAt time.Time, info attemptInfo) (*Lease, attemptInfo, error) {
+	lease := newLease(l, name, token, lt, sent, expiresAt)
 	if !l.cfg.clock.Now().Before(lease.TrustedUntil()) {
 		// The reply took longer than the trust window: the grant is useless to its holder.
 		// End it (scoped to this grant) and report a refusal, so Acquire tries again. Not

@@ -55,6 +55,102 @@ SELECT q.name, count(*) AS waiters,
 FROM fencelock.lease_queue AS q
 GROUP BY q.name;
 
+-- fencelock.hand_off(name, holder, token) ends the grant (name, holder, token) and hands the
+-- lease to the head of the name's queue; LeaseRelease calls it only when its own snapshot saw
+-- someone waiting (a release nobody waits for stays the one UPDATE it always was). It returns
+-- 0 when the grant is no longer current (nothing changed), 1 when it released the lease without
+-- a hand-off (nobody live waits, or the holder's own guarded transaction holds the row: the
+-- head is then woken to grant itself), 2 when it handed the lease over, 3 when it also woke the
+-- head (NOTIFY on the channel of the head's listening connection; only the head is woken).
+--
+-- Each statement here takes a fresh snapshot (READ COMMITTED), so it sees waiters that joined
+-- after the caller's statement began. Locks: the lease row first, then the head waiter's row
+-- (the order of LeaseAcquire too, so the two never deadlock). The hand-off is a grant and
+-- needs what LeaseGrant needs, the row FOR UPDATE, which conflicts with FOR KEY SHARE: taken
+-- with SKIP LOCKED, so that with a guarded transaction of the holder still open (a Release
+-- from inside it, say) it releases without a hand-off instead of waiting on the holder's own
+-- transaction (FOR NO KEY UPDATE, as a renewal, which does not wait for FOR KEY SHARE). The token is drawn by next_token under the row lock, so it
+-- is larger than every earlier token of the name, and durable when the caller commits
+-- (next_token raises synchronous_commit to on; the lease row is written). The head's row keeps
+-- the grant (granted_token, granted_expires_at) and stops being live, so a refresh of that
+-- waiter in flight finds its grant instead of joining again.
+--
+-- The payload is "<wait_id> <token> <expires_at, µs since the Unix epoch> <octets of holder>
+-- <holder><name>" (token 0: no grant, try now); the listener routes it by holder id.
+-- +goose StatementBegin
+CREATE FUNCTION fencelock.hand_off(lease_name text, from_holder text, from_token bigint) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    h record;
+    tok bigint;
+    woke boolean;
+BEGIN
+    -- The grant, locked FOR UPDATE as a grant needs it; skipped when someone else holds a lock
+    -- on the row: a guarded transaction of the holder (FOR KEY SHARE), or the holder's
+    -- renewal in flight.
+    PERFORM 1 FROM fencelock.leases AS l
+    WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token
+      AND l.expires_at > pg_catalog.clock_timestamp()
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        tok := fencelock.next_token(false); -- drawn under the row lock; burnt if nobody is left
+        -- The head, locked, takes the grant. Its row may be deleted (the head gave up) while
+        -- this waits for its lock: look again, a few times, while anyone live waits.
+        FOR i IN 1..3 LOOP
+            UPDATE fencelock.lease_waiters AS w
+            SET granted_token = tok, granted_expires_at = now() + w.ttl_us * interval '1 microsecond',
+                expires_at = pg_catalog.clock_timestamp()
+            WHERE (w.name, w.holder) IN (
+                SELECT q.name, q.holder FROM fencelock.lease_waiters AS q
+                WHERE q.name = lease_name AND q.holder <> from_holder AND q.granted_token = 0
+                  AND q.expires_at > pg_catalog.clock_timestamp()
+                ORDER BY q.seq
+                LIMIT 1
+                FOR UPDATE)
+            RETURNING w.holder, w.wait_id, w.channel, w.granted_expires_at INTO h;
+            EXIT WHEN FOUND OR NOT EXISTS (
+                SELECT 1 FROM fencelock.lease_waiters AS q
+                WHERE q.name = lease_name AND q.holder <> from_holder AND q.granted_token = 0
+                  AND q.expires_at > pg_catalog.clock_timestamp());
+        END LOOP;
+        IF h.holder IS NOT NULL THEN
+            UPDATE fencelock.leases AS l
+            SET holder = h.holder, token = tok, acquired_at = now(), expires_at = h.granted_expires_at
+            WHERE l.name = lease_name
+            RETURNING CASE WHEN h.channel IS NULL THEN false ELSE
+                pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, tok,
+                    (pg_catalog.date_part('epoch', h.granted_expires_at) * 1000000)::bigint,
+                    pg_catalog.octet_length(h.holder), h.holder || lease_name)) IS NOT NULL END INTO woke;
+            RETURN CASE WHEN woke THEN 3 ELSE 2 END;
+        END IF;
+    ELSE
+        -- Locked by someone else: release without a hand-off (below) once the renewal in
+        -- flight, if any, has committed (FOR NO KEY UPDATE does not wait for FOR KEY SHARE).
+        PERFORM 1 FROM fencelock.leases AS l
+        WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token
+          AND l.expires_at > pg_catalog.clock_timestamp()
+        FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    UPDATE fencelock.leases AS l
+    SET expires_at = pg_catalog.clock_timestamp()
+    WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token;
+    -- Wake the head, without a grant, to try for itself.
+    PERFORM pg_catalog.pg_notify(q.channel, pg_catalog.concat_ws(' ', q.wait_id, 0, 0,
+                pg_catalog.octet_length(q.holder), q.holder || lease_name))
+    FROM (SELECT w.holder, w.wait_id, w.channel FROM fencelock.lease_waiters AS w
+          WHERE w.name = lease_name AND w.holder <> from_holder AND w.granted_token = 0
+            AND w.expires_at > pg_catalog.clock_timestamp()
+          ORDER BY w.seq LIMIT 1) AS q
+    WHERE q.channel IS NOT NULL;
+    RETURN 1;
+END
+$$;
+-- +goose StatementEnd
+
 -- Roles that take leases (those that may insert into fencelock.leases) wait in the queue too.
 -- +goose StatementBegin
 DO $$
@@ -84,6 +180,7 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+DROP FUNCTION fencelock.hand_off(text, text, bigint);
 DROP VIEW fencelock.lease_queue_summary;
 DROP VIEW fencelock.lease_queue;
 DROP TABLE fencelock.lease_waiters;

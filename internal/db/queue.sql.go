@@ -63,7 +63,7 @@ WITH mine AS MATERIALIZED (
             granted_token = CASE WHEN w.wait_id = excluded.wait_id THEN w.granted_token ELSE 0 END,
             granted_expires_at = CASE WHEN w.wait_id = excluded.wait_id THEN w.granted_expires_at END,
             wait_id = excluded.wait_id, channel = excluded.channel, ttl_us = excluded.ttl_us
-    RETURNING w.granted_token, w.granted_expires_at
+    RETURNING w.granted_token, w.granted_expires_at, w.since = now() AS joined
 ), relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS sync_commit
     WHERE NOT EXISTS (SELECT 1 FROM granted)
@@ -81,6 +81,7 @@ SELECT (CASE WHEN EXISTS (SELECT 1 FROM granted) THEN 1
        coalesce((SELECT greatest(0, (extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint)
                  FROM fencelock.leases AS cur WHERE cur.name = $1::text), 0)::bigint AS remaining_us,
        (SELECT ahead.n FROM ahead)::bigint AS ahead,
+       coalesce((SELECT q.joined FROM queued AS q), false)::boolean AS joined,
        (SELECT count(*) FROM relaxed)::bigint AS relaxed
 `
 
@@ -100,6 +101,7 @@ type LeaseAcquireRow struct {
 	ServerNow   time.Time
 	RemainingUs int64
 	Ahead       int64
+	Joined      bool
 	Relaxed     int64
 }
 
@@ -125,7 +127,7 @@ type LeaseAcquireRow struct {
 // server_now is clock_timestamp() (read during the statement, so after the client sent it:
 // the client maps database times to its own clock with it); remaining_us is the current
 // grant's remaining TTL in the snapshot (0 when free or unknown); ahead counts the live
-// waiters ahead.
+// waiters ahead; joined says this statement gave the wait a new place (at the back).
 func (q *Queries) LeaseAcquire(ctx context.Context, db DBTX, arg LeaseAcquireParams) (LeaseAcquireRow, error) {
 	row := db.QueryRow(ctx, leaseAcquire,
 		arg.Name,
@@ -143,6 +145,7 @@ func (q *Queries) LeaseAcquire(ctx context.Context, db DBTX, arg LeaseAcquirePar
 		&i.ServerNow,
 		&i.RemainingUs,
 		&i.Ahead,
+		&i.Joined,
 		&i.Relaxed,
 	)
 	return i, err
@@ -184,55 +187,20 @@ func (q *Queries) LeaseLeaveQueue(ctx context.Context, db DBTX, arg LeaseLeaveQu
 }
 
 const leaseRelease = `-- name: LeaseRelease :one
-WITH cur AS MATERIALIZED (
-    SELECT l.name FROM fencelock.leases AS l
-    WHERE l.name = $1::text AND l.holder = $2::text
-      AND l.token = $3::bigint AND l.expires_at > clock_timestamp()
-    FOR NO KEY UPDATE
-), head AS MATERIALIZED (
-    SELECT w.holder, w.wait_id, w.channel, w.ttl_us FROM fencelock.lease_waiters AS w
-    WHERE EXISTS (SELECT 1 FROM cur) AND w.name = $1::text
-      AND w.holder <> $2::text AND w.granted_token = 0 AND w.expires_at > clock_timestamp()
-    ORDER BY w.seq
-    LIMIT 1
-    FOR UPDATE
-), free AS MATERIALIZED (
-    SELECT l.name FROM fencelock.leases AS l
-    WHERE EXISTS (SELECT 1 FROM head) AND l.name = $1::text
-    FOR UPDATE SKIP LOCKED
-), next AS MATERIALIZED (
-    SELECT head.holder, head.ttl_us, fencelock.next_token(false) AS token FROM head, free
-), handed AS (
-    UPDATE fencelock.leases AS l
-    SET name = l.name, holder = next.holder, token = next.token, acquired_at = now(),
-        expires_at = now() + next.ttl_us * interval '1 microsecond'
-    FROM next
-    WHERE l.name = $1::text
-    RETURNING l.token, l.expires_at
-), released AS (
+WITH released AS (
     UPDATE fencelock.leases AS l
     SET expires_at = clock_timestamp()
-    FROM cur
-    WHERE l.name = cur.name AND NOT EXISTS (SELECT 1 FROM next)
+    FROM (SELECT set_config('synchronous_commit', 'off', true) AS sync_commit) AS cfg
+    WHERE l.name = $1::text AND l.holder = $2::text
+      AND l.token = $3::bigint AND l.expires_at > clock_timestamp()
+      AND NOT EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
+                      WHERE w.name = $1::text AND w.holder <> $2::text
+                        AND w.granted_token = 0 AND w.expires_at > clock_timestamp())
     RETURNING l.name
-), head_granted AS (
-    UPDATE fencelock.lease_waiters AS w
-    SET granted_token = h.token, granted_expires_at = h.expires_at, expires_at = clock_timestamp()
-    FROM handed AS h, head
-    WHERE w.name = $1::text AND w.holder = head.holder
-), woken AS MATERIALIZED (
-    SELECT pg_notify(head.channel, concat_ws(' ', head.wait_id, coalesce(h.token, 0),
-                     coalesce((extract(epoch FROM h.expires_at) * 1000000)::bigint, 0), $1::text)) AS sent
-    FROM head LEFT JOIN handed AS h ON true
-    WHERE head.channel IS NOT NULL
-), relaxed AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true) AS sync_commit
-    WHERE NOT EXISTS (SELECT 1 FROM next)
 )
-SELECT ((SELECT count(*) FROM handed) + (SELECT count(*) FROM released))::bigint AS released,
-       (SELECT count(*) FROM handed)::bigint AS handed,
-       (SELECT count(*) FROM woken)::bigint AS woken,
-       (SELECT count(*) FROM relaxed)::bigint AS relaxed
+SELECT CASE WHEN EXISTS (SELECT 1 FROM released) THEN 1
+            ELSE fencelock.hand_off($1::text, $2::text, $3::bigint)
+       END::integer AS outcome
 `
 
 type LeaseReleaseParams struct {
@@ -241,49 +209,25 @@ type LeaseReleaseParams struct {
 	Token  int64
 }
 
-type LeaseReleaseRow struct {
-	Released int64
-	Handed   int64
-	Woken    int64
-	Relaxed  int64
-}
-
 // Ends the grant (name, holder, token) now and, when someone waits for the name, hands the
 // lease to the head of the queue in the same statement: one commit for the release and the
 // next grant, and one NOTIFY, to the head's channel only. Scoped to (name, holder, token), so a
 // late release from an old holder never frees or hands over a newer grant; released = 0 means
 // the grant had already expired or been taken over.
-//
-// Why it is safe:
-//   - cur locks the lease row FOR NO KEY UPDATE, as a renewal does: it does not wait for the
-//     holder's own guarded transactions (FOR KEY SHARE).
-//   - The hand-off is a grant and needs what LeaseGrant needs: the row FOR UPDATE, which conflicts
-//     with FOR KEY SHARE, so no hand-off commits before a guarded transaction of this holder
-//     still open. free takes that lock with SKIP LOCKED: with a guarded transaction open (a
-//     Release from inside it, say) the lease is released without a hand-off and the head is
-//     woken (token 0 in the payload) to grant itself, which waits for the guard. Never a wait
-//     on the holder's own transaction.
-//   - The token is drawn by next_token under the row lock, after the holder's grant committed:
-//     larger than every earlier token of the name. It is durable when the release commits
-//     (next_token raises synchronous_commit to on; the statement writes the lease row).
-//   - The head is the live waiter with the smallest seq; its row is locked (lease row first,
-//     then the waiter row: the order of LeaseAcquire too, so the two never deadlock). The
-//     handed grant expires at now() + the TTL the waiter asked for; the waiter's row keeps the
-//     token and expiry, so a refresh or a poll of that waiter finds it.
-//   - Without a waiter the release commits with synchronous_commit off: a release lost in a
-//     crash keeps the name held until its TTL ends, which is safe (only later).
-//
-// The payload is "<wait_id> <token> <expires_at, µs since the Unix epoch> <name>".
-func (q *Queries) LeaseRelease(ctx context.Context, db DBTX, arg LeaseReleaseParams) (LeaseReleaseRow, error) {
+//   - Nobody waits (in the statement's snapshot): released is the one UPDATE of the grant's
+//     expiry a release always was, with no lock taken beforehand and no statement on the
+//     queue, committed with synchronous_commit off: a release lost in a crash keeps the name
+//     held until its TTL ends, which is only later, never unsafe. (A waiter that joined after
+//     the snapshot is not seen here: see queueWait.)
+//   - Someone waits: released updates nothing, and fencelock.hand_off (migration 00004) ends
+//     the grant and hands it over under the row locks a grant needs (outcome: 0 not current, 1
+//     released without a hand-off, 2 handed, 3 handed and woken). Its token makes the commit
+//     synchronous again (next_token raises synchronous_commit to on).
+func (q *Queries) LeaseRelease(ctx context.Context, db DBTX, arg LeaseReleaseParams) (int32, error) {
 	row := db.QueryRow(ctx, leaseRelease, arg.Name, arg.Holder, arg.Token)
-	var i LeaseReleaseRow
-	err := row.Scan(
-		&i.Released,
-		&i.Handed,
-		&i.Woken,
-		&i.Relaxed,
-	)
-	return i, err
+	var outcome int32
+	err := row.Scan(&outcome)
+	return outcome, err
 }
 
 const leaseWaitersSweep = `-- name: LeaseWaitersSweep :execrows

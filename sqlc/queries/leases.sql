@@ -39,6 +39,10 @@
 --    row was created and locked by a RunLocked in those microseconds, its transaction), and a
 --    row deleted by a sweep in between (a waiting RunLocked then inserts it). Without @nowait
 --    (RunLocked) the grant queues on the row lock in the server's queue.
+--  * While anyone waits in the name's queue (a live row of fencelock.lease_waiters), nothing is
+--    granted here: the lease goes to the head of the queue (LeaseRelease hands it over, or the
+--    head's own LeaseAcquire takes it once it expires). Try grants and transaction-scoped
+--    grants do not barge past waiters.
 --  * Without @may_insert (transaction-scoped grants) the grant never inserts a row: it returns
 --    no row when the name has none, and the caller creates the row with LeaseEnsureRow, in a
 --    statement of its own, and tries again. A row inserted by a transaction that stays open
@@ -55,6 +59,8 @@ WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                   FOR UPDATE SKIP LOCKED))
   AND (sqlc.arg(may_insert)::boolean
        OR EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = sqlc.arg(name)::text))
+  AND NOT EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
+                  WHERE w.name = sqlc.arg(name)::text AND w.granted_token = 0 AND w.expires_at > clock_timestamp())
 ON CONFLICT (name) DO UPDATE
     SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
