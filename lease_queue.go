@@ -63,9 +63,9 @@ func (l *Lessor) joinWait(name string) *wait {
 }
 
 // leaveWait unregisters a goroutine's wait. The last one out takes the wait's row out of the
-// queue, unless it was granted (the grant's statement did), and hands on every grant handed to
-// the wait that no Acquire claimed. It runs detached from ctx: a cancelled Acquire must not
-// stay in the queue.
+// queue, unless it was granted a TTL lease (the grant's statement did, or the hand-off marked
+// it), and hands on every grant handed to the wait that no Acquire claimed. It runs detached
+// from ctx: a cancelled wait must not stay in the queue.
 func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bool) {
 	l.mu.Lock()
 	w.refs--
@@ -126,8 +126,8 @@ func (w *wait) takeHandedLocked() []handoff {
 	return h
 }
 
-// claim makes a lease of a grant found on the server (handed to this lessor by a release, or
-// held by its holder id) with h's token and expiry. The trust window is mapped onto the local
+// claim makes a lease of a grant a release handed to a wait of this lessor, with h's token and
+// expiry. The trust window is mapped onto the local
 // clock through a statement sent at sent (local) during which the database clock read
 // serverNow: the grant's expiry happens, on the local clock, no earlier than sent + (expiry -
 // serverNow), so the window ends at that minus the safety margin (the same clock-rate
@@ -207,9 +207,22 @@ const (
 // acquireQueued is Acquire's loop: attempts, in the name's queue from the first refusal on,
 // until granted or ctx ends.
 func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) (lease *Lease, err error) {
-	w := l.joinWait(name)
-	defer func() { l.leaveWait(ctx, name, w, err == nil) }()
 	live := queueLiveness(lt.ttl)
+	err = l.waitInQueue(ctx, "acquire lease", name, live, true, func(w *wait) (a attemptInfo, err error) {
+		lease, a, err = l.attempt(ctx, name, lt, w, live)
+		return a, err
+	})
+	return lease, err
+}
+
+// waitInQueue calls attempt until it returns anything but errRefused, or ctx ends (then it
+// returns ctx's cause, wrapped with what and name). The wait joins the name's queue with its
+// first refused attempt; between attempts it sleeps queueWait, unless a release wakes it.
+// granting: a successful attempt ends the wait's place itself (a TTL grant's statement
+// deletes it, a hand-off marks it); otherwise (RunLocked) the place is left when the call ends.
+func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.Duration, granting bool, attempt func(w *wait) (attemptInfo, error)) (err error) {
+	w := l.joinWait(name)
+	defer func() { l.leaveWait(ctx, name, w, granting && err == nil) }()
 	var t *time.Timer
 	defer func() {
 		if t != nil {
@@ -217,9 +230,9 @@ func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) 
 		}
 	}()
 	for n := 0; ; n++ {
-		lease, a, err := l.attempt(ctx, name, lt, w, live)
+		a, err := attempt(w)
 		if !errors.Is(err, errRefused) {
-			return lease, err
+			return err
 		}
 		l.mu.Lock()
 		if n == 0 {
@@ -243,11 +256,23 @@ func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) 
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("acquire lease %q: %w", name, context.Cause(ctx))
+			return fmt.Errorf("%s %q: %w", what, name, context.Cause(ctx))
 		case <-t.C:
 		case <-wake:
 		}
 	}
+}
+
+// joinQueue puts a RunLocked that was refused in the name's queue, or refreshes its place.
+func (l *Lessor) joinQueue(ctx context.Context, name string, w *wait, live time.Duration) (attemptInfo, error) {
+	l.mu.Lock()
+	id, channel := w.id, l.listeningChannelLocked()
+	l.mu.Unlock()
+	row, err := l.q.LeaseJoinQueue(ctx, l.pool, db.LeaseJoinQueueParams{Name: name, Holder: l.cfg.holder, WaitID: id, Channel: channel, LiveUs: live.Microseconds()})
+	if err != nil {
+		return attemptInfo{}, wrapPg(fmt.Sprintf("run locked %q: join the queue", name), err)
+	}
+	return attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}, nil
 }
 
 // joinRecheck: a wait that joined a queue at its head tries again this soon, once, in case a

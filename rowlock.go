@@ -140,50 +140,8 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	return l.acquireQueued(ctx, name, lt)
 }
 
-// retry calls attempt until it returns anything but errRefused, or ctx ends (then it
-// returns ctx's cause, wrapped with what and name). Between attempts it waits the lessor's
-// backoff, capped by the holder's expiry plus a little jitter. The expiry is read from the
-// database (one more statement, on this path only) when it is not known yet or has passed
-// without the lease coming free (the holder renewed); in between, the local clock counts down
-// the remaining TTL it reported.
-func (l *Lessor) retry(ctx context.Context, what, name string, attempt func(n int) error) error {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	var expires time.Time // the holder's expiry, on the local clock; zero when unknown
-	for n := 0; ; n++ {
-		err := attempt(n)
-		if err != errRefused {
-			return err
-		}
-		now := l.cfg.clock.Now()
-		if !now.Before(expires) {
-			// An error here (or no row: the holder was a transaction) leaves it unknown.
-			remainingUs, _ := l.q.LeaseRemaining(ctx, l.pool, name)
-			expires = time.Time{}
-			if remainingUs > 0 {
-				expires = now.Add(time.Duration(remainingUs) * time.Microsecond)
-			}
-		}
-		wait := acquireWait(l.cfg.clock.Now(), l.cfg.backoff(n), l.cfg.backoff(0)/4, expires)
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%s %q: %w", what, name, context.Cause(ctx))
-		case <-timer.C:
-		}
-	}
-}
-
 // errRefused is an attempt's internal "someone else holds it": distinct from ErrNotAcquired,
-// so that retry never mistakes a caller's error (fn's, in RunLocked) for contention. The
+// so that a wait never mistakes a caller's error (fn's, in RunLocked) for contention. The
 // exported calls return ErrNotAcquired in its place.
 var errRefused = errors.New("fencelock: grant refused")
 
@@ -197,10 +155,10 @@ func notAcquired(err error) error {
 
 // attempt makes one grant attempt, for the wait w of an Acquire (nil for TryAcquire): the
 // lease, errRefused, or another error. In a wait it first claims a grant a release handed over
-// by NOTIFY; then it runs LeaseAcquire, which grants the lease (outcome 1), finds it held by
-// this holder already (2: handed to this wait before the statement, or kept by the server after
-// a trust-window loss), finds it handed to this wait (3), or refuses it, with the wait then in
-// the queue (4) or not (0). live is the wait's liveness in the queue.
+// by NOTIFY; then it runs LeaseAcquire, which grants the lease (outcome 1), finds it handed to
+// this wait before the statement (2) or while it ran (3), or refuses it, with the wait then in
+// the queue (4). TryAcquire (w nil) runs LeaseGrant instead. live is the wait's liveness in the
+// queue.
 func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wait, live time.Duration) (*Lease, attemptInfo, error) {
 	exit, err := l.enter(ctx, name)
 	if err != nil {
@@ -260,7 +218,7 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 	if w != nil {
 		l.mu.Lock()
 		w.sent, w.serverNow = sent, row.ServerNow
-		if row.Outcome == outcomeHanded {
+		if row.Outcome == outcomeMine || row.Outcome == outcomeHanded {
 			w.id = newWaitID() // its row is used up
 		}
 		l.mu.Unlock()
@@ -314,7 +272,7 @@ func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token 
 const (
 	outcomeRefused = 0 // refused, not in the queue (a try)
 	outcomeGranted = 1 // granted by this statement
-	outcomeMine    = 2 // already held by this holder
+	outcomeMine    = 2 // handed to this wait before the statement
 	outcomeHanded  = 3 // handed to this wait by a release after the statement's snapshot
 	outcomeQueued  = 4 // refused, in the queue
 )

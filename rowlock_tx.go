@@ -42,8 +42,10 @@ func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error
 
 // RunLocked is [Lessor.TryRunLocked] that waits until the lease is free or ctx ends. While
 // another transaction holds the row it waits on the server's row lock, in the server's queue;
-// while a TTL holder has the lease it rolls back, waits as [Lessor.Acquire] does, and tries
-// again in a new transaction, so it never holds the row locked against the holder's renewals.
+// while a TTL holder has the lease, or others wait for it, it rolls back, takes its place in
+// the name's queue of waiters, first come, first served, with [Lessor.Acquire]'s waiters (a
+// release wakes it when it is at the head, and leaves the lease free for it), and tries again
+// in a new transaction, so it never holds the row locked against the holder's renewals.
 //
 // Errors: as for TryRunLocked (fn's error, even one matching [ErrNotAcquired], is returned
 // as is and never retried); ctx's error (wrapped) when ctx ends first, with nothing held.
@@ -55,8 +57,16 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	return l.retry(ctx, "run locked", name, func(int) error {
-		return l.runLockedOnce(ctx, name, fn, false)
+	live := queueLiveness(0)
+	return l.waitInQueue(ctx, "run locked", name, live, false, func(w *wait) (attemptInfo, error) {
+		if err := l.runLockedOnce(ctx, name, fn, false); !errors.Is(err, errRefused) {
+			return attemptInfo{}, err
+		}
+		a, err := l.joinQueue(ctx, name, w, live)
+		if err != nil {
+			return a, err
+		}
+		return a, errRefused
 	})
 }
 

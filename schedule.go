@@ -6,7 +6,8 @@ import "time"
 // left to lapse, when its holder stops trusting it, and how long an acquire waits before its
 // next attempt. Pure functions of their arguments (the current time is one of them), so the
 // schedule is table-tested without a server and without the wall clock (schedule_test.go);
-// the heartbeat (heartbeat.go), the trust watch (trustwatch.go) and Acquire apply them.
+// the heartbeat (heartbeat.go), the trust watch (trustwatch.go) and the waits in a lease's
+// queue (lease_queue.go) apply them.
 
 const (
 	// lapseSlack: a lease whose trust window ends sooner than this (or an eighth of its
@@ -72,16 +73,6 @@ func (t leaseTimes) verdict(now, nextRenew, trustUntil time.Time) renewVerdict {
 		return renewLater
 	}
 	return renewNow
-}
-
-// acquireWait returns how long Acquire waits before its next attempt, at now: the backoff,
-// unless the holder's grant expires sooner (expires, on the local clock; zero when unknown),
-// then until just after it expires, plus jitter so that waiters do not all arrive at once.
-func acquireWait(now time.Time, backoff, jitter time.Duration, expires time.Time) time.Duration {
-	if remaining := expires.Sub(now); remaining > 0 && remaining < backoff {
-		return remaining + jitter
-	}
-	return backoff
 }
 
 const (

@@ -89,21 +89,33 @@ func TestSchedule(t *testing.T) {
 			})
 		}
 	})
-	t.Run("AcquireWait", func(t *testing.T) {
+	t.Run("QueueWait", func(t *testing.T) {
+		const live = 3 * time.Second // a third: 1 s
 		for _, tc := range []struct {
-			desc    string
-			expires time.Time
-			want    time.Duration
+			desc      string
+			listening bool
+			ahead     int64
+			remaining time.Duration
+			want      time.Duration
 		}{
-			{"HolderUnknown", time.Time{}, 100 * ms},
-			{"HolderExpiresSooner", t0.Add(30 * ms), 30*ms + 2*ms},
-			{"HolderExpiresLater", t0.Add(200 * ms), 100 * ms},
-			{"HolderExpiredAlready", t0.Add(-ms), 100 * ms},
+			{"PollingHolderUnknown", false, 0, 0, 100 * ms},
+			{"PollingHolderExpiresSooner", false, 3, 30 * ms, 30*ms + 2*ms},
+			{"PollingHolderExpiresLater", false, 0, 200 * ms, 100 * ms},
+			{"ListeningBehindOthers", true, 2, 30 * ms, time.Second},
+			{"ListeningHeadHolderExpiresSooner", true, 0, 30 * ms, 30*ms + 2*ms},
+			{"ListeningHeadHolderExpiresLater", true, 0, 5 * time.Second, time.Second},
+			{"ListeningHeadFreeButLocked", true, 0, 0, 100 * ms},
 		} {
 			t.Run(tc.desc, func(t *testing.T) {
-				require.Equal(t, tc.want, acquireWait(t0, 100*ms, 2*ms, tc.expires))
+				require.Equal(t, tc.want, queueWait(tc.listening, tc.ahead, tc.remaining, live, 100*ms, 2*ms))
 			})
 		}
+	})
+	t.Run("QueueLiveness", func(t *testing.T) {
+		require.Equal(t, 250*ms, queueLiveness(0), "RunLocked")
+		require.Equal(t, 250*ms, queueLiveness(10*ms))
+		require.Equal(t, 2*time.Second, queueLiveness(2*time.Second))
+		require.Equal(t, 5*time.Second, queueLiveness(time.Minute))
 	})
 }
 

@@ -23,8 +23,9 @@ CREATE TABLE fencelock.lease_waiters (
     seq                bigint      NOT NULL,
     -- NOTIFY channel of the holder's listening connection; NULL: the waiter polls.
     channel            text,
-    -- The TTL of the grant it waits for, in microseconds.
-    ttl_us             bigint      NOT NULL CHECK (ttl_us > 0),
+    -- The TTL of the grant it waits for, in microseconds; 0 for a transaction-scoped grant
+    -- (RunLocked), which a release does not hand over but wakes to take for itself.
+    ttl_us             bigint      NOT NULL CHECK (ttl_us >= 0),
     -- When this wait joined the queue (database clock).
     since              timestamptz NOT NULL,
     -- Liveness: a waiter not refreshed by then has left the queue.
@@ -59,8 +60,8 @@ GROUP BY q.name;
 -- lease to the head of the name's queue; LeaseRelease calls it only when its own snapshot saw
 -- someone waiting (a release nobody waits for stays the one UPDATE it always was). It returns
 -- 0 when the grant is no longer current (nothing changed), 1 when it released the lease without
--- a hand-off (nobody live waits, or the holder's own guarded transaction holds the row: the
--- head is then woken to grant itself), 2 when it handed the lease over, 3 when it also woke the
+-- a hand-off (nobody live waits; the head waits for a transaction-scoped grant; or the
+-- holder's own guarded transaction holds the row: the head is then woken to grant itself), 2 when it handed the lease over, 3 when it also woke the
 -- head (NOTIFY on the channel of the head's listening connection; only the head is woken).
 --
 -- Each statement here takes a fresh snapshot (READ COMMITTED), so it sees waiters that joined
@@ -84,6 +85,7 @@ AS $$
 DECLARE
     h record;
     tok bigint;
+    exp timestamptz;
     woke boolean;
 BEGIN
     -- The grant, locked FOR UPDATE as a grant needs it; skipped when someone else holds a lock
@@ -94,33 +96,36 @@ BEGIN
       AND l.expires_at > pg_catalog.clock_timestamp()
     FOR UPDATE SKIP LOCKED;
     IF FOUND THEN
-        tok := fencelock.next_token(false); -- drawn under the row lock; burnt if nobody is left
-        -- The head, locked, takes the grant. Its row may be deleted (the head gave up) while
-        -- this waits for its lock: look again, a few times, while anyone live waits.
+        -- The head, locked. Its row may be deleted (the head gave up) while this waits for
+        -- its lock: look again, a few times, while anyone live waits.
         FOR i IN 1..3 LOOP
-            UPDATE fencelock.lease_waiters AS w
-            SET granted_token = tok, granted_expires_at = now() + w.ttl_us * interval '1 microsecond',
-                expires_at = pg_catalog.clock_timestamp()
-            WHERE (w.name, w.holder) IN (
-                SELECT q.name, q.holder FROM fencelock.lease_waiters AS q
-                WHERE q.name = lease_name AND q.holder <> from_holder AND q.granted_token = 0
-                  AND q.expires_at > pg_catalog.clock_timestamp()
-                ORDER BY q.seq
-                LIMIT 1
-                FOR UPDATE)
-            RETURNING w.holder, w.wait_id, w.channel, w.granted_expires_at INTO h;
+            SELECT w.holder, w.wait_id, w.channel, w.ttl_us INTO h
+            FROM fencelock.lease_waiters AS w
+            WHERE w.name = lease_name AND w.holder <> from_holder AND w.granted_token = 0
+              AND w.expires_at > pg_catalog.clock_timestamp()
+            ORDER BY w.seq
+            LIMIT 1
+            FOR UPDATE;
             EXIT WHEN FOUND OR NOT EXISTS (
                 SELECT 1 FROM fencelock.lease_waiters AS q
                 WHERE q.name = lease_name AND q.holder <> from_holder AND q.granted_token = 0
                   AND q.expires_at > pg_catalog.clock_timestamp());
         END LOOP;
-        IF h.holder IS NOT NULL THEN
+        -- A head that waits for a TTL grant takes it here; one that waits to run a
+        -- transaction-scoped grant (ttl_us 0) is woken below to take the free lease itself.
+        IF h.holder IS NOT NULL AND h.ttl_us > 0 THEN
+            tok := fencelock.next_token(false);
+            UPDATE fencelock.lease_waiters AS w
+            SET granted_token = tok, granted_expires_at = now() + h.ttl_us * interval '1 microsecond',
+                expires_at = pg_catalog.clock_timestamp()
+            WHERE w.name = lease_name AND w.holder = h.holder
+            RETURNING w.granted_expires_at INTO exp;
             UPDATE fencelock.leases AS l
-            SET holder = h.holder, token = tok, acquired_at = now(), expires_at = h.granted_expires_at
+            SET holder = h.holder, token = tok, acquired_at = now(), expires_at = exp
             WHERE l.name = lease_name
             RETURNING CASE WHEN h.channel IS NULL THEN false ELSE
                 pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, tok,
-                    (pg_catalog.date_part('epoch', h.granted_expires_at) * 1000000)::bigint,
+                    (pg_catalog.date_part('epoch', exp) * 1000000)::bigint,
                     pg_catalog.octet_length(h.holder), h.holder || lease_name)) IS NOT NULL END INTO woke;
             RETURN CASE WHEN woke THEN 3 ELSE 2 END;
         END IF;

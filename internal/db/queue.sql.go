@@ -13,8 +13,9 @@ import (
 const leaseAcquire = `-- name: LeaseAcquire :one
 WITH mine AS MATERIALIZED (
     SELECT l.token, l.expires_at FROM fencelock.leases AS l
+    JOIN fencelock.lease_waiters AS w ON w.name = l.name AND w.holder = l.holder AND w.granted_token = l.token
     WHERE l.name = $1::text AND l.holder = $2::text
-      AND l.token > 0 AND l.expires_at > clock_timestamp()
+      AND w.wait_id = $3::bigint AND l.expires_at > clock_timestamp()
 ), me AS MATERIALIZED (
     SELECT w.seq FROM fencelock.lease_waiters AS w
     WHERE w.name = $1::text AND w.holder = $2::text
@@ -107,8 +108,10 @@ type LeaseAcquireRow struct {
 
 // One attempt of a TTL grant (Lessor.TryAcquire, and each attempt of a waiting Acquire), with
 // the queue of waiters (migrations/00004_lease_queue.sql), in one statement:
-//   - mine: the name is already held by @holder, unexpired: a release handed it to this holder's
-//     wait before this statement (outcome 2). Nothing is written.
+//   - mine: a release handed the lease to this wait before this statement (the grant is current,
+//     and its token is the one the wait's row records; outcome 2). A grant of this holder with
+//     any other token is an earlier grant (lost by its trust window, say) and is never taken
+//     up again: its token is not this wait's; the wait queues behind it like anyone.
 //   - ahead: the live waiters ahead of this wait (@wait_id, when it is in the queue), or all live
 //     waiters of other holders (a try, @wait_id = 0, or a wait not in the queue yet). A grant
 //     goes to the head only: while anyone waits, a newcomer never barges past the queue.
@@ -151,6 +154,77 @@ func (q *Queries) LeaseAcquire(ctx context.Context, db DBTX, arg LeaseAcquirePar
 	return i, err
 }
 
+const leaseJoinQueue = `-- name: LeaseJoinQueue :one
+WITH me AS MATERIALIZED (
+    SELECT w.seq FROM fencelock.lease_waiters AS w
+    WHERE w.name = $1::text AND w.holder = $2::text
+      AND w.wait_id = $3::bigint AND w.granted_token = 0 AND w.expires_at > clock_timestamp()
+), ahead AS MATERIALIZED (
+    SELECT count(*) AS n FROM fencelock.lease_waiters AS w
+    WHERE w.name = $1::text AND w.holder <> $2::text
+      AND w.granted_token = 0 AND w.expires_at > clock_timestamp()
+      AND w.seq < coalesce((SELECT me.seq FROM me), 9223372036854775807)
+), queued AS (
+    INSERT INTO fencelock.lease_waiters AS w (name, holder, wait_id, seq, channel, ttl_us, since, expires_at)
+    VALUES ($1::text, $2::text, $3::bigint,
+            nextval('fencelock.lease_waiters_seq'), nullif($4::text, ''), 0, now(),
+            now() + $5::bigint * interval '1 microsecond')
+    ON CONFLICT (name, holder) DO UPDATE
+        SET seq = CASE WHEN w.wait_id = excluded.wait_id AND w.expires_at > clock_timestamp()
+                       THEN w.seq ELSE excluded.seq END,
+            since = CASE WHEN w.wait_id = excluded.wait_id AND w.expires_at > clock_timestamp()
+                         THEN w.since ELSE excluded.since END,
+            expires_at = excluded.expires_at, granted_token = 0, granted_expires_at = NULL,
+            wait_id = excluded.wait_id, channel = excluded.channel, ttl_us = 0
+    RETURNING w.since = now() AS joined
+), relaxed AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true) AS sync_commit
+)
+SELECT coalesce((SELECT q.joined FROM queued AS q), false)::boolean AS joined,
+       (SELECT ahead.n FROM ahead)::bigint AS ahead,
+       coalesce((SELECT greatest(0, (extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint)
+                 FROM fencelock.leases AS cur WHERE cur.name = $1::text), 0)::bigint AS remaining_us,
+       (SELECT count(*) FROM relaxed)::bigint AS relaxed
+`
+
+type LeaseJoinQueueParams struct {
+	Name    string
+	Holder  string
+	WaitID  int64
+	Channel string
+	LiveUs  int64
+}
+
+type LeaseJoinQueueRow struct {
+	Joined      bool
+	Ahead       int64
+	RemainingUs int64
+	Relaxed     int64
+}
+
+// Joins the queue of @name, or refreshes this wait's place (@wait_id), for a RunLocked that
+// was refused: a row with ttl_us 0, which a release does not hand a TTL grant to but wakes to
+// take the free lease in its own transaction (LeaseGrant lets the head of the queue through).
+// Same rules of place and liveness as LeaseAcquire's queued; committed with synchronous_commit
+// off. Returns what LeaseAcquire returns for a refusal.
+func (q *Queries) LeaseJoinQueue(ctx context.Context, db DBTX, arg LeaseJoinQueueParams) (LeaseJoinQueueRow, error) {
+	row := db.QueryRow(ctx, leaseJoinQueue,
+		arg.Name,
+		arg.Holder,
+		arg.WaitID,
+		arg.Channel,
+		arg.LiveUs,
+	)
+	var i LeaseJoinQueueRow
+	err := row.Scan(
+		&i.Joined,
+		&i.Ahead,
+		&i.RemainingUs,
+		&i.Relaxed,
+	)
+	return i, err
+}
+
 const leaseLeaveQueue = `-- name: LeaseLeaveQueue :one
 WITH gone AS (
     DELETE FROM fencelock.lease_waiters AS w
@@ -159,9 +233,19 @@ WITH gone AS (
     RETURNING w.granted_token
 ), relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS sync_commit
+), woken AS MATERIALIZED (
+    SELECT pg_notify(h.channel, concat_ws(' ', h.wait_id, 0, 0, octet_length(h.holder), h.holder || $1::text)) AS sent
+    FROM (SELECT w.holder, w.wait_id, w.channel FROM fencelock.lease_waiters AS w
+          WHERE w.name = $1::text AND w.holder <> $2::text
+            AND w.granted_token = 0 AND w.expires_at > clock_timestamp()
+          ORDER BY w.seq LIMIT 1) AS h
+    WHERE h.channel IS NOT NULL AND EXISTS (SELECT 1 FROM gone)
+      AND NOT EXISTS (SELECT 1 FROM fencelock.leases AS l
+                      WHERE l.name = $1::text AND l.expires_at > clock_timestamp())
 )
 SELECT coalesce((SELECT g.granted_token FROM gone AS g), 0)::bigint AS granted_token,
-       (SELECT count(*) FROM relaxed)::bigint AS relaxed
+       (SELECT count(*) FROM relaxed)::bigint AS relaxed,
+       (SELECT count(*) FROM woken)::bigint AS woken
 `
 
 type LeaseLeaveQueueParams struct {
@@ -173,16 +257,18 @@ type LeaseLeaveQueueParams struct {
 type LeaseLeaveQueueRow struct {
 	GrantedToken int64
 	Relaxed      int64
+	Woken        int64
 }
 
-// Takes the wait @wait_id of @holder out of the queue of @name (a waiter that gave up), and
-// returns the token a release handed to it meanwhile (0: none), which the caller then releases
-// with LeaseRelease, handing it to the next waiter. Committed with synchronous_commit off, as a
-// refused attempt is.
+// Takes the wait @wait_id of @holder out of the queue of @name (a waiter that gave up, or a
+// RunLocked that ran), and returns the token a release handed to it meanwhile (0: none), which
+// the caller then releases with LeaseRelease, handing it to the next waiter. When the lease is
+// free, it wakes the next head (token 0 in the payload): a release that found this wait at the
+// head woke only it. Committed with synchronous_commit off, as a refused attempt is.
 func (q *Queries) LeaseLeaveQueue(ctx context.Context, db DBTX, arg LeaseLeaveQueueParams) (LeaseLeaveQueueRow, error) {
 	row := db.QueryRow(ctx, leaseLeaveQueue, arg.Name, arg.Holder, arg.WaitID)
 	var i LeaseLeaveQueueRow
-	err := row.Scan(&i.GrantedToken, &i.Relaxed)
+	err := row.Scan(&i.GrantedToken, &i.Relaxed, &i.Woken)
 	return i, err
 }
 

@@ -39,10 +39,11 @@
 --    row was created and locked by a RunLocked in those microseconds, its transaction), and a
 --    row deleted by a sweep in between (a waiting RunLocked then inserts it). Without @nowait
 --    (RunLocked) the grant queues on the row lock in the server's queue.
---  * While anyone waits in the name's queue (a live row of fencelock.lease_waiters), nothing is
---    granted here: the lease goes to the head of the queue (LeaseRelease hands it over, or the
---    head's own LeaseAcquire takes it once it expires). Try grants and transaction-scoped
---    grants do not barge past waiters.
+--  * While anyone waits in the name's queue (a live row of fencelock.lease_waiters) ahead of
+--    this holder, nothing is granted here: the lease goes to the head of the queue
+--    (LeaseRelease hands a TTL grant over, or wakes a waiting RunLocked, whose grant this is;
+--    the head's own attempt takes it once it expires). Try grants (no row in the queue) never
+--    barge past waiters.
 --  * Without @may_insert (transaction-scoped grants) the grant never inserts a row: it returns
 --    no row when the name has none, and the caller creates the row with LeaseEnsureRow, in a
 --    statement of its own, and tries again. A row inserted by a transaction that stays open
@@ -60,7 +61,12 @@ WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
   AND (sqlc.arg(may_insert)::boolean
        OR EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = sqlc.arg(name)::text))
   AND NOT EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
-                  WHERE w.name = sqlc.arg(name)::text AND w.granted_token = 0 AND w.expires_at > clock_timestamp())
+                  WHERE w.name = sqlc.arg(name)::text AND w.holder <> sqlc.arg(holder)::text
+                    AND w.granted_token = 0 AND w.expires_at > clock_timestamp()
+                    AND w.seq < coalesce((SELECT m.seq FROM fencelock.lease_waiters AS m
+                                          WHERE m.name = sqlc.arg(name)::text AND m.holder = sqlc.arg(holder)::text
+                                            AND m.granted_token = 0 AND m.expires_at > clock_timestamp()),
+                                         9223372036854775807))
 ON CONFLICT (name) DO UPDATE
     SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
