@@ -42,7 +42,8 @@ const MinSweepGrace = time.Minute
 // name whose expired row a page is deleting is refused ([ErrNotAcquired]; [Lessor.Acquire]
 // tries again), a RunLocked waits for that one statement (milliseconds; see
 // docs/PERFORMANCE.md). It also deletes the rows of fencelock.token_flushes left by exited
-// backends.
+// backends, and the rows of fencelock.lease_waiters that left their queue (expired, or handed a
+// grant) more than grace ago; the count returned is of lease rows only.
 //
 // Fence rows (fencelock.fences) are not swept, and must not be on a timer: a fence row
 // dropped while a paused holder still carries an old token would let that token through. Drop
@@ -74,6 +75,9 @@ func SweepLeases(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) (
 	}
 	if _, err := q.TokenFlushesSweep(ctx, pool); err != nil {
 		return deleted, wrapPg("sweep token flushes", err)
+	}
+	if _, err := q.LeaseWaitersSweep(ctx, pool, grace.Microseconds()); err != nil {
+		return deleted, wrapPg("sweep lease queues", err)
 	}
 	return deleted, nil
 }
