@@ -1,0 +1,114 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// Scenario 10: a waiter killed with kill -9 at the head of a lease's queue (a child process,
+// its place live, its lessor listening). The waiter behind it is granted within the stated
+// bound (docs/RELIABILITY.md): the dead waiter's place expires by its liveness (for TTL 1 s,
+// 1 s after its last refresh, which is at most a third of that before the kill); a release in
+// between hands the lease to the dead waiter, whose grant then lapses by its TTL, and the
+// waiter behind, now at the head, takes it as it expires. Tokens rise through it all.
+func TestScenarioQueueWaiterKilled(t *testing.T) {
+	t.Parallel()
+	e := setup(t, setupOpts{scenario: "10-queue-waiter-killed"})
+	ctx, db := e.ctx, e.db
+	const ttl = time.Second
+	const live = time.Second             // queueLiveness(ttl)
+	const slack = 500 * time.Millisecond // scheduling under -race on 2 cores
+	backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
+	for _, tc := range []struct {
+		desc          string
+		releaseAtOnce bool // release right after the kill, while the dead waiter's place is live
+		bound         time.Duration
+	}{
+		// The release hands the lease to the dead waiter; it lapses after its TTL; the next
+		// waiter, woken by its refresh (a third of its liveness) or already at the head, takes
+		// it as it expires.
+		{"ReleasedWhileDeadWaiterLive", true, ttl + live/3 + slack},
+		// Released once the dead waiter's place has expired: a hand-off to the next waiter.
+		{"ReleasedAfterPlaceExpired", false, slack},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			name := "queue:" + tc.desc
+			rec := newRecorder(t, ctx, db.Pool)
+			holder, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("holder"), backoff)
+			require.NoError(t, err)
+			lh, err := holder.TryAcquire(ctx, name, ttl)
+			require.NoError(t, err)
+
+			c := startChild(t, childConfig{URL: db.URL, Worker: "dead", Name: name, TTL: ttl}, rec)
+			awaitHolders(t, ctx, db.Pool, name, "dead")
+			next, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("next"), backoff)
+			require.NoError(t, err)
+			type result struct {
+				lease *fencelock.Lease
+				err   error
+				at    time.Time
+			}
+			got := make(chan result, 1)
+			go func() {
+				lease, err := next.Acquire(ctx, name, ttl)
+				got <- result{lease, err, time.Now()}
+			}()
+			awaitHolders(t, ctx, db.Pool, name, "dead", "next")
+
+			killed := time.Now()
+			c.kill()
+			if !tc.releaseAtOnce {
+				awaitHolders(t, ctx, db.Pool, name, "next")
+				left := time.Since(killed)
+				require.Less(t, left, live+slack, "the dead waiter's place outlived its liveness")
+				t.Logf("chaos: scenario=%s dead waiter's place expired %v after the kill (liveness %v)", e.report.Scenario, left.Round(time.Millisecond), live)
+			}
+			released := time.Now()
+			require.NoError(t, lh.Release(ctx))
+			var r result
+			select {
+			case r = <-got:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiter behind the killed one was never granted")
+			}
+			require.NoError(t, r.err)
+			took := r.at.Sub(released)
+			t.Logf("chaos: scenario=%s case=%s next waiter granted %v after the release (bound %v)", e.report.Scenario, tc.desc, took.Round(time.Millisecond), tc.bound)
+			require.Less(t, took, tc.bound)
+			require.Greater(t, r.lease.Token(), lh.Token())
+			var deadToken int64
+			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT coalesce(max(granted_token), 0) FROM fencelock.lease_waiters WHERE name = $1 AND holder = 'dead'`, name).Scan(&deadToken))
+			if tc.releaseAtOnce {
+				require.Positive(t, deadToken, "the release did not hand the lease to the dead waiter (its place expired first?)")
+			}
+			require.Greater(t, int64(r.lease.Token()), deadToken)
+			require.NoError(t, r.lease.Release(ctx))
+		})
+	}
+}
+
+// awaitHolders waits until the live waiters of name are exactly holders, in that order,
+// failing the test after 10 s.
+func awaitHolders(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string, holders ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rows, err := pool.Query(ctx, `SELECT holder FROM fencelock.lease_queue WHERE name = $1 ORDER BY position`, name)
+		require.NoError(t, err)
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		if fmt.Sprint(got) == fmt.Sprint(holders) {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "queue of %q is %v, want %v", name, got, holders)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
