@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -235,4 +236,76 @@ func checkFence(t *testing.T, ctx context.Context, pool *pgxpool.Pool, lease *fe
 func awaitReconnect(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 	t.Helper()
 	require.Eventually(t, func() bool { return pool.Ping(ctx) == nil }, 30*time.Second, 20*time.Millisecond)
+}
+
+// A hand-off (a release that grants the lease to the head of the queue) is a grant: acknowledged
+// to the new holder, it survives a crash, also where the server default is synchronous_commit
+// = off (the hand-off draws its token with next_token, which raises it). The waiter learns of it
+// only after its commit: the NOTIFY goes out at commit.
+func TestHandOffDurableAfterCrash(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
+	db := srv.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	lh, err := newLessor(t, db.Pool, "holder", fencelock.WithoutHeartbeat()).TryAcquire(ctx, "job", time.Hour)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `CHECKPOINT`)
+	require.NoError(t, err)
+	waiter := newLessor(t, newPool(t, ctx, db.URL), "waiter", fencelock.WithoutHeartbeat())
+	got := make(chan *fencelock.Lease, 1)
+	go func() {
+		lease, err := waiter.Acquire(ctx, "job", time.Hour)
+		assert.NoError(t, err)
+		got <- lease
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		return db.Pool.QueryRow(ctx, `SELECT count(*) FROM fencelock.lease_queue WHERE name = 'job' AND woken_by_notify`).Scan(&n) == nil && n == 1
+	}, 10*time.Second, 2*time.Millisecond)
+	require.NoError(t, lh.Release(ctx))
+	lw := <-got
+	require.NotNil(t, lw)
+	require.NoError(t, srv.Crash(ctx))
+	require.NoError(t, srv.Restart(ctx))
+	db.Pool.Reset()
+	awaitReconnect(t, ctx, db.Pool)
+	row := readLease(t, ctx, db.Pool, "job")
+	require.Equal(t, "waiter", row.Holder, "the acknowledged hand-off was lost in the crash")
+	require.Equal(t, int64(lw.Token()), row.Token)
+	require.False(t, row.Expired)
+}
+
+// A release nobody waits for commits without waiting for its WAL flush (synchronous_commit
+// off): lost in a crash, it leaves the name held by the old grant, which expires by its TTL,
+// and nothing else. (Control: that the server loses it, on a server whose WAL writer waits 10
+// s; were the release flushed, the name would be free at once.)
+func TestReleaseLostInCrashExpiresByTTL(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
+	db := srv.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const ttl = 2 * time.Second
+	lh, err := newLessor(t, db.Pool, "holder", fencelock.WithoutHeartbeat()).TryAcquire(ctx, "job", ttl)
+	require.NoError(t, err)
+	require.NoError(t, lh.Release(ctx))
+	require.NoError(t, srv.Crash(ctx))
+	require.NoError(t, srv.Restart(ctx))
+	db.Pool.Reset()
+	awaitReconnect(t, ctx, db.Pool)
+	row := readLease(t, ctx, db.Pool, "job")
+	require.Equal(t, int64(lh.Token()), row.Token)
+	require.False(t, row.Expired, "control: the release survived the crash, so it was flushed")
+	var expires time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT expires_at FROM fencelock.leases WHERE name = 'job'`).Scan(&expires))
+	require.True(t, expires.Equal(lh.ExpiresAt()), "the old grant's expiry is back: %v, granted %v", expires, lh.ExpiresAt())
+	lease, err := newLessor(t, db.Pool, "next").Acquire(ctx, "job", time.Minute)
+	require.NoError(t, err)
+	require.Greater(t, lease.Token(), lh.Token())
+	var acquired time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT acquired_at FROM fencelock.leases WHERE name = 'job'`).Scan(&acquired))
+	require.False(t, acquired.Before(expires), "granted at %v, before the old grant expired at %v", acquired, expires)
+	require.Less(t, acquired.Sub(expires), time.Second, "the name stayed held past the old grant's TTL")
+	require.NoError(t, lease.Release(ctx))
 }
