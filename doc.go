@@ -37,6 +37,11 @@
 // [Lease.Done] closes, and [Lease.Err] says why, when the trust window ends without a
 // successful renewal, when a renewal finds the lease gone, or on [Lease.Release].
 //
+// [Lessor.Acquire] waits in the name's queue: first come, first served. The release hands the
+// lease to the head of the queue in its own statement and wakes that waiter alone, by
+// LISTEN/NOTIFY on one listening connection per pool (polling behind PgBouncer in transaction
+// mode). The queue is visible in SQL: SELECT * FROM fencelock.lease_queue.
+//
 // # Fences
 //
 // [Lease.FenceTx] checks the lease and advances a resource's high-water mark to its token, in

@@ -193,7 +193,15 @@ func (lease *Lease) Renew(ctx context.Context) error {
 // Release closes Done at once (Err then reports [ErrReleased], unless the lease had already
 // been lost), then ends the lease on the server, scoped to (name, holder, token), so it never
 // frees a newer grant. The heartbeat stops renewing it even when the statement fails, so a
-// failed release leaves the lease to expire within its TTL.
+// failed release leaves the lease to expire within its TTL. One statement.
+//
+// When someone waits for the name, the same statement hands the lease to the head of the
+// queue (a new grant, with a fresh token, durable when the statement commits) and wakes that
+// waiter alone; with a guarded transaction of this lease still open it releases without a
+// hand-off instead (the hand-off would have to wait for that transaction) and wakes the head
+// to take the lease itself. When nobody waits, the release commits without waiting for its WAL
+// flush (synchronous_commit off): a release lost in a crash leaves the name held until the
+// grant's TTL ends, never longer, which is safe.
 //
 // Errors: an error wrapping [ErrNotHeld] when the grant had already expired or been taken over
 // (nothing changed); otherwise the pgx error, wrapped.

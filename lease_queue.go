@@ -24,13 +24,28 @@ import (
 // it and its row in fencelock.lease_waiters (one row per name and holder). Guarded by the
 // lessor's mu.
 type wait struct {
-	id     int64         // wait_id of its row; a new one once a grant handed to it is used up
-	refs   int           // goroutines in Acquire on it
-	wake   chan struct{} // closed, and replaced, to wake them
-	handed []handoff     // grants delivered by NOTIFY, not claimed yet
+	id      int64          // wait_id of its row; a new one once a grant handed to it is used up
+	refs    int            // goroutines in Acquire on it
+	wake    chan struct{}  // closed, and replaced, to wake them
+	handed  []handoff      // grants delivered by NOTIFY, not claimed yet
+	claimed map[Token]bool // grants handed to this wait and claimed by one of its attempts
 	// The last statement of this wait: when it was sent (local clock) and the database clock
 	// during it, which map a handed grant's expiry onto the local clock.
 	sent, serverNow time.Time
+}
+
+// noteClaim records that an attempt of w claimed lease (nil: none), so that leaving the queue
+// does not hand on a grant this lessor took (and may be releasing itself right now).
+func (w *wait) noteClaim(l *Lessor, lease *Lease) {
+	if lease == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.claimed == nil {
+		w.claimed = make(map[Token]bool)
+	}
+	w.claimed[lease.token] = true
 }
 
 func (w *wait) signalLocked() {
@@ -77,14 +92,23 @@ func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bo
 		return
 	}
 	delete(l.waits, name)
-	handed, id := w.handed, w.id
+	handed, claimed := w.handed, w.claimed
 	w.handed = nil
 	l.idleCheckLocked()
 	l.mu.Unlock()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
+	// Inside the name's gate, so that a new wait of this lessor on the name (a new id) does not
+	// take over the row first and wipe a grant handed to this one.
+	exit, err := l.enter(cctx, name)
+	if err != nil {
+		l.cfg.common.logger.Error("fencelock: could not leave a lease's queue; the place expires by itself",
+			"lease", name, "holder", l.cfg.holder, "error", err)
+		return
+	}
+	defer exit()
 	if !granted {
-		row, err := l.q.LeaseLeaveQueue(cctx, l.pool, db.LeaseLeaveQueueParams{Name: name, Holder: l.cfg.holder, WaitID: id})
+		row, err := l.q.LeaseLeaveQueue(cctx, l.pool, db.LeaseLeaveQueueParams{Name: name, Holder: l.cfg.holder})
 		switch {
 		case err != nil:
 			l.cfg.common.logger.Error("fencelock: could not leave a lease's queue; the place expires by itself",
@@ -94,7 +118,9 @@ func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bo
 		}
 	}
 	for _, h := range handed {
-		l.releaseUnclaimed(cctx, name, h.token)
+		if !claimed[h.token] {
+			l.releaseUnclaimedLocked(cctx, name, h.token)
+		}
 	}
 }
 
@@ -109,21 +135,38 @@ func (l *Lessor) notified(wk wakeup) {
 		return
 	}
 	if wk.token != 0 {
-		w.handed = append(w.handed, wk.handoff)
+		h := wk.handoff
+		h.waitID = wk.waitID
+		w.handed = append(w.handed, h)
 	}
 	w.signalLocked()
 }
 
-// takeHandedLocked returns the grants handed to w by NOTIFY, and gives w a new id when there
-// were any: its row is used up (a later refresh must join the queue again, not find the same
-// grant). l.mu must be held.
+// takeHandedLocked returns the grants handed to w's current id by NOTIFY, and gives w a new id
+// when there were any: its row is used up (a later refresh must join the queue again, not find
+// the same grant). A grant handed to an earlier id of w is dropped: that id got one grant
+// only, which an attempt found in its own statement (outcomes 2 and 3) and claimed or handed
+// on already. l.mu must be held.
 func (w *wait) takeHandedLocked() []handoff {
-	h := w.handed
+	var h []handoff
+	for _, e := range w.handed {
+		if e.waitID == w.id {
+			h = append(h, e)
+		}
+	}
+	w.handed = nil
 	if len(h) > 0 {
-		w.handed = nil
 		w.id = newWaitID()
 	}
 	return h
+}
+
+// renewIDLocked gives w a new id, dropping the grants handed to the old one (see
+// takeHandedLocked): after its row's grant was found by a statement, or after an attempt of
+// unknown outcome whose cleanup may have ended that grant. l.mu must be held.
+func (w *wait) renewIDLocked() {
+	w.id = newWaitID()
+	w.handed = nil
 }
 
 // claim makes a lease of a grant a release handed to a wait of this lessor, with h's token and
@@ -138,6 +181,13 @@ func (l *Lessor) claim(ctx context.Context, name string, lt leaseTimes, h handof
 		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
 	}
 	now := l.cfg.clock.Now()
+	if sent.IsZero() || serverNow.IsZero() {
+		// No statement of this wait to map the grant's expiry through: not trusted.
+		lease := newLease(l, name, h.token, lt, time.Time{}, h.expiresAt)
+		lease.end(ErrReleased)
+		l.releaseToken(ctx, name, h.token)
+		return nil, errRefused
+	}
 	grantedAt := sent.Add(h.expiresAt.Sub(serverNow) - lt.ttl)
 	if grantedAt.After(now) {
 		grantedAt = now
@@ -163,6 +213,11 @@ func (l *Lessor) releaseUnclaimed(ctx context.Context, name string, token Token)
 		return
 	}
 	defer exit()
+	l.releaseUnclaimedLocked(ctx, name, token)
+}
+
+// releaseUnclaimedLocked is releaseUnclaimed for a caller that holds name's gate.
+func (l *Lessor) releaseUnclaimedLocked(ctx context.Context, name string, token Token) {
 	l.mu.Lock()
 	held := l.active[name]
 	l.mu.Unlock()
@@ -230,6 +285,11 @@ func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.D
 		}
 	}()
 	for n := 0; ; n++ {
+		// The wake channel of before the attempt: a wake-up during the attempt's statement
+		// ends the sleep after it at once.
+		l.mu.Lock()
+		wake := w.wake
+		l.mu.Unlock()
 		a, err := attempt(w)
 		if !errors.Is(err, errRefused) {
 			return err
@@ -238,8 +298,17 @@ func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.D
 		if n == 0 {
 			l.attachListenerLocked()
 		}
-		wake, pending := w.wake, len(w.handed) > 0
+		var handed []handoff
+		if !granting {
+			// A RunLocked takes no TTL grant; one handed to its wait (an Acquire of the same
+			// lessor on the name shared it and has left) is handed on.
+			handed = w.takeHandedLocked()
+		}
+		pending := len(w.handed) > 0
 		l.mu.Unlock()
+		for _, h := range handed {
+			l.releaseUnclaimed(ctx, name, h.token)
+		}
 		if pending {
 			continue
 		}

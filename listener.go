@@ -123,11 +123,15 @@ func (l *Lessor) detachIfIdle() {
 	defer listeners.Unlock()
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	delete(ls.lessors, l.cfg.holder)
+	if ls.lessors[l.cfg.holder] == l {
+		delete(ls.lessors, l.cfg.holder)
+	}
 	if len(ls.lessors) == 0 {
 		ls.cancel()
 		ls.ready = false
-		delete(listeners.byPool, ls.pool)
+		if listeners.byPool[ls.pool] == ls {
+			delete(listeners.byPool, ls.pool)
+		}
 	}
 }
 
@@ -175,8 +179,11 @@ func (ls *listener) setReady(ctx context.Context, ready bool) {
 // gives up: waits poll until the last lessor detaches.
 func (ls *listener) run(ctx context.Context) {
 	for n := 0; ; n++ {
-		err := ls.session(ctx)
+		listened, err := ls.session(ctx)
 		ls.setReady(ctx, false)
+		if listened {
+			n = 0 // a new streak of failures: say it again, and retry soon
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -199,12 +206,12 @@ func (ls *listener) run(ctx context.Context) {
 
 // session opens one listening session and dispatches its notifications until it fails or ctx
 // ends.
-func (ls *listener) session(ctx context.Context) error {
+func (ls *listener) session(ctx context.Context) (listened bool, err error) {
 	octx, cancel := context.WithTimeout(ctx, listenOpenTimeout)
 	defer cancel()
 	pc, err := ls.pool.Acquire(octx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	conn := pc.Hijack()
 	defer func() {
@@ -214,19 +221,22 @@ func (ls *listener) session(ctx context.Context) error {
 	}()
 	var pid int32
 	if err := conn.QueryRow(octx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		return err
+		return false, err
 	}
 	if uint32(pid) != conn.PgConn().PID() {
-		return errPooled
+		return false, errPooled
 	}
+	// The session idles by design: a server or role idle_session_timeout must not end it
+	// (PostgreSQL 14+; an older server refuses the setting, which is then moot).
+	_, _ = conn.Exec(octx, "SET idle_session_timeout = 0")
 	if _, err := conn.Exec(octx, "LISTEN "+pgx.Identifier{ls.channel}.Sanitize()); err != nil {
-		return err
+		return false, err
 	}
 	ls.setReady(ctx, true)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return true, err
 		}
 		ls.dispatch(n.Payload)
 	}
@@ -254,6 +264,7 @@ func (ls *listener) dispatch(payload string) {
 type handoff struct {
 	token     Token
 	expiresAt time.Time
+	waitID    int64 // the wait it was handed to (0 when found by a statement)
 }
 
 // wakeup is one notification of LeaseRelease: the wait it wakes, and the grant handed to it

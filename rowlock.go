@@ -24,14 +24,27 @@ import (
 // a lease costs O(log n) on the client in the n leases held (measured: docs/PERFORMANCE.md),
 // and one lessor holds 100,000 leases (TTL 10 s) without losing one (TestScaleManyLeases).
 //
-// A Lessor is safe for concurrent use. TTL grant attempts (TryAcquire, Acquire) by one lessor
-// on one name are serialised locally, so goroutines that share a lessor queue for a name
-// instead of racing each other (RunLocked attempts queue on the server's row lock instead).
-// It needs no Close: with no lease held it owns no goroutine and no armed timer (renewal
-// statements in flight end by their deadline, the end of their leases' trust windows).
+// Waiters are served first come, first served: a waiting Acquire (or RunLocked) takes a place
+// in the name's queue (fencelock.lease_waiters, visible in the views fencelock.lease_queue and
+// fencelock.lease_queue_summary), and a release hands the lease to the head of the queue in
+// its own statement and wakes that waiter alone, by NOTIFY on a listening connection that the
+// lessors of one pool share. Behind a pooler, or while that connection is down, waiters poll
+// with the lessor's [Backoff] instead (see [Lessor.Acquire]).
+//
+// A Lessor is safe for concurrent use. Grant attempts, claims of a handed-over grant and
+// releases by one lessor on one name are serialised locally, so goroutines that share a lessor
+// queue for a name instead of racing each other; a lessor is not re-entrant, and its goroutines
+// share one place in a name's queue. It needs no Close: with no lease held and no wait it owns
+// no goroutine and no armed timer (renewal statements in flight end by their deadline, the end
+// of their leases' trust windows), but for its pool's listening connection, which it leaves a
+// second (listenerLinger) after its last wait or lease, and which closes when its last lessor
+// leaves. The holder id must be unique among live lessors: a pool's listening connection
+// routes wake-ups by holder id.
 //
 // The scheme is the fencing-token lease of Gray and Cheriton (1989) and Kleppmann (2016),
-// with Postgres as the lock service and the fence in the same database as the guarded data.
+// with Postgres as the lock service and the fence in the same database as the guarded data;
+// the queue is the fair lock of the ZooKeeper recipes (Hunt et al., 2010) and etcd's mutex,
+// with the hand-off made by the release itself.
 type Lessor struct {
 	pool      *pgxpool.Pool
 	q         *db.Queries
@@ -101,8 +114,14 @@ func (l *Lessor) Holder() string { return l.cfg.holder }
 // between [MinTTL] and [MaxTTL], measured on the database clock (Postgres rounds it to
 // microseconds). The lease is renewed by the heartbeat until released or lost.
 //
-// Errors: [ErrNotAcquired] if another holder has it (or if the grant's reply came back after
-// its trust window had ended: the grant is then released again); an error wrapping
+// It does not barge: while anyone waits in the name's queue (a waiting Acquire or RunLocked of
+// any lessor), it is refused even if the lease is free at that moment, so a caller that
+// retries TryAcquire in a loop cannot starve the queue (before the queue, one such caller
+// took most grants; docs/PERFORMANCE.md). A try that must get in line uses [Lessor.Acquire]
+// with a deadline instead.
+//
+// Errors: [ErrNotAcquired] if another holder has it or anyone waits for it (or if the grant's
+// reply came back after its trust window had ended: the grant is then released again); an error wrapping
 // [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
 // [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; an
 // error wrapping [ErrTokenSequence] for a misconfigured token sequence, [ErrTokenBudget]
@@ -123,12 +142,35 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 }
 
 // Acquire grants the lease name for ttl to this lessor, waiting while someone else holds it,
-// until it is granted or ctx ends. Arguments are as for [Lessor.TryAcquire]. Between attempts
-// it waits the lessor's [Backoff], capped by the current holder's remaining TTL on the database
-// clock, so an expiring lease is retried as it expires; never a fixed sleep of a whole TTL.
+// until it is granted or ctx ends. Arguments are as for [Lessor.TryAcquire].
 //
-// Errors: ctx's error (wrapped) when ctx ends first, with nothing left held; otherwise as for
-// [Lessor.TryAcquire], except that [ErrNotAcquired] is never returned.
+// Waiters are served first come, first served. The first refused attempt takes a place at the
+// back of the name's queue, in the same statement. The holder's release hands the lease to the
+// head of the queue in its own statement (one commit, a fresh token) and wakes that waiter
+// alone, by NOTIFY on the listening connection of its pool (a few hundred microseconds; figures
+// in docs/PERFORMANCE.md). A holder that dies hands nothing over: the head tries again just
+// after the grant expires on the database clock. While it waits, a waiter refreshes its place
+// every third of its liveness, which is the TTL bounded to [250 ms, 5 s]. A waiter whose ctx
+// ends leaves the queue before Acquire returns, and hands on a grant it was handed meanwhile. A
+// waiter that dies or stops (kill -9, SIGSTOP) leaves the queue when its place expires, at most
+// its liveness after its last refresh; a release in between hands the lease to it, and that
+// grant lapses by its TTL. So a dead waiter delays the others by at most its liveness plus, if
+// a release came in between, the TTL (measured: docs/RELIABILITY.md).
+//
+// Where LISTEN cannot work (behind a pooler such as PgBouncer in transaction mode, detected
+// when the backend pid differs from the connection's; or while the listening connection is
+// down), waiters poll with the lessor's [Backoff], capped by the holder's remaining TTL; a
+// release still hands the lease over, and the head finds it at its next poll. The order is the
+// same.
+//
+// The trust window of a handed-over grant is mapped onto the local clock through the waiter's
+// last statement (sent at s on the local clock, during which the database clock read S): it
+// ends at s + (expiry - S) - safety margin, the same clock-rate assumption as every trust
+// window.
+//
+// Errors: ctx's error (wrapped) when ctx ends first, with nothing left held and no place left
+// in the queue; otherwise as for [Lessor.TryAcquire], except that [ErrNotAcquired] is never
+// returned.
 func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	if err := validateName("name", name); err != nil {
 		return nil, err
@@ -179,6 +221,7 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 		l.mu.Unlock()
 		for i, h := range handed {
 			lease, err := l.claim(ctx, name, lt, h, sent, serverNow)
+			w.noteClaim(l, lease)
 			if !errors.Is(err, errRefused) {
 				for _, rest := range handed[i+1:] { // two grants to one wait: not expected; hand them on
 					l.releaseToken(ctx, name, rest.token)
@@ -212,6 +255,13 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 	abandoned := err != nil && conn.Conn().IsClosed()
 	conn.Release()
 	if err != nil {
+		if abandoned {
+			// grantFailed ends every grant of this holder for name it does not hold, a grant
+			// handed to this wait included: the wait's row and id must not be trusted again.
+			l.mu.Lock()
+			w.renewIDLocked()
+			l.mu.Unlock()
+		}
 		return nil, attemptInfo{}, l.grantFailed(ctx, name, pid, abandoned, err)
 	}
 	info := attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
@@ -219,7 +269,7 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 		l.mu.Lock()
 		w.sent, w.serverNow = sent, row.ServerNow
 		if row.Outcome == outcomeMine || row.Outcome == outcomeHanded {
-			w.id = newWaitID() // its row is used up
+			w.renewIDLocked() // its row is used up
 		}
 		l.mu.Unlock()
 	}
@@ -227,6 +277,7 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 	case outcomeGranted:
 	case outcomeMine, outcomeHanded:
 		lease, err := l.claim(ctx, name, lt, handoff{token: Token(row.Token), expiresAt: row.ExpiresAt}, sent, row.ServerNow)
+		w.noteClaim(l, lease)
 		return lease, info, err
 	default:
 		return nil, info, errRefused

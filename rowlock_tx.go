@@ -25,8 +25,8 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, token Token) error
 // sequence that a rolled-back transaction WAL-logged: the commit flushes the WAL up to its own
 // record). Before that, the token is the transaction's: do not hand it outside tx.
 //
-// It does not wait: [ErrNotAcquired] if a TTL holder has the lease or another transaction holds
-// the row. name is as for [Lessor.TryAcquire]. Errors: an [*ArgumentError] for a bad name or
+// It does not wait: [ErrNotAcquired] if a TTL holder has the lease, another transaction holds
+// the row, or anyone waits in the name's queue (it does not barge, as [Lessor.TryAcquire]). name is as for [Lessor.TryAcquire]. Errors: an [*ArgumentError] for a bad name or
 // nil fn (no SQL runs); fn's error, returned as is, after rollback; an error wrapping
 // [ErrReadOnly] on a hot standby; an error wrapping [ErrTokenSequence] for a misconfigured
 // token sequence, [ErrTokenBudget] when the token budget is spent or [ErrTokenEpochBehind]
@@ -57,7 +57,7 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	live := queueLiveness(0)
+	live := runLockedLiveness
 	return l.waitInQueue(ctx, "run locked", name, live, false, func(w *wait) (attemptInfo, error) {
 		if err := l.runLockedOnce(ctx, name, fn, false); !errors.Is(err, errRefused) {
 			return attemptInfo{}, err

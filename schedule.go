@@ -82,6 +82,10 @@ const (
 	maxQueueLiveness = 5 * time.Second
 )
 
+// runLockedLiveness is the liveness of a RunLocked's place in a queue (it has no TTL): a
+// refresh every third of a second.
+const runLockedLiveness = time.Second
+
 // queueLiveness returns how long a waiter for a lease of TTL ttl stays in the name's queue
 // after its last refresh: the TTL, within [250 ms, 5 s]. A waiter that dies or is paused
 // leaves the queue that long after its last refresh, so it blocks the waiters behind it for at

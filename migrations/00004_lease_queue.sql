@@ -125,7 +125,7 @@ BEGIN
             WHERE l.name = lease_name
             RETURNING CASE WHEN h.channel IS NULL THEN false ELSE
                 pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, tok,
-                    (pg_catalog.date_part('epoch', exp) * 1000000)::bigint,
+                    (EXTRACT(epoch FROM exp) * 1000000)::bigint,
                     pg_catalog.octet_length(h.holder), h.holder || lease_name)) IS NOT NULL END INTO woke;
             RETURN CASE WHEN woke THEN 3 ELSE 2 END;
         END IF;

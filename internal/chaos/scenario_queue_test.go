@@ -13,7 +13,7 @@ import (
 	"github.com/fencelock/fencelock"
 )
 
-// Scenario 10: a waiter killed with kill -9 at the head of a lease's queue (a child process,
+// Scenario 11: a waiter killed with kill -9 at the head of a lease's queue (a child process,
 // its place live, its lessor listening). The waiter behind it is granted within the stated
 // bound (docs/RELIABILITY.md): the dead waiter's place expires by its liveness (for TTL 1 s,
 // 1 s after its last refresh, which is at most a third of that before the kill); a release in
@@ -21,7 +21,7 @@ import (
 // waiter behind, now at the head, takes it as it expires. Tokens rise through it all.
 func TestScenarioQueueWaiterKilled(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{scenario: "10-queue-waiter-killed"})
+	e := setup(t, setupOpts{scenario: "11-queue-waiter-killed"})
 	ctx, db := e.ctx, e.db
 	const ttl = time.Second
 	const live = time.Second             // queueLiveness(ttl)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -476,4 +478,65 @@ func TestQueueShares(t *testing.T) {
 		require.True(t, share >= 0.5 && share <= 1.5, "%s got %d grants, %.2fx its fair share", h, grants[h], share)
 	}
 	require.LessOrEqual(t, regrants, 1, "holders were granted again while others waited")
+}
+
+// Goroutines that share a lessor share its place in a queue. Two lessors with four goroutines
+// each contend for one name for 2 s (hold up to 1 ms, release, ask again): a goroutine is told
+// ErrAlreadyHeld while its lessor holds the name, never two goroutines hold it at once, and
+// each grant's token is larger than the one before. (A hand-off left over for a goroutine of
+// the same wait once let a second goroutine trust a released grant: review of issue 10.)
+func TestQueueSharedLessorsNeverHoldTwice(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	holding, grants := 0, 0
+	var last fencelock.Token
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for i := range 2 {
+		l := newLessor(t, b.pool, fmt.Sprintf("l%d", i))
+		for range 4 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					lease, err := l.Acquire(ctx, "shared", time.Minute)
+					switch {
+					case errors.Is(err, fencelock.ErrAlreadyHeld):
+						time.Sleep(200 * time.Microsecond)
+						continue
+					case ctx.Err() != nil:
+						return
+					case err != nil:
+						errs <- err
+						return
+					}
+					mu.Lock()
+					holding++
+					grants++
+					bad := holding > 1 || lease.Token() <= last
+					last = max(last, lease.Token())
+					mu.Unlock()
+					if bad {
+						errs <- fmt.Errorf("token %d granted to %s while another grant was held, or not above the last one", lease.Token(), lease.Holder())
+					}
+					time.Sleep(time.Duration(rand.IntN(1000)) * time.Microsecond)
+					mu.Lock()
+					holding--
+					mu.Unlock()
+					if err := lease.Release(context.WithoutCancel(ctx)); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		assert.NoError(t, err)
+	}
+	require.Greater(t, grants, 20)
+	t.Logf("%d grants", grants)
 }

@@ -128,15 +128,16 @@ SELECT CASE WHEN EXISTS (SELECT 1 FROM released) THEN 1
        END::integer AS outcome;
 
 -- name: LeaseLeaveQueue :one
--- Takes the wait @wait_id of @holder out of the queue of @name (a waiter that gave up, or a
--- RunLocked that ran), and returns the token a release handed to it meanwhile (0: none), which
--- the caller then releases with LeaseRelease, handing it to the next waiter. When the lease is
+-- Takes @holder's place out of the queue of @name (a waiter that gave up, or a RunLocked that
+-- ran), whatever wait id it has (the caller holds the name's gate and has no other wait on the
+-- name: an earlier id of the same wait, given up after an attempt of unknown outcome, is
+-- included), and returns the token a release handed to it meanwhile (0: none), which the caller
+-- then releases with LeaseRelease, handing it to the next waiter, unless it holds that grant. When the lease is
 -- free, it wakes the next head (token 0 in the payload): a release that found this wait at the
 -- head woke only it. Committed with synchronous_commit off, as a refused attempt is.
 WITH gone AS (
     DELETE FROM fencelock.lease_waiters AS w
     WHERE w.name = sqlc.arg(name)::text AND w.holder = sqlc.arg(holder)::text
-      AND w.wait_id = sqlc.arg(wait_id)::bigint
     RETURNING w.granted_token
 ), relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS sync_commit
@@ -158,8 +159,10 @@ SELECT coalesce((SELECT g.granted_token FROM gone AS g), 0)::bigint AS granted_t
 -- Joins the queue of @name, or refreshes this wait's place (@wait_id), for a RunLocked that
 -- was refused: a row with ttl_us 0, which a release does not hand a TTL grant to but wakes to
 -- take the free lease in its own transaction (LeaseGrant lets the head of the queue through).
--- Same rules of place and liveness as LeaseAcquire's queued; committed with synchronous_commit
--- off. Returns what LeaseAcquire returns for a refusal.
+-- Same rules of place and liveness as LeaseAcquire's queued (a grant handed to the same wait,
+-- shared with an Acquire of the same lessor, is kept for it, and so is the TTL that Acquire
+-- asked for); committed with synchronous_commit off. Returns what LeaseAcquire returns for a
+-- refusal.
 WITH me AS MATERIALIZED (
     SELECT w.seq FROM fencelock.lease_waiters AS w
     WHERE w.name = sqlc.arg(name)::text AND w.holder = sqlc.arg(holder)::text
@@ -175,12 +178,16 @@ WITH me AS MATERIALIZED (
             nextval('fencelock.lease_waiters_seq'), nullif(sqlc.arg(channel)::text, ''), 0, now(),
             now() + sqlc.arg(live_us)::bigint * interval '1 microsecond')
     ON CONFLICT (name, holder) DO UPDATE
-        SET seq = CASE WHEN w.wait_id = excluded.wait_id AND w.expires_at > clock_timestamp()
+        SET seq = CASE WHEN w.wait_id = excluded.wait_id AND (w.granted_token <> 0 OR w.expires_at > clock_timestamp())
                        THEN w.seq ELSE excluded.seq END,
-            since = CASE WHEN w.wait_id = excluded.wait_id AND w.expires_at > clock_timestamp()
+            since = CASE WHEN w.wait_id = excluded.wait_id AND (w.granted_token <> 0 OR w.expires_at > clock_timestamp())
                          THEN w.since ELSE excluded.since END,
-            expires_at = excluded.expires_at, granted_token = 0, granted_expires_at = NULL,
-            wait_id = excluded.wait_id, channel = excluded.channel, ttl_us = 0
+            expires_at = CASE WHEN w.wait_id = excluded.wait_id AND w.granted_token <> 0
+                              THEN w.expires_at ELSE excluded.expires_at END,
+            granted_token = CASE WHEN w.wait_id = excluded.wait_id THEN w.granted_token ELSE 0 END,
+            granted_expires_at = CASE WHEN w.wait_id = excluded.wait_id THEN w.granted_expires_at END,
+            wait_id = excluded.wait_id, channel = excluded.channel,
+            ttl_us = CASE WHEN w.wait_id = excluded.wait_id THEN w.ttl_us ELSE 0 END
     RETURNING w.since = now() AS joined
 ), relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true) AS sync_commit
