@@ -207,6 +207,18 @@ func (lease *Lease) Renew(ctx context.Context) error {
 // (nothing changed); otherwise the pgx error, wrapped.
 func (lease *Lease) Release(ctx context.Context) error {
 	l := lease.lessor
+	// Marked as being released by its holder, so that leaving a queue does not hand it on
+	// meanwhile (releaseUnclaimedLocked) and turn this release into ErrNotHeld.
+	l.mu.Lock()
+	l.releasing[lease.token]++
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		if l.releasing[lease.token]--; l.releasing[lease.token] <= 0 {
+			delete(l.releasing, lease.token)
+		}
+		l.mu.Unlock()
+	}()
 	// Stop trusting the lease before the statement: it may hang (a blackholed connection)
 	// past the trust window.
 	lease.end(ErrReleased)

@@ -82,6 +82,15 @@ func (l *Lessor) joinWait(name string) *wait {
 // it), and hands on every grant handed to the wait that no Acquire claimed. It runs detached
 // from ctx: a cancelled wait must not stay in the queue.
 func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bool) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	// The name's gate first, then out of the lessor's waits: a new wait of this lessor on the
+	// name (a new id) then makes its first statement only after this one has left the queue,
+	// so the row this takes out (whatever its id) and the grants it hands on are this wait's.
+	exit, gateErr := l.enter(cctx, name)
+	if gateErr == nil {
+		defer exit()
+	}
 	l.mu.Lock()
 	w.refs--
 	if granted {
@@ -96,17 +105,11 @@ func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bo
 	w.handed = nil
 	l.idleCheckLocked()
 	l.mu.Unlock()
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
-	// Inside the name's gate, so that a new wait of this lessor on the name (a new id) does not
-	// take over the row first and wipe a grant handed to this one.
-	exit, err := l.enter(cctx, name)
-	if err != nil {
+	if gateErr != nil {
 		l.cfg.common.logger.Error("fencelock: could not leave a lease's queue; the place expires by itself",
-			"lease", name, "holder", l.cfg.holder, "error", err)
+			"lease", name, "holder", l.cfg.holder, "error", gateErr)
 		return
 	}
-	defer exit()
 	if !granted {
 		row, err := l.q.LeaseLeaveQueue(cctx, l.pool, db.LeaseLeaveQueueParams{Name: name, Holder: l.cfg.holder})
 		switch {
@@ -219,9 +222,9 @@ func (l *Lessor) releaseUnclaimed(ctx context.Context, name string, token Token)
 // releaseUnclaimedLocked is releaseUnclaimed for a caller that holds name's gate.
 func (l *Lessor) releaseUnclaimedLocked(ctx context.Context, name string, token Token) {
 	l.mu.Lock()
-	held := l.active[name]
+	held, releasing := l.active[name], l.releasing[token] > 0
 	l.mu.Unlock()
-	if held != nil && held.token == token {
+	if held != nil && held.token == token || releasing {
 		return
 	}
 	l.releaseToken(ctx, name, token)

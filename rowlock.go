@@ -59,6 +59,7 @@ type Lessor struct {
 	inFlight   int               // renewal statements in flight
 	gates      map[string]*gate  // per-name serialisation of attempts, claims and releases
 	waits      map[string]*wait  // Acquires in a queue, by name (lease_queue.go)
+	releasing  map[Token]int     // grants whose Lease.Release is in progress
 	listener   *listener         // the pool's listening connection, while attached (listener.go)
 	lingering  timer             // detaches from it once idle; nil until first armed
 
@@ -93,14 +94,15 @@ func NewLessor(pool *pgxpool.Pool, opts ...LessorOption) (*Lessor, error) {
 // newLessor builds a lessor of cfg on pool (tests pass a manual clock in cfg).
 func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 	l := &Lessor{
-		pool:   pool,
-		q:      db.New(),
-		cfg:    cfg,
-		active: make(map[string]*Lease),
-		queue:  leaseHeap{which: renewHeap},
-		trust:  leaseHeap{which: trustHeap},
-		gates:  make(map[string]*gate),
-		waits:  make(map[string]*wait),
+		pool:      pool,
+		q:         db.New(),
+		cfg:       cfg,
+		active:    make(map[string]*Lease),
+		queue:     leaseHeap{which: renewHeap},
+		trust:     leaseHeap{which: trustHeap},
+		gates:     make(map[string]*gate),
+		waits:     make(map[string]*wait),
+		releasing: make(map[Token]int),
 	}
 	l.heartbeat = newLoop(cfg.clock, l.heartbeatRound)
 	return l
@@ -348,6 +350,9 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, aband
 	l.mu.Lock()
 	if lease := l.active[name]; lease != nil {
 		keep = append(keep, int64(lease.token))
+	}
+	for token := range l.releasing { // its Release ends it, and must find it current
+		keep = append(keep, int64(token))
 	}
 	l.mu.Unlock()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
