@@ -173,27 +173,19 @@ func (w *wait) renewIDLocked() {
 }
 
 // claim makes a lease of a grant a release handed to a wait of this lessor, with h's token and
-// expiry. The trust window is mapped onto the local
-// clock through a statement sent at sent (local) during which the database clock read
-// serverNow: the grant's expiry happens, on the local clock, no earlier than sent + (expiry -
-// serverNow), so the window ends at that minus the safety margin (the same clock-rate
-// assumption as every trust window, here over the statement's age as well). A grant whose
-// window has already ended is handed on, and the claim refused. The caller holds name's gate.
+// expiry. The trust window is mapped onto the local clock through a statement sent at sent
+// (local) during which the database clock read serverNow (handedGrantSent). A grant whose
+// window has already ended, or that no statement can map, is handed on, and the claim
+// refused. The caller holds name's gate.
 func (l *Lessor) claim(ctx context.Context, name string, lt leaseTimes, h handoff, sent, serverNow time.Time) (*Lease, error) {
 	if l.holds(name) {
 		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
 	}
 	now := l.cfg.clock.Now()
-	if sent.IsZero() || serverNow.IsZero() {
-		// No statement of this wait to map the grant's expiry through: not trusted.
-		lease := newLease(l, name, h.token, lt, time.Time{}, h.expiresAt)
-		lease.end(ErrReleased)
+	grantedAt, ok := handedGrantSent(sent, serverNow, h.expiresAt, lt.ttl, now)
+	if !ok {
 		l.releaseToken(ctx, name, h.token)
 		return nil, errRefused
-	}
-	grantedAt := sent.Add(h.expiresAt.Sub(serverNow) - lt.ttl)
-	if grantedAt.After(now) {
-		grantedAt = now
 	}
 	lease := newLease(l, name, h.token, lt, grantedAt, h.expiresAt)
 	if !now.Before(lease.TrustedUntil()) {

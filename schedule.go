@@ -119,3 +119,23 @@ func queueWait(listening bool, ahead int64, remaining, live, backoff, jitter tim
 	}
 	return refresh
 }
+
+// handedGrantSent returns the send time, on the local clock, that a grant handed over by a
+// release counts as (its trust window is trustEnd of it): the local image of the grant's start,
+// its expiry on the database clock less its TTL, mapped through a statement of the waiter
+// that was sent at sent (local clock) while the database clock read serverNow. serverNow
+// happened after sent, so the database clock runs at most serverNow - sent ahead of the local
+// one, and the expiry happens on the local clock no earlier than sent + (expiresAt -
+// serverNow): the window then ends that minus the safety margin, with the clock-rate
+// assumption of every trust window, over the statement's age as well. Never later than now:
+// a window never starts in the future. ok is false without a statement to map through.
+func handedGrantSent(sent, serverNow, expiresAt time.Time, ttl time.Duration, now time.Time) (t time.Time, ok bool) {
+	if sent.IsZero() || serverNow.IsZero() {
+		return time.Time{}, false
+	}
+	t = sent.Add(expiresAt.Sub(serverNow) - ttl)
+	if t.After(now) {
+		t = now
+	}
+	return t, true
+}

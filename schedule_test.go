@@ -111,6 +111,47 @@ func TestSchedule(t *testing.T) {
 			})
 		}
 	})
+	t.Run("HandedGrantSent", func(t *testing.T) {
+		// The waiter's statement: sent at t0 on the local clock; the database clock read S
+		// during it. The database clock runs d ahead of the local one, and the statement
+		// reached the server r after it was sent, so S = t0 + r + d.
+		const ttl, margin = 10 * time.Second, time.Second
+		lt := leaseTimes{ttl: ttl, margin: margin}
+		for _, tc := range []struct {
+			desc     string
+			ahead    time.Duration // d: database clock minus local clock
+			transit  time.Duration // r: send to the server's reading
+			grantLag time.Duration // the hand-off's start, after S on the database clock
+			now      time.Duration // local now, after t0
+		}{
+			{"SameClocks", 0, ms, 50 * ms, 100 * ms},
+			{"DatabaseAhead", 5 * time.Second, 2 * ms, 0, 20 * ms},
+			{"DatabaseBehind", -5 * time.Second, 2 * ms, 300 * ms, 400 * ms},
+			{"SlowStatement", 0, 800 * ms, 10 * ms, 900 * ms},
+			{"GrantBeforeTheStatement", 0, ms, -2 * time.Second, 10 * ms},
+		} {
+			t.Run(tc.desc, func(t *testing.T) {
+				t0 := time.Now()
+				serverNow := t0.Add(tc.transit + tc.ahead)
+				grantStart := serverNow.Add(tc.grantLag) // database clock
+				expires := grantStart.Add(ttl)
+				now := t0.Add(tc.now)
+				sent, ok := handedGrantSent(t0, serverNow, expires, ttl, now)
+				require.True(t, ok)
+				// The server expires the grant at local time expires - d: the window must end
+				// a margin before that, and by no more than the statement's transit.
+				localExpiry := expires.Add(-tc.ahead)
+				end := lt.trustEnd(sent)
+				require.False(t, end.After(localExpiry.Add(-margin)), "window ends %v after the local expiry minus the margin", end.Sub(localExpiry.Add(-margin)))
+				if !sent.Equal(now) {
+					require.Equal(t, tc.transit, localExpiry.Add(-margin).Sub(end), "the window is shortened by the transit only")
+				}
+				require.False(t, sent.After(now))
+			})
+		}
+		_, ok := handedGrantSent(time.Time{}, time.Now(), time.Now(), time.Second, time.Now())
+		require.False(t, ok, "no statement to map through")
+	})
 	t.Run("QueueLiveness", func(t *testing.T) {
 		require.Equal(t, 250*ms, queueLiveness(0), "RunLocked")
 		require.Equal(t, 250*ms, queueLiveness(10*ms))
