@@ -425,7 +425,8 @@ func TestSweepQueueRows(t *testing.T) {
 // arrival order; before it, one lessor could take most grants), and a holder is granted again
 // right after its own release only when nobody else waited.
 func TestQueueShares(t *testing.T) {
-	t.Parallel()
+	// Not parallel: sixteen busy contenders would starve the short-TTL holders of other
+	// tests (TestPollersCannotCostHolderItsLease renews a 300 ms lease every 200 ms).
 	b := setup(t)
 	const n, total = 16, 160
 	var mu sync.Mutex
@@ -486,7 +487,8 @@ func TestQueueShares(t *testing.T) {
 // each grant's token is larger than the one before. (A hand-off left over for a goroutine of
 // the same wait once let a second goroutine trust a released grant: review of issue 10.)
 func TestQueueSharedLessorsNeverHoldTwice(t *testing.T) {
-	t.Parallel()
+	// Not parallel: eight busy goroutines would starve the short-TTL holders of other
+	// tests (TestPollersCannotCostHolderItsLease renews a 300 ms lease every 200 ms).
 	b := setup(t)
 	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
 	defer cancel()
