@@ -139,7 +139,7 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	lease, _, err := l.attempt(ctx, name, lt, nil, queueLiveness(lt.ttl))
+	lease, err := l.tryAcquire(ctx, name, lt)
 	return lease, notAcquired(err)
 }
 
@@ -197,117 +197,144 @@ func notAcquired(err error) error {
 	return err
 }
 
-// attempt makes one grant attempt, for the wait w of an Acquire (nil for TryAcquire): the
-// lease, errRefused, or another error. In a wait it first claims a grant a release handed over
-// by NOTIFY; then it runs LeaseAcquire, which grants the lease (outcome 1), finds it handed to
-// this wait before the statement (2) or while it ran (3), or refuses it, with the wait then in
-// the queue (4). TryAcquire (w nil) runs LeaseGrant instead. live is the wait's liveness in the
-// queue.
-func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wait, live time.Duration) (*Lease, attemptInfo, error) {
-	exit, err := l.enter(ctx, name)
+// tryAcquire is TryAcquire's one attempt: LeaseGrant, the one statement of an uncontended
+// grant, which refuses while anyone waits in the name's queue. It returns the lease,
+// errRefused, or another error.
+func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, error) {
+	exit, err := l.enterFree(ctx, name)
 	if err != nil {
-		return nil, attemptInfo{}, fmt.Errorf("acquire lease %q: %w", name, err)
+		return nil, err
 	}
 	defer exit()
-	// Checked inside the gate: no other attempt of this lessor on name can grant meanwhile.
-	if l.holds(name) {
-		return nil, attemptInfo{}, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
+	var row db.LeaseGrantRow
+	sent, _, err := l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
+		row, err = l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: lt.ttl.Microseconds(), Nowait: true, MayInsert: true})
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		// Held and unexpired, waited for, or the row is held by a transaction.
+		return nil, errRefused
 	}
-	var waitID int64
-	channel := ""
-	if w != nil {
-		l.mu.Lock()
-		handed, sent, serverNow := w.takeHandedLocked(), w.sent, w.serverNow
-		waitID = w.id
-		channel = l.listeningChannelLocked()
-		l.mu.Unlock()
-		for i, h := range handed {
-			lease, err := l.claim(ctx, name, lt, h, sent, serverNow)
-			w.noteClaim(l, lease)
-			if !errors.Is(err, errRefused) {
-				for _, rest := range handed[i+1:] { // two grants to one wait: not expected; hand them on
-					l.releaseToken(ctx, name, rest.token)
-				}
-				return lease, attemptInfo{}, err
-			}
+	if err != nil {
+		return nil, err
+	}
+	return l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt)
+}
+
+// attempt makes one attempt of the wait w of an Acquire: the lease, errRefused, or another
+// error, and what a refusal tells the next attempt's timing. It first claims a grant a release
+// handed over by NOTIFY; then it runs LeaseAcquire, which grants the lease (outcome 1), finds
+// it handed to this wait before the statement (2) or while it ran (3), or refuses it, with the
+// wait in the queue (4). live is the wait's liveness in the queue.
+func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wait, live time.Duration) (*Lease, attemptInfo, error) {
+	exit, err := l.enterFree(ctx, name)
+	if err != nil {
+		return nil, attemptInfo{}, err
+	}
+	defer exit()
+	l.mu.Lock()
+	handed, sent, serverNow := w.takeHandedLocked(), w.sent, w.serverNow
+	waitID, channel := w.id, l.listeningChannelLocked()
+	l.mu.Unlock()
+	if len(handed) > 0 { // at most one: a wait id is handed one grant
+		lease, err := l.claim(ctx, name, lt, handed[0], sent, serverNow)
+		w.noteClaim(l, lease)
+		if !errors.Is(err, errRefused) {
+			return lease, attemptInfo{}, err
 		}
 	}
+	var row db.LeaseAcquireRow
+	sent, abandoned, err := l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
+		row, err = l.q.LeaseAcquire(ctx, conn, db.LeaseAcquireParams{
+			Name:    name,
+			Holder:  l.cfg.holder,
+			WaitID:  waitID,
+			TtlUs:   lt.ttl.Microseconds(),
+			Channel: channel,
+			LiveUs:  live.Microseconds(),
+		})
+		return err
+	})
+	l.mu.Lock()
+	switch {
+	case abandoned:
+		// grantFailed ended every grant of this holder for name it does not hold, a grant
+		// handed to this wait included: the wait's row and id must not be trusted again.
+		w.renewIDLocked()
+	case err == nil:
+		w.sent, w.serverNow = sent, row.ServerNow
+		if row.Outcome == outcomeMine || row.Outcome == outcomeHanded {
+			w.renewIDLocked() // its row is used up
+		}
+	}
+	l.mu.Unlock()
+	if err != nil {
+		return nil, attemptInfo{}, err
+	}
+	info := attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
+	switch row.Outcome {
+	case outcomeGranted:
+		lease, err := l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt)
+		return lease, info, err
+	case outcomeMine, outcomeHanded:
+		lease, err := l.claim(ctx, name, lt, handoff{token: Token(row.Token), expiresAt: row.ExpiresAt}, sent, row.ServerNow)
+		w.noteClaim(l, lease)
+		return lease, info, err
+	case outcomeQueued:
+		return nil, info, errRefused
+	}
+	return nil, info, fmt.Errorf("acquire lease %q: unexpected outcome %d of the grant statement", name, row.Outcome)
+}
+
+// The outcomes of LeaseAcquire.
+const (
+	outcomeGranted = 1 // granted by this statement
+	outcomeMine    = 2 // handed to this wait before the statement
+	outcomeHanded  = 3 // handed to this wait by a release after the statement's snapshot
+	outcomeQueued  = 4 // refused, in the queue
+)
+
+// enterFree takes name's gate (see enter) and checks, inside it, that this lessor does not hold
+// name: no other attempt of this lessor on name can grant meanwhile. The returned func ends
+// the turn.
+func (l *Lessor) enterFree(ctx context.Context, name string) (exit func(), err error) {
+	exit, err = l.enter(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("acquire lease %q: %w", name, err)
+	}
+	if l.holds(name) {
+		exit()
+		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
+	}
+	return exit, nil
+}
+
+// grantStatement runs one grant statement (run) on a pooled connection, and returns when it
+// was sent. A failure other than pgx.ErrNoRows goes through grantFailed; abandoned reports
+// that pgx gave the statement up mid-flight (its outcome unknown; grantFailed then cleaned up).
+func (l *Lessor) grantStatement(ctx context.Context, name string, run func(*pgxpool.Conn) error) (sent time.Time, abandoned bool, err error) {
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
-		return nil, attemptInfo{}, wrapPg(fmt.Sprintf("acquire lease %q", name), err)
+		return time.Time{}, false, wrapPg(fmt.Sprintf("acquire lease %q", name), err)
 	}
 	pid := conn.Conn().PgConn().PID()
-	sent := l.cfg.clock.Now()
-	if w == nil {
-		return l.tryGrant(ctx, conn, name, lt, pid, sent)
-	}
-	row, err := l.q.LeaseAcquire(ctx, conn, db.LeaseAcquireParams{
-		Name:    name,
-		Holder:  l.cfg.holder,
-		WaitID:  waitID,
-		TtlUs:   lt.ttl.Microseconds(),
-		Channel: channel,
-		LiveUs:  live.Microseconds(),
-	})
+	sent = l.cfg.clock.Now()
+	err = run(conn)
 	if l.afterGrant != nil {
 		l.afterGrant()
 	}
 	// pgx closes a connection whose statement it abandoned mid-flight; an open one means the
 	// outcome is known (the statement failed, or was never sent).
-	abandoned := err != nil && conn.Conn().IsClosed()
+	abandoned = err != nil && conn.Conn().IsClosed()
 	conn.Release()
-	if err != nil {
-		if abandoned {
-			// grantFailed ends every grant of this holder for name it does not hold, a grant
-			// handed to this wait included: the wait's row and id must not be trusted again.
-			l.mu.Lock()
-			w.renewIDLocked()
-			l.mu.Unlock()
-		}
-		return nil, attemptInfo{}, l.grantFailed(ctx, name, pid, abandoned, err)
+	if err == nil || errors.Is(err, pgx.ErrNoRows) {
+		return sent, false, err
 	}
-	info := attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
-	if w != nil {
-		l.mu.Lock()
-		w.sent, w.serverNow = sent, row.ServerNow
-		if row.Outcome == outcomeMine || row.Outcome == outcomeHanded {
-			w.renewIDLocked() // its row is used up
-		}
-		l.mu.Unlock()
-	}
-	switch row.Outcome {
-	case outcomeGranted:
-	case outcomeMine, outcomeHanded:
-		lease, err := l.claim(ctx, name, lt, handoff{token: Token(row.Token), expiresAt: row.ExpiresAt}, sent, row.ServerNow)
-		w.noteClaim(l, lease)
-		return lease, info, err
-	default:
-		return nil, info, errRefused
-	}
-	return l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt, info)
-}
-
-// tryGrant is TryAcquire's attempt, on conn (which it releases): LeaseGrant, the one
-// statement of an uncontended grant, which refuses while anyone waits in the name's queue.
-func (l *Lessor) tryGrant(ctx context.Context, conn *pgxpool.Conn, name string, lt leaseTimes, pid uint32, sent time.Time) (*Lease, attemptInfo, error) {
-	row, err := l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: lt.ttl.Microseconds(), Nowait: true, MayInsert: true})
-	if l.afterGrant != nil {
-		l.afterGrant()
-	}
-	abandoned := err != nil && conn.Conn().IsClosed()
-	conn.Release()
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		// Held and unexpired, waited for, or the row is held by a transaction.
-		return nil, attemptInfo{}, errRefused
-	case err != nil:
-		return nil, attemptInfo{}, l.grantFailed(ctx, name, pid, abandoned, err)
-	}
-	return l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt, attemptInfo{})
+	return sent, abandoned, l.grantFailed(ctx, name, pid, abandoned, err)
 }
 
 // granted makes a lease of a grant sent at sent, unless its reply came after its trust window.
-func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token Token, sent, expiresAt time.Time, info attemptInfo) (*Lease, attemptInfo, error) {
+func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token Token, sent, expiresAt time.Time) (*Lease, error) {
 	lease := newLease(l, name, token, lt, sent, expiresAt)
 	if !l.cfg.clock.Now().Before(lease.TrustedUntil()) {
 		// The reply took longer than the trust window: the grant is useless to its holder.
@@ -315,20 +342,11 @@ func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token 
 		// with ctx: it may have ended meanwhile, and the grant must not stay held for a TTL.
 		lease.end(ErrReleased)
 		l.releaseToken(ctx, name, lease.token)
-		return nil, info, errRefused
+		return nil, errRefused
 	}
 	l.add(lease)
-	return lease, info, nil
+	return lease, nil
 }
-
-// The outcomes of LeaseAcquire.
-const (
-	outcomeRefused = 0 // refused, not in the queue (a try)
-	outcomeGranted = 1 // granted by this statement
-	outcomeMine    = 2 // handed to this wait before the statement
-	outcomeHanded  = 3 // handed to this wait by a release after the statement's snapshot
-	outcomeQueued  = 4 // refused, in the queue
-)
 
 // grantFailed handles a grant statement that returned err on the session of backend pid. A
 // server error means the statement failed and granted nothing; so does any error that left

@@ -211,6 +211,41 @@ func TestQueueNoBarging(t *testing.T) {
 	lease, err := l.TryAcquire(b.ctx, "nobarge", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, lease.Release(b.ctx))
+	// An Acquire granted at its first attempt never waits: no listening connection is opened
+	// for a lessor that never waits.
+	lease, err = l.Acquire(b.ctx, "nobarge", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(b.ctx))
+	require.Empty(t, listeners(t, b.ctx, b.pool))
+}
+
+// A Release from inside a transaction that the same lease guards (GuardTx holds its row FOR
+// KEY SHARE) while someone waits: the release does not wait for that transaction (which would
+// never end: its own goroutine is in Release), ends the grant without a hand-off, and the
+// head, woken, takes the lease once the transaction has ended, with a larger token.
+func TestReleaseInsideGuardedTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newLessor(t, b.pool, "holder")
+	lh, err := holder.TryAcquire(b.ctx, "guarded", time.Minute)
+	require.NoError(t, err)
+	w := acquireAsync(b.ctx, newLessor(t, b.pool, "waiter", fastBackoff), "guarded", time.Minute)
+	awaitQueue(t, b.ctx, b.pool, "guarded", true, "waiter")
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	require.NoError(t, lh.GuardTx(b.ctx, tx))
+	rctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, lh.Release(rctx), "the release waited for the transaction its own lease guards")
+	row := readLease(t, b.ctx, b.pool, "guarded")
+	require.Equal(t, "holder", row.Holder, "handed over while the holder's guarded transaction was open")
+	require.True(t, row.Expired)
+	require.NoError(t, tx.Commit(b.ctx))
+	got := receive(t, w, 2*time.Second)
+	require.NoError(t, got.err)
+	require.Greater(t, got.lease.Token(), lh.Token())
+	require.NoError(t, got.lease.Release(b.ctx))
 }
 
 // A RunLocked waits in the same queue: queued before a TTL waiter, it runs first, woken by the

@@ -1,17 +1,17 @@
 -- name: LeaseAcquire :one
--- One attempt of a TTL grant (Lessor.TryAcquire, and each attempt of a waiting Acquire), with
+-- One attempt of a waiting Acquire (TryAcquire runs LeaseGrant), with
 -- the queue of waiters (migrations/00004_lease_queue.sql), in one statement:
 --  * mine: a release handed the lease to this wait before this statement (the grant is current,
 --    and its token is the one the wait's row records; outcome 2). A grant of this holder with
 --    any other token is an earlier grant (lost by its trust window, say) and is never taken
 --    up again: its token is not this wait's; the wait queues behind it like anyone.
 --  * ahead: the live waiters ahead of this wait (@wait_id, when it is in the queue), or all live
---    waiters of other holders (a try, @wait_id = 0, or a wait not in the queue yet). A grant
+--    waiters of other holders (a wait not in the queue yet). A grant
 --    goes to the head only: while anyone waits, a newcomer never barges past the queue.
 --  * granted: the grant of LeaseGrant (same pre-checks, same row lock, same token rule, with
 --    nowait and may_insert), only when nobody is ahead (outcome 1). It deletes this holder's
 --    queue row: the wait is over.
---  * queued: when not granted and @wait_id <> 0, joins the queue or refreshes this wait's row
+--  * queued: when not granted, joins the queue or refreshes this wait's row
 --    (its liveness, now() + @live_us microseconds). A refresh of the same wait keeps its place;
 --    a new wait, or a wait whose row expired (it left the queue), joins at the back. When a
 --    release handed the lease to this wait after this statement's snapshot, the refresh meets
@@ -31,7 +31,7 @@ WITH mine AS MATERIALIZED (
 ), me AS MATERIALIZED (
     SELECT w.seq FROM fencelock.lease_waiters AS w
     WHERE w.name = sqlc.arg(name)::text AND w.holder = sqlc.arg(holder)::text
-      AND w.wait_id = sqlc.arg(wait_id)::bigint AND sqlc.arg(wait_id)::bigint <> 0
+      AND w.wait_id = sqlc.arg(wait_id)::bigint
       AND w.granted_token = 0 AND w.expires_at > clock_timestamp()
 ), ahead AS MATERIALIZED (
     SELECT count(*) AS n FROM fencelock.lease_waiters AS w
@@ -64,8 +64,7 @@ WITH mine AS MATERIALIZED (
     SELECT sqlc.arg(name)::text, sqlc.arg(holder)::text, sqlc.arg(wait_id)::bigint,
            nextval('fencelock.lease_waiters_seq'), nullif(sqlc.arg(channel)::text, ''),
            sqlc.arg(ttl_us)::bigint, now(), now() + sqlc.arg(live_us)::bigint * interval '1 microsecond'
-    WHERE sqlc.arg(wait_id)::bigint <> 0 AND NOT EXISTS (SELECT 1 FROM mine)
-      AND NOT EXISTS (SELECT 1 FROM granted)
+    WHERE NOT EXISTS (SELECT 1 FROM mine) AND NOT EXISTS (SELECT 1 FROM granted)
     ON CONFLICT (name, holder) DO UPDATE
         SET seq = CASE WHEN w.wait_id = excluded.wait_id AND (w.granted_token <> 0 OR w.expires_at > clock_timestamp())
                        THEN w.seq ELSE excluded.seq END,
