@@ -138,11 +138,16 @@ func StartPatroni(ctx context.Context, nodes int, opts ...Option) (*PatroniClust
 // NewPatroni starts a Patroni cluster of nodes members with [StartPatroni] and closes it at
 // test cleanup.
 //
-// With go test -short it calls t.Skip("needs PostgreSQL"). Otherwise it never skips: missing
-// patroni or etcd binaries fail the test with t.Fatal and a message saying to
-// `apt-get install patroni etcd-server`, as does any other start error.
+// With go test -short it calls t.Skip("needs PostgreSQL"). Missing patroni or etcd binaries
+// skip the test with a message saying to `apt-get install patroni etcd-server`, or, under CI
+// ([InCI]), fail it; any other start error fails it with t.Fatal.
 func NewPatroni(t testing.TB, nodes int, opts ...Option) *PatroniCluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip(skipReason)
+	}
+	_, err := findPatroniPrograms()
+	missingProgram(t, err)
 	return startOrSkip(t, serverStartTimeout, func(ctx context.Context) (*PatroniCluster, error) {
 		return StartPatroni(ctx, nodes, opts...)
 	}, (*PatroniCluster).Close)

@@ -180,11 +180,16 @@ func (p *PgBouncer) Close() error {
 // NewPgBouncer starts PgBouncer in front of s with [StartPgBouncer] and closes it at test
 // cleanup.
 //
-// With go test -short it calls t.Skip("needs PostgreSQL"). Otherwise it never skips: a
-// missing pgbouncer binary fails the test with t.Fatal and a message saying to
-// `apt-get install pgbouncer`, as does any other start error.
+// With go test -short it calls t.Skip("needs PostgreSQL"). A missing pgbouncer binary skips
+// the test with a message saying to `apt-get install pgbouncer`, or, under CI ([InCI]), fails
+// it; any other start error fails it with t.Fatal.
 func NewPgBouncer(t testing.TB, s *Server, poolMode string) *PgBouncer {
 	t.Helper()
+	if testing.Short() {
+		t.Skip(skipReason)
+	}
+	_, err := findPgBouncer()
+	missingProgram(t, err)
 	return startOrSkip(t, serverStartTimeout, func(ctx context.Context) (*PgBouncer, error) {
 		return StartPgBouncer(ctx, s, poolMode)
 	}, (*PgBouncer).Close)

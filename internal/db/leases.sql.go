@@ -267,7 +267,9 @@ WITH cfg AS MATERIALIZED (
     FOR NO KEY UPDATE OF l SKIP LOCKED
 ), renewed AS (
     UPDATE fencelock.leases AS l
-    SET expires_at = greatest(l.expires_at, now() + target.ttl_us * interval '1 microsecond')
+    SET expires_at = greatest(l.expires_at, now() + target.ttl_us * interval '1 microsecond'),
+        renewals = CASE WHEN l.renewed_token = l.token THEN l.renewals + 1 ELSE 1 END,
+        renewed_token = l.token, renewed_at = now()
     FROM target
     WHERE l.name = target.name
     RETURNING l.name, l.token, l.expires_at
@@ -314,6 +316,8 @@ type LeaseRenewRow struct {
 //   - synchronous_commit is raised from off to on (as everywhere: other settings already wait
 //     for the local flush): a renewal lost in a crash would let a new holder in while the old
 //     one still trusts its renewal.
+//   - It counts the grant's renewals for fencelock.holders (migration 00005): renewed_token
+//     tells a count of this grant from one an earlier grant left behind.
 //
 // What it returns: a row with renewed = true for each lease renewed. Only when some lease of
 // the batch was not renewed (the count of renewed rows, read once, falls short), it also

@@ -5,22 +5,60 @@
 package db
 
 import (
+	"net/netip"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 )
+
+type FencelockAdvisoryLock struct {
+	Key             interface{}
+	Key1            interface{}
+	Key2            interface{}
+	Name            interface{}
+	Mode            string
+	Granted         pgtype.Bool
+	Pid             pgtype.Int4
+	ApplicationName pgtype.Text
+	ClientAddr      *netip.Addr
+	BackendStart    pgtype.Timestamptz
+	XactStart       pgtype.Timestamptz
+	State           pgtype.Text
+	StateChange     pgtype.Timestamptz
+	Waitstart       pgtype.Timestamptz
+	BlockedBy       interface{}
+}
 
 type FencelockFence struct {
 	Resource string
 	Token    int64
 }
 
+type FencelockHolder struct {
+	Name        string
+	Holder      string
+	Token       int64
+	AcquiredAt  time.Time
+	HeldFor     int32
+	ExpiresAt   time.Time
+	TtlLeft     int32
+	Ttl         int32
+	Renewals    int32
+	LastRenewal interface{}
+	Heartbeat   string
+	Waiters     int64
+	NextHolder  interface{}
+}
+
 type FencelockLease struct {
-	Name       string
-	Holder     string
-	Token      int64
-	AcquiredAt time.Time
-	ExpiresAt  time.Time
+	Name         string
+	Holder       string
+	Token        int64
+	AcquiredAt   time.Time
+	ExpiresAt    time.Time
+	Renewals     int64
+	RenewedToken int64
+	RenewedAt    pgtype.Timestamptz
 }
 
 type FencelockLeaseQueue struct {
