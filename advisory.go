@@ -48,16 +48,17 @@ func (m LockMode) String() string {
 //   - a watchdog notices a lost session (backend terminated, server restart, broken
 //     connection) within twice [WithWatchdogInterval], and closes the lock's Done;
 //   - a hot standby is refused ([ErrReadOnly]): its locks exclude no one on the primary;
-//   - a connection pooler is detected and session locks refused ([ErrConnectionPooler]);
-//     transaction locks work behind PgBouncer's transaction pooling;
+//   - a connection pooler is detected and session locks refused ([ErrConnectionPooler]),
+//     unless declared a session pooler ([WithSessionPooler]); transaction locks work behind
+//     PgBouncer's transaction pooling;
 //   - taking a lock the locker already holds is an error ([ErrAlreadyHeld]), never a silent
 //     second level; so is a name whose key collides with a held one ([*KeyCollisionError]);
 //   - a cap on held session locks ([WithMaxHeld], [ErrTooManyLocks]).
 //
 // Names map to int64 keys by [SHA256KeyHash] in the locker's namespace; the int64 and int32
 // pair forms are taken as they are with the *Key methods. A session holding a lock sets its
-// application_name to "fencelock <name>", so pg_stat_activity joined with pg_locks shows who
-// holds what.
+// application_name to "fencelock <name>", so the view fencelock.advisory_locks (pg_locks joined
+// with pg_stat_activity) shows who holds what.
 //
 // An AdvisoryLocker is safe for concurrent use. It needs no Close: it runs no goroutine of its
 // own but a watchdog round, every [WithWatchdogInterval] while it holds session locks.
@@ -238,8 +239,12 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		return nil, wrapPg(what(), err)
 	}
 	startupPID := conn.Conn().PgConn().PID()
+	checkPID := int32(startupPID)
+	if a.cfg.sessionPooler {
+		checkPID = 0 // a declared session pooler: the pids differ, and that is safe
+	}
 	row, err := a.q.AdvisoryLock(ctx, conn, db.AdvisoryLockParams{
-		StartupPid: int32(startupPID),
+		StartupPid: checkPID,
 		AppName:    applicationName(name, key),
 		Tokens:     a.cfg.tokens,
 		Wait:       wait,
@@ -272,7 +277,7 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	case row.InRecovery:
 		conn.Release()
 		return nil, fmt.Errorf("%s: %w", what(), ErrReadOnly)
-	case uint32(row.BackendPid) != startupPID:
+	case uint32(row.BackendPid) != startupPID && !a.cfg.sessionPooler:
 		conn.Release()
 		return nil, fmt.Errorf("%s: %w", what(), &PoolerError{StartupPID: startupPID, BackendPID: uint32(row.BackendPid)})
 	case !row.Granted:

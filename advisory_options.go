@@ -40,7 +40,9 @@ type advisoryConfig struct {
 	watchdog  time.Duration
 	maxHeld   int
 	tokens    bool
-	clock     clock
+	// sessionPooler: a pooler sits in front, pinning one server session per client connection.
+	sessionPooler bool
+	clock         clock
 }
 
 // newAdvisoryConfig applies opts over the defaults; the cap on held locks depends on pool.
@@ -123,6 +125,30 @@ func WithMaxHeld(n int) AdvisoryOption {
 			return argError("WithMaxHeld", "is %d; it must be >= 1", n)
 		}
 		c.maxHeld = n
+		return nil
+	})
+}
+
+// WithSessionPooler declares that a connection pooler between the pool and the server pins one
+// server session to each client connection for the connection's whole life: PgBouncer with
+// pool_mode = session, or RDS Proxy once it has pinned the session. Session locks are then safe,
+// and are taken where, without this option, a pooler is detected (the server session's pid
+// differs from the one the connection was given at startup) and refused with
+// [ErrConnectionPooler]. fencelock cannot tell a session pooler from a transaction pooler: the
+// pids differ behind both. Declaring it for a pooler that shares server sessions between
+// clients (PgBouncer's transaction or statement mode) would let another client's transaction
+// run on the session that holds the lock and hold it too: never do that.
+//
+// The watchdog ([WithWatchdogInterval]) checks that the lock's server session is still the
+// one behind the connection and ends the lock if it is not. When the client connection closes,
+// the pooler ends the lock by resetting the server session: PgBouncer runs server_reset_query,
+// whose default DISCARD ALL releases advisory locks (keep it so). Transaction locks need no
+// option: they work behind every pooler.
+//
+// Default: a detected pooler refuses session locks.
+func WithSessionPooler() AdvisoryOption {
+	return advisoryOption(func(c *advisoryConfig) error {
+		c.sessionPooler = true
 		return nil
 	})
 }

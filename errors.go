@@ -88,18 +88,30 @@ func argError(arg, format string, a ...any) error {
 	return &ArgumentError{Arg: arg, Reason: fmt.Sprintf(format, a...)}
 }
 
-// StaleTokenError reports a fenced write rejected because Resource has already seen fencing
-// token Current, newer than the writer's Token. It matches [ErrStaleToken] under [errors.Is].
-// The caller's transaction has changed nothing through the rejected call; roll it back.
+// StaleTokenError reports a fenced write rejected because its resource has already seen
+// fencing token Current, newer than the writer's Token. It matches [ErrStaleToken] under
+// [errors.Is]. The caller's transaction has changed nothing through the rejected call; roll it
+// back.
+//
+// From [FenceTx] and [Lease.FenceTx], Resource names the fence (a row of fencelock.fences) and
+// Table and Key are empty. From [UpdateFencedTx], Resource is empty, Table is the table as
+// given (schema.name, unquoted) and Key the key it matched ("sku=\"A-1\", warehouse=3"); Current
+// is then the largest token among the matched rows.
 type StaleTokenError struct {
 	Resource string
+	Table    string
+	Key      string
 	Token    Token // the writer's token
-	Current  Token // the resource's high-water mark when the write was rejected
+	Current  Token // the resource's high-water mark (or the row's token) when the write was rejected
 }
 
-// Error describes the StaleTokenError.
+// Error describes the StaleTokenError: the fence or the table and row, the writer's token and
+// the one that rejected it.
 func (e *StaleTokenError) Error() string {
-	return fmt.Sprintf("fencelock: stale fencing token %d for %q: high-water mark is %d", e.Token, e.Resource, e.Current)
+	if e.Table != "" {
+		return fmt.Sprintf("fencelock: stale fencing token %d for table %s, row %s: the row carries token %d", e.Token, e.Table, e.Key, e.Current)
+	}
+	return fmt.Sprintf("fencelock: stale fencing token %d for resource %q: high-water mark is %d", e.Token, e.Resource, e.Current)
 }
 
 // Is reports whether target is [ErrStaleToken].
@@ -156,10 +168,12 @@ var (
 	// ErrUnlocked is what AdvisoryLock.Err reports after the holder unlocked it itself.
 	ErrUnlocked = errors.New("fencelock: advisory lock unlocked")
 
-	// ErrAlreadyHeld is returned when an [AdvisoryLocker] is asked for a lock it already holds
-	// or is acquiring: advisory locks stack in Postgres, and a silent second level would outlive
-	// the first Unlock. See also [*KeyCollisionError].
-	ErrAlreadyHeld = errors.New("fencelock: advisory lock already held by this locker")
+	// ErrAlreadyHeld is returned when a [Lessor] is asked for a lease it already holds or is
+	// acquiring, or an [AdvisoryLocker] for a lock it already holds or is acquiring: neither is
+	// re-entrant (advisory locks stack in Postgres, and a silent second level would outlive the
+	// first Unlock; a second grant of a lease to one holder would share one token between two
+	// callers). See also [*KeyCollisionError].
+	ErrAlreadyHeld = errors.New("fencelock: already held or being acquired by this holder (a lessor or advisory locker is not re-entrant)")
 
 	// ErrTooManyLocks is returned when an [AdvisoryLocker] already holds its cap of session
 	// locks ([WithMaxHeld]); each holds a pooled connection and a slot of the server's lock
@@ -168,8 +182,10 @@ var (
 
 	// ErrConnectionPooler matches every [*PoolerError]: a session lock needs a server session of
 	// its own, and a connection pooler (PgBouncer, RDS Proxy, ...) sits between the client and the
-	// server. Use the transaction-scoped locks (TryLockTx, LockTx) or leases instead.
-	ErrConnectionPooler = errors.New("fencelock: connection goes through a pooler; session advisory locks need a direct connection: use transaction locks (LockTx) or leases")
+	// server. Use the transaction-scoped locks (TryLockTx, LockTx) or leases instead, or, for a
+	// pooler that pins a server session to each client connection (PgBouncer's session mode),
+	// declare it with [WithSessionPooler].
+	ErrConnectionPooler = errors.New("fencelock: connection goes through a pooler; session advisory locks need a server session of their own: use transaction locks (LockTx) or leases, or WithSessionPooler for a session-mode pooler")
 )
 
 // SessionLostError reports that the session holding an advisory lock ended. It matches

@@ -107,3 +107,195 @@ func ExampleLessor_RunLocked() {
 		log.Fatal(err)
 	}
 }
+
+// TryLock takes a session advisory lock without waiting: ErrNotAcquired while another session
+// holds it. Lock waits for it instead. Done closes if the lock's session is lost.
+func ExampleAdvisoryLocker_TryLock() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+
+	locker, err := fencelock.NewAdvisoryLocker(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lk, err := locker.TryLock(ctx, "nightly-report") // locker.Lock(ctx, ...) waits instead
+	if errors.Is(err, fencelock.ErrNotAcquired) {
+		return // another replica runs it
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lk.Unlock(ctx)
+	select {
+	case <-lk.Done():
+		log.Print("session lost, stopping: ", lk.Err())
+	case <-time.After(time.Second): // ... the work, stopping when Done closes
+	}
+}
+
+// TryLockTx takes a transaction advisory lock on the caller's transaction: no Unlock, the
+// commit or rollback releases it. LockTx waits for it instead.
+func ExampleAdvisoryLocker_TryLockTx() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+
+	locker, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens())
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		token, err := locker.TryLockTx(ctx, tx, "rebuild-index")
+		if err != nil {
+			return err // fencelock.ErrNotAcquired while another session or transaction holds it
+		}
+		// With WithFencingTokens, the grant's token fences the writes of this transaction.
+		return fencelock.FenceTx(ctx, tx, "search-index", token)
+	})
+	switch {
+	case errors.Is(err, fencelock.ErrNotAcquired):
+		fmt.Println("another transaction rebuilds the index")
+	case err != nil:
+		log.Fatal(err)
+	}
+}
+
+// GuardTx checks in the caller's transaction that the lease is still this grant, and holds
+// its row until commit: the write after it commits before any takeover can. A
+// *fencelock.LeaseLostError says the lease is no longer the caller's: stop working under it.
+func ExampleLease_GuardTx() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+
+	lessor, err := fencelock.NewLessor(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := lessor.Acquire(ctx, "job:1", 10*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := lease.GuardTx(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE jobs SET state = 'done' WHERE id = 1`)
+		return err
+	})
+	var lost *fencelock.LeaseLostError
+	switch {
+	case errors.As(err, &lost): // errors.Is(err, fencelock.ErrLeaseLost); lease.Done() has closed
+		log.Printf("lease %s lost (%v): nothing written, stopping", lost.Name, lost.Cause)
+	case err != nil:
+		log.Fatal(err)
+	}
+}
+
+// FenceTx checks the lease and advances the resource's high-water mark to its token, in the
+// caller's transaction. A *fencelock.LeaseLostError: the lease is gone, stop working under it.
+// A *fencelock.StaleTokenError: the lease is current, but a larger token (of another lease
+// that writes the same resource) has written it; this write is outdated, do not retry it.
+func ExampleLease_FenceTx() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+
+	lessor, err := fencelock.NewLessor(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := lessor.Acquire(ctx, "payment:42", 10*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if err := lease.FenceTx(ctx, tx, "payment:42"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE payments SET status = 'captured' WHERE id = 42`)
+		return err
+	})
+	var lost *fencelock.LeaseLostError
+	var stale *fencelock.StaleTokenError
+	switch {
+	case errors.As(err, &lost):
+		log.Printf("lease %s lost (%v): stopping", lost.Name, lost.Cause)
+	case errors.As(err, &stale):
+		log.Printf("%s has seen token %d, ours is %d: dropping this write", stale.Resource, stale.Current, stale.Token)
+	case err != nil:
+		log.Fatal(err)
+	}
+}
+
+// UpdateFencedTx fences an update of the caller's own table, whose rows keep the token that
+// last wrote them in a column: a write with a smaller token is rejected.
+func ExampleUpdateFencedTx() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+
+	lessor, err := fencelock.NewLessor(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := lessor.Acquire(ctx, "account:7", 10*time.Second) // or an advisory lock's token
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// UPDATE accounts SET balance_cents = 500, fence_token = <token>
+		// WHERE id = 7 AND (fence_token IS NULL OR fence_token <= <token>)
+		_, err := fencelock.UpdateFencedTx(ctx, tx, pgx.Identifier{"accounts"}, "fence_token", lease.Token(),
+			[]fencelock.Column{{Name: "balance_cents", Value: 500}},
+			[]fencelock.Column{{Name: "id", Value: 7}})
+		return err
+	})
+	var stale *fencelock.StaleTokenError
+	switch {
+	case errors.As(err, &stale):
+		log.Printf("row %s of %s carries token %d, newer than ours (%d): not written", stale.Key, stale.Table, stale.Current, stale.Token)
+	case errors.Is(err, fencelock.ErrNoRow):
+		log.Print("no account 7")
+	case err != nil:
+		log.Fatal(err)
+	}
+}
+
+// A worker stops its work when the lease's Done closes, and Err says why: a
+// *fencelock.LeaseLostError (matching fencelock.ErrLeaseLost) when renewals failed until the
+// trust window ended or the lease was taken over; fencelock.ErrReleased after Release.
+func ExampleLease_Done() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+
+	lessor, err := fencelock.NewLessor(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lease, err := lessor.Acquire(ctx, "report:daily", 10*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx) // then lease.Err() reports fencelock.ErrReleased
+
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for range 50 { // 50 units of work, unless the lease ends first
+		select {
+		case <-lease.Done():
+			log.Print("lease lost, stopping: ", lease.Err())
+			return
+		case <-tick.C:
+			// ... one unit of work, its writes fenced with lease.FenceTx ...
+		}
+	}
+}

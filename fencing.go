@@ -83,7 +83,7 @@ type Column struct {
 // <= token are updated, and the count says how many.
 //
 // It returns the number of rows updated (>= 1) or: an [*ArgumentError] before any SQL; a
-// [*StaleTokenError] (matching [ErrStaleToken], Resource the table name) when rows match key
+// [*StaleTokenError] (matching [ErrStaleToken], with Table and Key set) when rows match key
 // but carry a larger token; an error wrapping [ErrNoRow] when no row matches key; otherwise the
 // pgx error, wrapped. The success path is one statement; telling stale from missing costs a
 // second only on failure.
@@ -151,7 +151,21 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	if rows == 0 || current == nil {
 		return 0, fmt.Errorf("fenced update of %s: %w", tbl, ErrNoRow)
 	}
-	return 0, &StaleTokenError{Resource: tbl, Token: token, Current: Token(*current)}
+	return 0, &StaleTokenError{Table: strings.Join(table, "."), Key: describeKey(key), Token: token, Current: Token(*current)}
+}
+
+// describeKey renders key for a [StaleTokenError]: name=value pairs joined by ", ", strings
+// quoted with %q, other values with %v.
+func describeKey(key []Column) string {
+	parts := make([]string, len(key))
+	for i, c := range key {
+		if s, ok := c.Value.(string); ok {
+			parts[i] = fmt.Sprintf("%s=%q", c.Name, s)
+		} else {
+			parts[i] = fmt.Sprintf("%s=%v", c.Name, c.Value)
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 // raiseSyncCommitSQL raises synchronous_commit from off to on for the current transaction (any

@@ -14,6 +14,12 @@
 // holder paused between its check and its write would, and fencelock.FenceTx rejects the
 // stale token. The summary is counted from the database.
 //
+// The tokens in the output are not consecutive for one payment: one token sequence serves
+// every lease name, so the tokens of a name increase but skip the values drawn meanwhile for
+// other names (payment 4's lease may be granted token ...329, and ...430 at its takeover).
+// They are large because their high 16 bits hold the epoch, the server's timeline (see
+// fencelock.Token).
+//
 // Run it with an embedded PostgreSQL (local server binaries or Docker, through package pgtest):
 //
 //	go run ./examples/payments
@@ -83,7 +89,7 @@ func main() {
 	case err != nil:
 		os.Exit(1)
 	case sum.captured != numPayments:
-		fmt.Fprintf(os.Stderr, "payments: FAIL: %d of %d payments captured\n", sum.captured, numPayments)
+		fmt.Fprintf(os.Stderr, "payments: FAIL: %d of %s captured\n", sum.captured, plural(numPayments, "payment"))
 		os.Exit(1)
 	case sum.doubleCaptures != 0:
 		fmt.Fprintln(os.Stderr, "payments: FAIL: a payment was captured more than once")
@@ -140,8 +146,9 @@ func run(ctx context.Context) (_ *summary, err error) {
 	if err := setup(ctx, pool); err != nil {
 		return nil, err
 	}
-	logf("%d pending payments; %d regular workers (TTL %v, heartbeat on) and %d workers that will pause for %v holding a %v lease without heartbeat",
-		numPayments, numWorkers, leaseTTL, len(pausedWorkers), pauseFor, pausedTTL)
+	logf("%s; %s (TTL %v, heartbeat on) and %s that will pause for %v holding a %v lease without heartbeat",
+		plural(numPayments, "pending payment"), plural(numWorkers, "regular worker"), leaseTTL,
+		plural(len(pausedWorkers), "worker"), pauseFor, pausedTTL)
 
 	if err := capturePayments(ctx, pool); err != nil {
 		return nil, err
@@ -254,7 +261,11 @@ func capturePayments(ctx context.Context, pool *pgxpool.Pool) error {
 			}
 		})
 	}
-	go func() { acquired.Wait(); close(ev.paused) }()
+	go func() {
+		acquired.Wait()
+		logf("note: all lease names share one token sequence, so a name's tokens increase but skip values; the high bits hold the epoch (server timeline)")
+		close(ev.paused)
+	}()
 
 	for i := 1; i <= numWorkers; i++ {
 		holder := fmt.Sprintf("worker-%d", i)
@@ -524,12 +535,20 @@ SELECT (SELECT count(*) FROM payments WHERE status = 'captured'),
 		return nil, fmt.Errorf("summarize: %w", err)
 	}
 	for _, w := range byWorker {
-		logf("%s captured %d payments", w.Worker, w.N)
+		logf("%s captured %s", w.Worker, plural(w.N, "payment"))
 	}
 	return &s, nil
 }
 
 func leaseName(id int) string { return fmt.Sprintf("payment:%d", id) }
+
+// plural renders n and noun, adding an "s" unless n is 1: "1 payment", "8 payments".
+func plural[N ~int | ~int64](n N, noun string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
 
 var start = time.Now()
 

@@ -19,7 +19,7 @@ SELECT g.granted::boolean AS granted,
            fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
-          WHEN pg_is_in_recovery() OR pg_backend_pid() <> $3::integer THEN false
+          WHEN pg_is_in_recovery() OR ($3::integer <> 0 AND pg_backend_pid() <> $3::integer) THEN false
           WHEN $4::boolean AND $5::boolean AND $6::boolean THEN pg_advisory_lock_shared($7::integer, $8::integer)::text IS NOT NULL
           WHEN $4::boolean AND $5::boolean THEN pg_advisory_lock($7::integer, $8::integer)::text IS NOT NULL
           WHEN $4::boolean AND $6::boolean THEN pg_advisory_lock_shared($9::bigint)::text IS NOT NULL
@@ -62,7 +62,8 @@ type AdvisoryLockRow struct {
 // lock: the server is in recovery (a lock taken on a hot standby excludes no one on the
 // primary), or the backend pid differs from @startup_pid, the one the connection reported at
 // startup (a pooler sits between: the next statement may run in another session, and closing
-// the client connection would not end the server session that holds the lock). Neither takes
+// the client connection would not end the server session that holds the lock); @startup_pid 0
+// skips that check, for a pooler declared to pin sessions (WithSessionPooler). Neither takes
 // the lock: the checks come before the lock in the CASE. When granted it also names the lock
 // in application_name, so pg_stat_activity joined with pg_locks shows who holds what, and
 // returns the previous application_name to put back on unlock. With @tokens it draws a fencing

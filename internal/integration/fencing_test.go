@@ -169,7 +169,10 @@ func TestUpdateFencedTx(t *testing.T) {
 	require.EqualValues(t, 4, *tok)
 
 	_, err = update(2, 8, "refunded") // row carries 9
-	require.Equal(t, &fencelock.StaleTokenError{Resource: `"odd schema"."pay""ments"`, Token: 8, Current: 9}, errorsAsStale(t, err))
+	stale := errorsAsStale(t, err)
+	require.Equal(t, &fencelock.StaleTokenError{Table: `odd schema.pay"ments`, Key: "id=2", Token: 8, Current: 9}, stale)
+	// The message names the table and the row, not a quoted identifier.
+	require.Equal(t, `fencelock: stale fencing token 8 for table odd schema.pay"ments, row id=2: the row carries token 9`, stale.Error())
 	s, tok = status(2)
 	require.Equal(t, "pending", s)
 	require.EqualValues(t, 9, *tok)

@@ -9,7 +9,8 @@
 -- lock: the server is in recovery (a lock taken on a hot standby excludes no one on the
 -- primary), or the backend pid differs from @startup_pid, the one the connection reported at
 -- startup (a pooler sits between: the next statement may run in another session, and closing
--- the client connection would not end the server session that holds the lock). Neither takes
+-- the client connection would not end the server session that holds the lock); @startup_pid 0
+-- skips that check, for a pooler declared to pin sessions (WithSessionPooler). Neither takes
 -- the lock: the checks come before the lock in the CASE. When granted it also names the lock
 -- in application_name, so pg_stat_activity joined with pg_locks shows who holds what, and
 -- returns the previous application_name to put back on unlock. With @tokens it draws a fencing
@@ -28,7 +29,7 @@ SELECT g.granted::boolean AS granted,
            fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
-          WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN false
+          WHEN pg_is_in_recovery() OR (sqlc.arg(startup_pid)::integer <> 0 AND pg_backend_pid() <> sqlc.arg(startup_pid)::integer) THEN false
           WHEN sqlc.arg(wait)::boolean AND sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text IS NOT NULL
           WHEN sqlc.arg(wait)::boolean AND sqlc.arg(pair)::boolean THEN pg_advisory_lock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)::text IS NOT NULL
           WHEN sqlc.arg(wait)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_lock_shared(sqlc.arg(key)::bigint)::text IS NOT NULL

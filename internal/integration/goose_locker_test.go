@@ -1,0 +1,359 @@
+package integration
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+	"github.com/pressly/goose/v3/lock/locktesting"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// gooseMigrations is the application's migration set of the goose tests: three tables, the
+// second migration slow enough (200 ms) that concurrent migrators really overlap.
+var gooseMigrations = fstest.MapFS{
+	"00001_accounts.sql": {Data: []byte("-- +goose Up\nCREATE TABLE accounts (id bigint PRIMARY KEY);\n-- +goose Down\nDROP TABLE accounts;\n")},
+	"00002_orders.sql":   {Data: []byte("-- +goose Up\nCREATE TABLE orders (id bigint PRIMARY KEY);\nSELECT pg_sleep(0.2);\n-- +goose Down\nDROP TABLE orders;\n")},
+	"00003_items.sql":    {Data: []byte("-- +goose Up\nCREATE TABLE items (id bigint PRIMARY KEY);\n-- +goose Down\nDROP TABLE items;\n")},
+}
+
+// gooseVersionTable is the goose version table of the application in these tests.
+const gooseVersionTable = "app_goose_version"
+
+// goosePool returns a pool on url, closed at test cleanup; with execMode its connections use
+// pgx.QueryExecModeExec (for a PgBouncer older than 1.21, see pgtest.PgBouncer).
+func goosePool(t *testing.T, ctx context.Context, url string, execMode bool) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	if execMode {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// newGooseProvider returns a goose Provider of fsys on a *sql.DB of pool (closed at test
+// cleanup), locked by locker.
+func newGooseProvider(t *testing.T, pool *pgxpool.Pool, fsys fstest.MapFS, locker lock.Locker) *goose.Provider {
+	t.Helper()
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
+		goose.WithLocker(locker),
+		goose.WithDisableGlobalRegistry(true),
+		goose.WithTableName(gooseVersionTable),
+	)
+	require.NoError(t, err)
+	return p
+}
+
+// watchQueue records the longest queue of name seen in SQL, polling every 5 ms until stop is
+// called (or the test ends), which returns it.
+func watchQueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) (stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	longest := 0
+	t.Cleanup(func() { cancel(); wg.Wait() }) // when the test fails before stop
+	wg.Go(func() {
+		for ctx.Err() == nil {
+			var n int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM fencelock.lease_queue WHERE name = $1`, name).Scan(&n); err == nil {
+				longest = max(longest, n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	})
+	return func() int {
+		cancel()
+		wg.Wait()
+		return longest
+	}
+}
+
+// providerLocking runs goose's own contract test, locktesting.TestProviderLocking: five
+// migrators, each with its own lessor (holder id), its own pool on url and its own *sql.DB,
+// run Up at once; exactly one applies the three migrations, the others wait for the lease
+// and then find nothing pending. The migrators did overlap (some waited in the lease's queue),
+// and each released its lease.
+func providerLocking(t *testing.T, b *bundle, url string, execMode bool) {
+	const name = "goose:app"
+	var lockers []*fencelock.GooseLocker
+	stop := watchQueue(t, b.ctx, b.pool, name)
+	locktesting.TestProviderLocking(t, func(t *testing.T) *goose.Provider {
+		pool := goosePool(t, b.ctx, url, execMode)
+		l := newLessor(t, pool, fmt.Sprintf("migrator-%d", len(lockers)))
+		locker, err := fencelock.NewGooseLocker(l, name, 10*time.Second)
+		require.NoError(t, err)
+		lockers = append(lockers, locker)
+		return newGooseProvider(t, pool, gooseMigrations, locker)
+	})
+	require.Positive(t, stop(), "no migrator waited for the lease: the test did not exercise the lock")
+	for _, g := range lockers {
+		require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
+	}
+	var applied int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+gooseVersionTable+` WHERE version_id > 0`).Scan(&applied))
+	require.Equal(t, 3, applied, "each migration is recorded once")
+	var tables int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename IN ('accounts', 'orders', 'items')`).Scan(&tables))
+	require.Equal(t, 3, tables)
+}
+
+// goose's contract test for lockers, on direct connections: one migrator applies everything.
+func TestGooseLockerProviderLocking(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	providerLocking(t, b, b.db.URL, false)
+}
+
+// The same behind PgBouncer in transaction mode, where the lessors detect the pooler and their
+// waiters poll: still one migrator applies everything.
+func TestGooseLockerProviderLockingBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
+	providerLocking(t, b, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+}
+
+// goose's own session locker is not safe behind PgBouncer in transaction mode: its
+// pg_try_advisory_lock runs as a transaction of its own, after which PgBouncer lends that
+// server connection, lock and all, to the next client. Two migrators both "take" the lock,
+// and both would run the migrations. The demonstration is deterministic: every statement
+// through this PgBouncer runs one after the other, so PgBouncer never opens a second server
+// connection and lends the same one to both clients, and in transaction mode it does not
+// reset a session between clients (server_reset_query_always = 0). A GooseLocker behind the
+// same PgBouncer excludes the second migrator.
+func TestGooseLockerSessionLockerUnsafeBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
+	url, execMode := bouncer.URL(b.db.Name), !bouncer.PreparedStatements()
+	const lockID = 4242
+	conns := make([]*sql.Conn, 2)
+	for i := range conns {
+		db := stdlib.OpenDBFromPool(goosePool(t, b.ctx, url, execMode))
+		t.Cleanup(func() { require.NoError(t, db.Close()) })
+		c, err := db.Conn(b.ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, c.Close()) })
+		conns[i] = c
+	}
+	// A safe lock would refuse the second migrator: one try a second, for two seconds.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, 2))
+	require.NoError(t, err)
+	require.NoError(t, locker.SessionLock(b.ctx, conns[0]))
+	require.NoError(t, locker.SessionLock(b.ctx, conns[1]), "the second migrator was refused: the unsafe case did not show")
+	// Both hold "the" lock: the same server session, which neither client owns, holds it twice.
+	var holders []int32
+	rows, err := b.pool.Query(b.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1`, lockID)
+	require.NoError(t, err)
+	holders, err = pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	require.Len(t, holders, 1, "one server session holds the lock for both clients")
+	require.NoError(t, locker.SessionUnlock(b.ctx, conns[0]))
+	require.NoError(t, locker.SessionUnlock(b.ctx, conns[1]))
+
+	// The GooseLocker behind the same PgBouncer: the second migrator waits until the first
+	// unlocks.
+	pool := goosePool(t, b.ctx, url, execMode)
+	first, err := fencelock.NewGooseLocker(newLessor(t, pool, "first"), "goose:app", 10*time.Second)
+	require.NoError(t, err)
+	second, err := fencelock.NewGooseLocker(newLessor(t, pool, "second"), "goose:app", 10*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, first.Lock(b.ctx, nil))
+	wctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, second.Lock(wctx, nil), context.DeadlineExceeded)
+	require.NoError(t, first.Unlock(b.ctx, nil))
+	require.NoError(t, second.Lock(b.ctx, nil))
+	require.NoError(t, second.Unlock(b.ctx, nil))
+}
+
+// A lease lost while locked (no heartbeat, TTL 1 s): Done closes at the end of the trust
+// window, Err and the cause of a context from Context match ErrLeaseLost, and Unlock reports
+// the loss (ErrNotHeld and ErrLeaseLost) while releasing what is left; the locker can lock again.
+func TestGooseLockerLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "lost", fencelock.WithoutHeartbeat()), "goose:lost", time.Second)
+	require.NoError(t, err)
+	ctx, cancel := g.Context(b.ctx)
+	defer cancel()
+	require.NoError(t, g.Lock(b.ctx, nil))
+	require.NoError(t, g.Err())
+	select {
+	case <-g.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Done not closed within 10 s of a 1 s lease without heartbeat")
+	}
+	require.ErrorIs(t, g.Err(), fencelock.ErrLeaseLost)
+	var lost *fencelock.LeaseLostError
+	require.ErrorAs(t, g.Err(), &lost)
+	select {
+	case <-ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the context of Context was not cancelled within 5 s of the loss")
+	}
+	require.ErrorIs(t, context.Cause(ctx), fencelock.ErrLeaseLost)
+
+	err = g.Unlock(b.ctx, nil)
+	require.ErrorIs(t, err, fencelock.ErrNotHeld)
+	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
+	require.ErrorIs(t, g.Err(), fencelock.ErrLeaseLost, "Err keeps the loss after Unlock")
+
+	require.NoError(t, g.Lock(b.ctx, nil))
+	require.NoError(t, g.Unlock(b.ctx, nil))
+	require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
+}
+
+// A context from Context, passed to goose's Up, cancels the run when the lease is lost: the
+// slow migration in flight is rolled back instead of running on without the lease, and Up
+// fails with the loss.
+func TestGooseLockerContextCancelsRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fsys := fstest.MapFS{
+		"00001_first.sql": {Data: []byte("-- +goose Up\nCREATE TABLE first_table (id bigint);\n")},
+		"00002_slow.sql":  {Data: []byte("-- +goose Up\nCREATE TABLE slow_table (id bigint);\nSELECT pg_sleep(5);\n")},
+	}
+	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "slow", fencelock.WithoutHeartbeat()), "goose:slow", 2*time.Second)
+	require.NoError(t, err)
+	p := newGooseProvider(t, b.pool, fsys, g)
+	ctx, cancel := g.Context(b.ctx)
+	defer cancel()
+	start := time.Now()
+	_, err = p.Up(ctx)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, fencelock.ErrLeaseLost, "Up reports the loss (from Unlock)")
+	require.ErrorIs(t, err, fencelock.ErrNotHeld)
+	var partial *goose.PartialError
+	require.ErrorAs(t, err, &partial, "the run stopped in a migration")
+	require.ErrorIs(t, partial.Err, context.Canceled, "the migration in flight was cancelled")
+	require.Less(t, elapsed, 4500*time.Millisecond, "the slow migration (5 s) ran on after the loss")
+	require.ErrorIs(t, context.Cause(ctx), fencelock.ErrLeaseLost)
+	var slow *string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT to_regclass('public.slow_table')::text`).Scan(&slow))
+	require.Nil(t, slow, "the cancelled migration committed")
+	var version int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT coalesce(max(version_id), 0) FROM `+gooseVersionTable).Scan(&version))
+	require.Less(t, version, int64(2))
+}
+
+// Unlock does not cancel a context from Context, which goes on watching the next Lock; Done
+// and Err follow the lease of the last Lock.
+func TestGooseLockerContextSurvivesUnlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "calm"), "goose:calm", 10*time.Second)
+	require.NoError(t, err)
+	ctx, cancel := g.Context(b.ctx)
+	require.NoError(t, g.Lock(b.ctx, nil))
+	done := g.Done()
+	require.NoError(t, g.Unlock(b.ctx, nil))
+	require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
+	select {
+	case <-done:
+	default:
+		t.Fatal("Done still open after Unlock")
+	}
+	require.NoError(t, g.Lock(b.ctx, nil))
+	require.NoError(t, g.Err())
+	select {
+	case <-g.Done():
+		t.Fatal("Done of the new lease closed while held")
+	default:
+	}
+	require.NoError(t, g.Unlock(b.ctx, nil))
+	require.NoError(t, ctx.Err(), "a clean Unlock cancelled the context")
+	cancel()
+	require.ErrorIs(t, context.Cause(ctx), context.Canceled)
+}
+
+// Bad input is refused with an *ArgumentError before any SQL, by the rules of Acquire.
+func TestGooseLockerBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "args")
+	slow := newLessor(t, b.pool, "slow-heartbeat", fencelock.WithHeartbeatInterval(5*time.Second))
+	tests := []struct {
+		name   string
+		lessor *fencelock.Lessor
+		lease  string
+		ttl    time.Duration
+		arg    string
+	}{
+		{"NilLessor", nil, "goose", time.Second, "lessor"},
+		{"EmptyName", l, "", time.Second, "name"},
+		{"NameWithNUL", l, "go\x00ose", time.Second, "name"},
+		{"ZeroTTL", l, "goose", 0, "ttl"},
+		{"TTLPastMax", l, "goose", fencelock.MaxTTL + time.Second, "ttl"},
+		{"TTLNotAboveHeartbeat", slow, "goose", time.Second, "WithHeartbeatInterval"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			g, err := fencelock.NewGooseLocker(tt.lessor, tt.lease, tt.ttl)
+			require.Nil(t, g)
+			require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+			var ae *fencelock.ArgumentError
+			require.ErrorAs(t, err, &ae)
+			require.Equal(t, tt.arg, ae.Arg)
+		})
+	}
+}
+
+// Lock twice without Unlock fails with ErrAlreadyHeld, whether the first holds the lease or
+// still waits for it; Unlock without Lock fails with ErrNotHeld; before the first Lock, Done
+// is closed and Err wraps ErrNotHeld.
+func TestGooseLockerMisuse(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "migrator"), "goose:misuse", 10*time.Second)
+	require.NoError(t, err)
+
+	require.ErrorIs(t, g.Unlock(b.ctx, nil), fencelock.ErrNotHeld)
+	require.ErrorIs(t, g.Err(), fencelock.ErrNotHeld)
+	select {
+	case <-g.Done():
+	default:
+		t.Fatal("Done open before the first Lock")
+	}
+
+	require.NoError(t, g.Lock(b.ctx, nil))
+	require.ErrorIs(t, g.Lock(b.ctx, nil), fencelock.ErrAlreadyHeld)
+	require.NoError(t, g.Err(), "the refused Lock changed the held lease")
+	require.NoError(t, g.Unlock(b.ctx, nil))
+	require.ErrorIs(t, g.Unlock(b.ctx, nil), fencelock.ErrNotHeld)
+
+	// A Lock that waits for another holder's lease: a second Lock is refused at once.
+	other := newLessor(t, b.pool, "other")
+	held, err := other.TryAcquire(b.ctx, "goose:misuse", 10*time.Second)
+	require.NoError(t, err)
+	waiting := make(chan error, 1)
+	go func() { waiting <- g.Lock(b.ctx, nil) }()
+	awaitQueue(t, b.ctx, b.pool, "goose:misuse", false, "migrator")
+	require.ErrorIs(t, g.Lock(b.ctx, nil), fencelock.ErrAlreadyHeld)
+	require.NoError(t, held.Release(b.ctx))
+	select {
+	case err := <-waiting:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting Lock was not granted within 10 s of the release")
+	}
+	require.NoError(t, g.Unlock(b.ctx, nil))
+}
