@@ -1,0 +1,78 @@
+// Command fencelock shows and manages the locks that package fencelock keeps in a
+// PostgreSQL database: held leases with their fencing tokens, TTLs, heartbeats and queues,
+// advisory locks with the backends that hold or await them, and fencing high-water marks.
+//
+//	go install github.com/fencelock/fencelock/cmd/fencelock@latest
+//	export DATABASE_URL=postgres://app@db.internal/payments
+//
+// # Commands
+//
+//	fencelock migrate                   apply fencelock's migrations, print the schema version
+//	fencelock locks [--name PATTERN]    held leases and advisory locks
+//	fencelock watch [--interval 1s]     the same table, redrawn until q, ctrl-C or SIGTERM
+//	fencelock fences [--name PATTERN]   high-water marks, with the holder of the same lease
+//	fencelock release --force NAME [--fence RESOURCE]... [--lock-timeout 5s]
+//	fencelock release --force --advisory NAME|KEY [--yes]
+//	fencelock sweep [--grace 1h]        delete lease rows expired longer than the grace period
+//	fencelock help [COMMAND]
+//
+// Every command takes --database-url (default: the environment variable DATABASE_URL) and
+// --json (one JSON document; for watch, one array per refresh, one a line).
+//
+// # The lock table
+//
+//	$ fencelock locks
+//	KIND      RESOURCE        HOLDER                 TOKEN            TTL LEFT  HEARTBEAT        HELD FOR  WAITERS
+//	lease     payment:42      worker-1               140737488355329  8.1s      ok (3 renewals)  9.4s      1 (next: worker-2)
+//	lease     report:daily    cron-7                 140737488355330  4m51s     ok (0 renewals)  9.4s      0
+//	advisory  key 1,2         pid 28943 (127.0.0.1)  -                -         session          1.8s      0
+//	advisory  key 4242        pid 28944 (127.0.0.1)  -                -         session          1.8s      1
+//	advisory  key 77          pid 28953              -                -         session          1.3s      0
+//	advisory  nightly-report  pid 28873 (127.0.0.1)  -                -         session          -         0
+//
+// Leases come from the view fencelock.holders: HEARTBEAT is "late" once the last renewal (or
+// the grant) is older than half the TTL, a sign of a paused or partitioned holder. Advisory
+// locks come from fencelock.advisory_locks: RESOURCE is the lock's name when a fencelock
+// session holds it, else its key; HELD FOR is the age of the holder's open transaction, "-"
+// when it is idle; WAITERS counts the backends waiting for the same key.
+//
+// # Releasing someone else's lock
+//
+// release --force NAME ends the current grant of lease NAME, whoever holds it, by
+// fencelock.force_release: the lease goes to the head of its queue with a fresh token (or stays
+// free), and the high-water mark of NAME and of each --fence RESOURCE is raised to that token,
+// so the old holder's fenced writes are rejected when it wakes up:
+//
+//	$ fencelock release --force payment:42 --fence ledger:42
+//	released lease "payment:42" held by worker-1 (token 140737488355329); fenced with token 140737488355332 (payment:42, ledger:42); handed to worker-2
+//
+// A holder inside a guarded transaction (Lease.GuardTx, Lease.FenceTx) holds the lease row
+// until that transaction ends; release waits at most --lock-timeout for it and then exits with
+// code 4, naming the blocking backends (pg_blocking_pids). release --force --advisory
+// terminates the backends holding an advisory lock (by name, int64 key or "K1,K2" pair), after
+// asking on the terminal unless --yes.
+//
+// # Exit codes
+//
+//	0  ok
+//	1  an error talking to the database, or declined at the prompt
+//	2  usage error: unknown command or flag, missing argument, no database URL
+//	3  nothing to do: no holder found (release --advisory)
+//	4  lock timeout: the lease row is locked by a transaction (release --lock-timeout)
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/fencelock/fencelock/internal/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := cli.Run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}

@@ -1,0 +1,255 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock"
+)
+
+// defaultLockTimeout is how long release waits for the lease row by default.
+const defaultLockTimeout = 5 * time.Second
+
+// releaseResult is the outcome of release --force NAME, and its --json object.
+type releaseResult struct {
+	Lease     string   `json:"lease"`
+	Held      bool     `json:"held"`       // whether a grant was current and was ended
+	OldHolder *string  `json:"old_holder"` // the holder whose grant ended; null when not held
+	OldToken  *int64   `json:"old_token"`  // its token
+	NewToken  int64    `json:"new_token"`  // the token that now fences the old holder out
+	HandedTo  *string  `json:"handed_to"`  // the waiter the lease went to, with NewToken; null if none
+	Waiting   int64    `json:"waiting"`    // live waiters left in the queue
+	Fenced    []string `json:"fenced"`     // resources whose high-water mark is now at least NewToken
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// releaseCommand is "fencelock release".
+func releaseCommand(fs *flag.FlagSet) func(context.Context, *session, []string) error {
+	force := fs.Bool("force", false, "required: release whoever holds it (an operator's release is always someone else's)")
+	var fence stringList
+	fs.Var(&fence, "fence", "also raise this `RESOURCE`'s high-water mark to the new token (repeatable; NAME is always fenced)")
+	lockTimeout := fs.Duration("lock-timeout", defaultLockTimeout, "give up (exit 4) when the lease row stays locked this `duration` (0: wait without limit)")
+	advisory := fs.Bool("advisory", false, "NAME is an advisory lock's name, int64 key, or K1,K2 key pair: terminate the backends that hold it")
+	yes := fs.Bool("yes", false, "with --advisory: terminate without asking")
+	namespace := fs.String("namespace", fencelock.DefaultNamespace, "with --advisory: the `namespace` a NAME is hashed in (fencelock.WithNamespace)")
+	return func(ctx context.Context, s *session, args []string) error {
+		switch {
+		case len(args) != 1:
+			return withCode(ExitUsage, "release: want one NAME, got %d arguments", len(args))
+		case !*force:
+			return withCode(ExitUsage, "release: a release of someone else's lock needs --force: fencelock release --force %s", args[0])
+		case args[0] == "":
+			return withCode(ExitUsage, "release: NAME is empty")
+		case *advisory && len(fence) > 0:
+			return withCode(ExitUsage, "release: --fence applies to leases, not to --advisory")
+		case !*advisory && *yes:
+			return withCode(ExitUsage, "release: --yes applies to --advisory only")
+		case *lockTimeout < 0:
+			return withCode(ExitUsage, "release: --lock-timeout %v is negative", *lockTimeout)
+		}
+		if *advisory {
+			arg, err := parseAdvisoryArg(args[0], *namespace)
+			if err != nil {
+				return withCode(ExitUsage, "release: %v", err)
+			}
+			return s.releaseAdvisory(ctx, arg, *yes)
+		}
+		resources := unique(append([]string{args[0]}, fence...))
+		for _, r := range resources {
+			if r == "" {
+				return withCode(ExitUsage, "release: --fence with an empty resource")
+			}
+		}
+		return s.releaseLease(ctx, args[0], resources, *lockTimeout)
+	}
+}
+
+// releaseLease ends the grant of lease name, whoever holds it, and raises the high-water mark
+// of each resource, by fencelock.force_release in a transaction with lock_timeout.
+func (s *session) releaseLease(ctx context.Context, name string, resources []string, lockTimeout time.Duration) error {
+	pool, err := s.pool(ctx)
+	if err != nil {
+		return err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		return dbError("begin", err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeoutSetting(lockTimeout)); err != nil {
+		return dbError("set lock_timeout", err)
+	}
+
+	// While force_release waits for the row, find out from a second connection who it waits for.
+	stop := make(chan struct{})
+	found := make(chan []blocker, 1)
+	pid := conn.Conn().PgConn().PID()
+	go func() { found <- watchBlockers(ctx, pool, pid, pollEvery(lockTimeout), stop) }()
+	res := releaseResult{Lease: name, Fenced: resources}
+	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, new_token, handed_to FROM fencelock.force_release($1, $2)`, name, resources).
+		Scan(&res.OldHolder, &res.OldToken, &res.NewToken, &res.HandedTo)
+	close(stop)
+	blockers := <-found
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+		return withCode(ExitLockTimeout, "release lease %q: the lease row is locked by another transaction, most likely a guarded transaction of its holder (Lease.GuardTx, Lease.FenceTx; else a fenced write holding a fence row); %s; gave up after --lock-timeout %v: retry once it ends, or raise --lock-timeout",
+			name, describeBlockers(blockers), lockTimeout)
+	}
+	if err != nil {
+		return dbError(fmt.Sprintf("release lease %q", name), err)
+	}
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM fencelock.lease_queue WHERE name = $1`, name).Scan(&res.Waiting); err != nil {
+		return dbError("read the queue", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return dbError(fmt.Sprintf("release lease %q: commit", name), err)
+	}
+	res.Held = res.OldHolder != nil
+	if s.json {
+		return s.printJSON(res)
+	}
+	_, err = fmt.Fprintln(s.stdout, describeRelease(res))
+	return err
+}
+
+// describeRelease renders the outcome of a forced release in one line.
+func describeRelease(r releaseResult) string {
+	fenced := fmt.Sprintf("fenced with token %d (%s)", r.NewToken, strings.Join(r.Fenced, ", "))
+	if !r.Held {
+		return fmt.Sprintf("lease %q was not held; %s", r.Lease, fenced)
+	}
+	then := "nobody waited"
+	switch {
+	case r.HandedTo != nil:
+		then = "handed to " + cell(*r.HandedTo)
+	case r.Waiting > 0:
+		then = "woke the next waiter to take it"
+	}
+	return fmt.Sprintf("released lease %q held by %s (token %d); %s; %s", r.Lease, cell(deref(r.OldHolder)), deref(r.OldToken), fenced, then)
+}
+
+// unique returns ss without repeats, in order of first appearance.
+func unique(ss []string) []string {
+	var out []string
+	for _, s := range ss {
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// lockTimeoutSetting renders d for SET lock_timeout, in whole milliseconds (at least 1 unless
+// d is 0, which waits without limit).
+func lockTimeoutSetting(d time.Duration) string {
+	ms := d.Milliseconds()
+	if d > 0 && ms == 0 {
+		ms = 1
+	}
+	return fmt.Sprintf("%dms", ms)
+}
+
+// pollEvery is how often release looks for the transactions its statement waits for: eight
+// times per lock timeout, between 10ms and 200ms (200ms without a lock timeout).
+func pollEvery(lockTimeout time.Duration) time.Duration {
+	if lockTimeout == 0 {
+		return 200 * time.Millisecond
+	}
+	return min(max(lockTimeout/8, 10*time.Millisecond), 200*time.Millisecond)
+}
+
+// blocker is a backend that holds a lock another waits for.
+type blocker struct {
+	pid       int32
+	app, addr string
+	inXact    *time.Duration // how long its transaction has been open
+}
+
+// watchBlockers polls pg_blocking_pids(pid) at once and then every interval until stop closes, and returns the
+// last non-empty answer (nil if none). Errors of the polls are ignored: the answer only
+// improves a message.
+func watchBlockers(ctx context.Context, pool *pgxpool.Pool, pid uint32, every time.Duration, stop <-chan struct{}) []blocker {
+	var last []blocker
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-stop:
+				return last
+			case <-ctx.Done():
+				return last
+			case <-t.C:
+			}
+		}
+		rows, err := pool.Query(ctx, `
+			SELECT b.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
+			       (extract(epoch FROM clock_timestamp() - a.xact_start) * 1000000)::bigint
+			FROM unnest(pg_catalog.pg_blocking_pids($1)) AS b(pid)
+			LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b.pid
+			ORDER BY b.pid`, int32(pid))
+		if err != nil {
+			continue
+		}
+		var got []blocker
+		for rows.Next() {
+			var (
+				b  blocker
+				us *int64
+			)
+			if rows.Scan(&b.pid, &b.app, &b.addr, &us) == nil {
+				if us != nil {
+					b.inXact = ptr(micros(*us))
+				}
+				got = append(got, b)
+			}
+		}
+		rows.Close()
+		if len(got) > 0 {
+			last = got
+		}
+	}
+}
+
+// describeBlockers names the blocking backends for the lock-timeout message.
+func describeBlockers(bs []blocker) string {
+	if len(bs) == 0 {
+		return "pg_blocking_pids named no backend while it waited"
+	}
+	parts := make([]string, len(bs))
+	for i, b := range bs {
+		var detail []string
+		if b.app != "" {
+			detail = append(detail, "application_name "+cell(b.app))
+		}
+		if b.addr != "" {
+			detail = append(detail, b.addr)
+		}
+		if b.inXact != nil {
+			detail = append(detail, "transaction open for "+formatDuration(*b.inXact))
+		}
+		parts[i] = fmt.Sprintf("pid %d", b.pid)
+		if len(detail) > 0 {
+			parts[i] += " (" + strings.Join(detail, ", ") + ")"
+		}
+	}
+	return "pg_blocking_pids: " + strings.Join(parts, ", ")
+}

@@ -1,0 +1,38 @@
+package cli
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"github.com/fencelock/fencelock"
+)
+
+// sweepCommand is "fencelock sweep": [fencelock.SweepLeases] with --grace.
+func sweepCommand(fs *flag.FlagSet) func(context.Context, *session, []string) error {
+	grace := fs.Duration("grace", fencelock.DefaultSweepGrace, "delete lease rows expired longer than this `duration` ago (at least 1m)")
+	return func(ctx context.Context, s *session, args []string) error {
+		if len(args) > 0 {
+			return withCode(ExitUsage, "sweep: unexpected argument %q", args[0])
+		}
+		if *grace < fencelock.MinSweepGrace {
+			return withCode(ExitUsage, "sweep: --grace %v is shorter than the minimum, %v", *grace, fencelock.MinSweepGrace)
+		}
+		pool, err := s.pool(ctx)
+		if err != nil {
+			return err
+		}
+		deleted, err := fencelock.SweepLeases(ctx, pool, *grace)
+		if err != nil {
+			return dbError(fmt.Sprintf("sweep (%d lease rows deleted before the error)", deleted), err)
+		}
+		if s.json {
+			return s.printJSON(struct {
+				Deleted      int64   `json:"deleted"`
+				GraceSeconds float64 `json:"grace_seconds"`
+			}{deleted, grace.Seconds()})
+		}
+		_, err = fmt.Fprintf(s.stdout, "swept %s expired more than %s ago\n", plural(deleted, "lease row", "lease rows"), formatDuration(*grace))
+		return err
+	}
+}
