@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -167,7 +168,12 @@ func (a *AdvisoryLocker) lock(ctx context.Context, name string, key AdvisoryKey,
 	if err := a.reserve(name, key); err != nil {
 		return nil, err
 	}
+	start, mt := time.Now(), mTryLock
+	if wait {
+		mt = mLock
+	}
 	lk, err := a.acquire(ctx, name, key, mode, wait)
+	a.cfg.common.metrics.acquired(mt, start, err)
 	if err != nil {
 		a.mu.Lock()
 		delete(a.held, key)

@@ -132,6 +132,7 @@ func (lk *AdvisoryLock) lost(cause error) {
 		destroySession(context.Background(), conn, false)
 	})
 	if ended {
+		lk.locker.cfg.common.metrics.sessionLost()
 		lk.locker.cfg.common.logger.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
 	}
 }

@@ -1,7 +1,6 @@
 package fencelock
 
 import (
-	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -61,9 +60,7 @@ func newAdvisoryConfig(pool *pgxpool.Pool, opts []AdvisoryOption) (advisoryConfi
 		// application.
 		c.maxHeld = max(1, min(DefaultMaxHeld, int(pool.Config().MaxConns)-1))
 	}
-	if c.common.logger == nil {
-		c.common.logger = slog.New(slog.DiscardHandler)
-	}
+	c.common.resolve()
 	return c, nil
 }
 

@@ -7,7 +7,18 @@ import "log/slog"
 
 // commonConfig holds the settings that both constructors take.
 type commonConfig struct {
-	logger *slog.Logger
+	logger  *slog.Logger
+	metrics *metrics // nil until resolved: the global provider's (metrics.go)
+}
+
+// resolve fills in the defaults of the settings both configurations share.
+func (c *commonConfig) resolve() {
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	if c.metrics == nil {
+		c.metrics = globalMetrics()
+	}
 }
 
 // applyAll calls apply on each of opts, in order, and stops at the first error; a nil option

@@ -28,6 +28,7 @@ func TestGrantEndsOnce(t *testing.T) {
 // connection is a stand-in that the settle funcs of these tests never touch.
 func newTestLock() *AdvisoryLock {
 	cfg := advisoryConfig{clock: newManualClock(), watchdog: time.Second}
+	cfg.common.resolve()
 	a := &AdvisoryLocker{cfg: cfg, held: map[AdvisoryKey]*heldEntry{}}
 	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
 	lk := &AdvisoryLock{locker: a, key: Int64Key(1), conn: &pgxpool.Conn{}, ending: newGrantEnd()}

@@ -203,6 +203,7 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 		for _, lease := range leases {
 			lease.retryAfter(now, err)
 		}
+		l.cfg.common.metrics.renewed(oFailed, len(leases))
 		return 0, err
 	}
 	type key struct {
@@ -216,11 +217,13 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 			got[k] = r // renewed = true wins over the snapshot's renewed = false
 		}
 	}
+	var gone int
 	for _, lease := range leases {
 		r, ok := got[key{lease.name, int64(lease.token)}]
 		switch {
 		case !ok:
 			lease.lost(errGoneOnServer)
+			gone++
 		case !r.Renewed:
 			lease.retryAfter(clk.Now(), errRowLocked)
 			locked++
@@ -228,6 +231,10 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 			lease.renewed(sent, r.ExpiresAt)
 		}
 	}
+	m := l.cfg.common.metrics
+	m.renewed(oRenewed, len(leases)-gone-locked)
+	m.renewed(oLocked, locked)
+	m.renewed(oLost, gone)
 	return locked, nil
 }
 

@@ -32,6 +32,7 @@ type Lease struct {
 	token  Token
 	times  leaseTimes
 	ending grantEnd
+	start  time.Time // local, when the grant came back: for the hold time (metrics.go)
 
 	mu         sync.Mutex
 	trustUntil time.Time // local monotonic
@@ -45,8 +46,9 @@ type Lease struct {
 }
 
 func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresAt time.Time) *Lease {
-	lease := &Lease{lessor: l, name: name, token: token, times: lt, ending: newGrantEnd(), slots: [2]int{-1, -1}}
+	lease := &Lease{lessor: l, name: name, token: token, times: lt, ending: newGrantEnd(), start: time.Now(), slots: [2]int{-1, -1}}
 	lease.renewed(sent, expiresAt)
+	l.cfg.common.metrics.leaseStarted()
 	return lease
 }
 
@@ -88,8 +90,12 @@ func (lease *Lease) retryAfter(now time.Time, err error) {
 func (lease *Lease) end(err error) bool {
 	lease.lessor.forget(lease)
 	lease.mu.Lock() // so that a renewal's outcome is applied wholly before the end or not at all
-	defer lease.mu.Unlock()
-	return lease.ending.finish(err)
+	ended := lease.ending.finish(err)
+	lease.mu.Unlock()
+	if ended {
+		lease.lessor.cfg.common.metrics.leaseEnded(lease.start, err)
+	}
+	return ended
 }
 
 // lost ends the lease as lost with cause, and logs it. A trust-window loss carries the last
@@ -316,5 +322,6 @@ func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) err
 	if err != nil {
 		return wrapPg(fmt.Sprintf("fence %q: read high-water mark", resource), err)
 	}
+	l.cfg.common.metrics.stale(mLeaseFenceTx)
 	return &StaleTokenError{Resource: resource, Token: lease.token, Current: Token(cur)}
 }

@@ -289,6 +289,15 @@ func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.D
 		if !errors.Is(err, errRefused) {
 			return err
 		}
+		if n == 0 {
+			m, mt := l.cfg.common.metrics, mRunLocked
+			if granting {
+				mt = mAcquire
+			}
+			m.contention(mt)
+			m.queued()
+			defer m.dequeued()
+		}
 		l.mu.Lock()
 		if n == 0 {
 			l.attachListenerLocked()

@@ -1,7 +1,6 @@
 package fencelock
 
 import (
-	"log/slog"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -70,9 +69,7 @@ func newLessorConfig(opts []LessorOption) (lessorConfig, error) {
 	if c.backoff == nil {
 		c.backoff = ExponentialBackoff(5*time.Millisecond, 250*time.Millisecond)
 	}
-	if c.common.logger == nil {
-		c.common.logger = slog.New(slog.DiscardHandler)
-	}
+	c.common.resolve()
 	return c, nil
 }
 

@@ -1,6 +1,10 @@
 package fencelock
 
-import "log/slog"
+import (
+	"log/slog"
+
+	"go.opentelemetry.io/otel/metric"
+)
 
 // Option is an option that applies to both constructors: it is a [LessorOption] and an
 // [AdvisoryOption] ([WithLogger]). Like them it is an immutable value, safe to share.
@@ -26,6 +30,46 @@ func WithLogger(l *slog.Logger) Option {
 			return argError("WithLogger", "must not be nil")
 		}
 		c.logger = l
+		return nil
+	})
+}
+
+// WithMeterProvider sets the OpenTelemetry meter provider that fencelock's metrics are recorded
+// on. mp must not be nil. It is an [Option]: it applies to [NewLessor] and [NewAdvisoryLocker].
+//
+// The instruments, under the instrumentation scope "github.com/fencelock/fencelock" (durations
+// are float64 histograms in seconds; attributes take a few fixed values each, and lease and
+// lock names are never attributes):
+//   - fencelock.lease.acquire.duration: TryAcquire and Acquire calls, by fencelock.method
+//     (try_acquire, acquire) and fencelock.outcome (granted, refused, canceled, error)
+//   - fencelock.lease.grants: grants, by method (try_acquire, acquire, try_run_locked, run_locked)
+//   - fencelock.lease.contended: calls that found the lease held (a try refused, a wait that
+//     queued), by method; contended / calls is the contention rate
+//   - fencelock.lease.hold.duration: from grant to end, by fencelock.cause (released, lost)
+//   - fencelock.lease.held: leases held now (an up-down counter)
+//   - fencelock.lease.renewals: renewals by outcome (renewed; locked and failed, both retried;
+//     lost)
+//   - fencelock.lease.lost: leases lost, by cause (trust_window_expired, gone_on_server)
+//   - fencelock.fence.stale_rejections: fenced writes rejected for a stale token, by method
+//     (lease_fence_tx; fence_tx and update_fenced_tx, which take no lessor, record on the
+//     global provider)
+//   - fencelock.lease.queue.waiting: Acquire and RunLocked calls waiting in a queue now
+//   - fencelock.advisory.acquire.duration: advisory lock calls, by method (try_lock, lock) and
+//     outcome
+//   - fencelock.advisory.sessions_lost: session locks lost because their session ended
+//
+// Each recording is an atomic add or a histogram update on an attribute set built once; with
+// the no-op provider, an interface call (docs/PERFORMANCE.md has the cost measured).
+//
+// Default: OpenTelemetry's global meter provider (otel.GetMeterProvider), a no-op until the
+// application sets one with otel.SetMeterProvider.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return commonOption(func(c *commonConfig) error {
+		if mp == nil {
+			return argError("WithMeterProvider", "must not be nil")
+		}
+		m, _ := newMetrics(mp) // an instrument the provider refuses records nothing
+		c.metrics = m
 		return nil
 	})
 }

@@ -104,6 +104,7 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 		waits:     make(map[string]*wait),
 		releasing: make(map[Token]int),
 	}
+	l.cfg.common.resolve()
 	l.heartbeat = newLoop(cfg.clock, l.heartbeatRound)
 	return l
 }
@@ -139,8 +140,15 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	lease, err := l.tryAcquire(ctx, name, lt)
-	return lease, notAcquired(err)
+	err = notAcquired(err)
+	m := l.cfg.common.metrics
+	m.acquired(mTryAcquire, start, err)
+	if err == ErrNotAcquired {
+		m.contention(mTryAcquire)
+	}
+	return lease, err
 }
 
 // Acquire grants the lease name for ttl to this lessor, waiting while someone else holds it,
@@ -181,7 +189,10 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	if err != nil {
 		return nil, err
 	}
-	return l.acquireQueued(ctx, name, lt)
+	start := time.Now()
+	lease, err := l.acquireQueued(ctx, name, lt)
+	l.cfg.common.metrics.acquired(mAcquire, start, err)
+	return lease, err
 }
 
 // errRefused is an attempt's internal "someone else holds it": distinct from ErrNotAcquired,

@@ -37,7 +37,11 @@ func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	return notAcquired(l.runLockedOnce(ctx, name, fn, true))
+	err := notAcquired(l.runLockedOnce(ctx, name, fn, true))
+	if err == ErrNotAcquired {
+		l.cfg.common.metrics.contention(mTryRunLocked)
+	}
+	return err
 }
 
 // RunLocked is [Lessor.TryRunLocked] that waits until the lease is free or ctx ends. While
@@ -146,6 +150,11 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
 	case closeErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q", name), closeErr)
+	}
+	if try {
+		l.cfg.common.metrics.granted(mTryRunLocked)
+	} else {
+		l.cfg.common.metrics.granted(mRunLocked)
 	}
 	if err := fn(ctx, tx, Token(token)); err != nil {
 		return err

@@ -1,0 +1,200 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/fencelock/fencelock"
+)
+
+// metricsReader collects what a lessor or locker recorded on an SDK provider with a manual
+// reader.
+type metricsReader struct {
+	t      *testing.T
+	reader *sdkmetric.ManualReader
+	mp     *sdkmetric.MeterProvider
+}
+
+func newMetricsReader(t *testing.T) *metricsReader {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	return &metricsReader{t: t, reader: reader, mp: mp}
+}
+
+// value returns the sum of the data points of instrument name whose attributes include attrs:
+// a counter's or up-down counter's value, a histogram's count. A missing instrument is 0.
+func (r *metricsReader) value(name string, attrs ...attribute.KeyValue) int64 {
+	r.t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(r.t, r.reader.Collect(context.Background(), &rm))
+	var total int64
+	match := func(set attribute.Set) bool {
+		for _, kv := range attrs {
+			if v, ok := set.Value(kv.Key); !ok || v != kv.Value {
+				return false
+			}
+		}
+		return true
+	}
+	for _, sm := range rm.ScopeMetrics {
+		require.Equal(r.t, "github.com/fencelock/fencelock", sm.Scope.Name)
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						total += p.Value
+					}
+				}
+			case metricdata.Histogram[float64]:
+				require.Equal(r.t, "s", m.Unit, "%s: durations are in seconds", name)
+				for _, p := range d.DataPoints {
+					if match(p.Attributes) {
+						total += int64(p.Count)
+					}
+				}
+			default:
+				r.t.Fatalf("%s: unexpected data %T", name, m.Data)
+			}
+		}
+	}
+	return total
+}
+
+func method(v string) attribute.KeyValue  { return attribute.String("fencelock.method", v) }
+func outcome(v string) attribute.KeyValue { return attribute.String("fencelock.outcome", v) }
+func cause(v string) attribute.KeyValue   { return attribute.String("fencelock.cause", v) }
+
+// Each instrument counts what it says, on a real server: grants and refusals, a queued wait
+// handed the lease, renewals, a stale fenced write, a lease lost to its trust window, hold
+// times by how leases ended, and advisory grants, refusals and a lost session.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r := newMetricsReader(t)
+	withMP := fencelock.WithMeterProvider(r.mp)
+	a := newLessor(t, b.pool, "metrics-a", withMP)
+	o := newLessor(t, b.pool, "metrics-b", withMP)
+
+	lease, err := a.TryAcquire(b.ctx, "m", 5*time.Second)
+	require.NoError(t, err)
+	_, err = o.TryAcquire(b.ctx, "m", 5*time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	require.EqualValues(t, 1, r.value("fencelock.lease.acquire.duration", method("try_acquire"), outcome("granted")))
+	require.EqualValues(t, 1, r.value("fencelock.lease.acquire.duration", method("try_acquire"), outcome("refused")))
+	require.EqualValues(t, 1, r.value("fencelock.lease.grants", method("try_acquire")))
+	require.EqualValues(t, 1, r.value("fencelock.lease.contended", method("try_acquire")))
+	require.EqualValues(t, 1, r.value("fencelock.lease.held"))
+
+	// A waiter queues, then is handed the lease by the release.
+	got := make(chan *fencelock.Lease, 1)
+	go func() {
+		l, err := o.Acquire(b.ctx, "m", 5*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	waitFor(t, b, "the waiter is queued", func() bool { return r.value("fencelock.lease.queue.waiting") == 1 })
+	require.EqualValues(t, 1, r.value("fencelock.lease.contended", method("acquire")))
+	require.NoError(t, lease.Renew(b.ctx))
+	require.EqualValues(t, 1, r.value("fencelock.lease.renewals", outcome("renewed")))
+	require.NoError(t, lease.Release(b.ctx))
+	handed := <-got
+	require.NotNil(t, handed)
+	require.EqualValues(t, 0, r.value("fencelock.lease.queue.waiting"))
+	require.EqualValues(t, 1, r.value("fencelock.lease.acquire.duration", method("acquire"), outcome("granted")))
+	require.EqualValues(t, 1, r.value("fencelock.lease.hold.duration", cause("released")))
+	require.EqualValues(t, 1, r.value("fencelock.lease.held"), "one released, one handed over")
+
+	// A fenced write with a token older than the resource's high-water mark.
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		return fencelock.FenceTx(b.ctx, tx, "m-resource", handed.Token()+1)
+	}))
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return handed.FenceTx(b.ctx, tx, "m-resource") })
+	require.ErrorIs(t, err, fencelock.ErrStaleToken)
+	require.EqualValues(t, 1, r.value("fencelock.fence.stale_rejections", method("lease_fence_tx")))
+	require.NoError(t, handed.Release(b.ctx))
+
+	// A lease without heartbeat is lost when its trust window ends.
+	z := newLessor(t, b.pool, "metrics-z", withMP, fencelock.WithoutHeartbeat())
+	zl, err := z.TryAcquire(b.ctx, "z", time.Second)
+	require.NoError(t, err)
+	select {
+	case <-zl.Done():
+	case <-b.ctx.Done():
+		t.Fatal("the lease without heartbeat never ended")
+	}
+	require.EqualValues(t, 1, r.value("fencelock.lease.lost", cause("trust_window_expired")))
+	require.EqualValues(t, 1, r.value("fencelock.lease.hold.duration", cause("lost")))
+	require.EqualValues(t, 2, r.value("fencelock.lease.hold.duration", cause("released")))
+	require.EqualValues(t, 0, r.value("fencelock.lease.held"))
+
+	// RunLocked grants.
+	require.NoError(t, a.RunLocked(b.ctx, "tx", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+	require.EqualValues(t, 1, r.value("fencelock.lease.grants", method("run_locked")))
+
+	// Advisory locks: a grant, a refusal, a session lost.
+	lk := newLocker(t, b.pool, withMP, fencelock.WithWatchdogInterval(50*time.Millisecond))
+	other := newLocker(t, b.pool, withMP)
+	held, err := lk.TryLock(b.ctx, "adv")
+	require.NoError(t, err)
+	_, err = other.TryLock(b.ctx, "adv")
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	require.EqualValues(t, 1, r.value("fencelock.advisory.acquire.duration", method("try_lock"), outcome("granted")))
+	require.EqualValues(t, 1, r.value("fencelock.advisory.acquire.duration", method("try_lock"), outcome("refused")))
+	require.NoError(t, b.db.Server.TerminateBackend(b.ctx, held.BackendPID()))
+	select {
+	case <-held.Done():
+	case <-b.ctx.Done():
+		t.Fatal("the lost session was never noticed")
+	}
+	require.EqualValues(t, 1, r.value("fencelock.advisory.sessions_lost"))
+}
+
+// waitFor polls cond every 5 ms until it holds, failing the test when b's context ends first.
+func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-b.ctx.Done():
+			t.Fatalf("timed out waiting until %s", what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// FenceTx and UpdateFencedTx take no lessor: their stale rejections go to OpenTelemetry's
+// global meter provider, once the application sets one (here, after fencelock's instruments
+// were made by the tests before, which the global provider forwards too).
+func TestMetricsGlobalProvider(t *testing.T) {
+	b := setup(t)
+	r := newMetricsReader(t)
+	otel.SetMeterProvider(r.mp)
+	_, err := b.pool.Exec(b.ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, tok bigint)`+
+		`; INSERT INTO stock VALUES ('A-1', 5, 9)`)
+	require.NoError(t, err)
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "g", 9) }))
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "g", 8) })
+	require.ErrorIs(t, err, fencelock.ErrStaleToken)
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		_, err := fencelock.UpdateFencedTx(b.ctx, tx, pgx.Identifier{"stock"}, "tok", 8,
+			[]fencelock.Column{{Name: "n", Value: 4}}, []fencelock.Column{{Name: "sku", Value: "A-1"}})
+		return err
+	})
+	require.ErrorIs(t, err, fencelock.ErrStaleToken)
+	require.EqualValues(t, 1, r.value("fencelock.fence.stale_rejections", method("fence_tx")))
+	require.EqualValues(t, 1, r.value("fencelock.fence.stale_rejections", method("update_fenced_tx")))
+}
