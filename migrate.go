@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/fencelock/fencelock/migrations"
 )
@@ -18,54 +17,133 @@ import (
 // that it never collides with an application's goose_db_version.
 const VersionTable = "fencelock.goose_db_version"
 
-// migrateLockID is the session advisory lock key that serialises concurrent [Migrate] calls.
-// It differs from goose's default key, so fencelock's migrations never wait on (or block) an
-// application's own goose run.
+// migrateLockID is the advisory lock key that serialises concurrent [Migrate] calls (see
+// migrateLocker). It differs from goose's default key, so fencelock's migrations never wait on
+// (or block) an application's own goose run.
 const migrateLockID int64 = 0x66656e63656c6f63 // "fencelock" in ASCII, truncated to 8 bytes
 
+// migrateStateSQL says whether schema fencelock and its version table exist. It reads the
+// catalogs only, which every role may read: unlike to_regclass('fencelock.goose_db_version'), it
+// does not fail for a role without USAGE on the schema.
+const migrateStateSQL = `SELECT pg_catalog.to_regnamespace('fencelock') IS NOT NULL AS schema_exists,
+       EXISTS (SELECT FROM pg_catalog.pg_class AS c
+               WHERE c.relnamespace = pg_catalog.to_regnamespace('fencelock')
+                 AND c.relname = 'goose_db_version') AS table_exists`
+
 // Migrate applies fencelock's migrations (package [migrations]) to the database behind pool,
-// creating schema fencelock with tables leases and fences. It uses goose v3's Provider with
-// version table [VersionTable] and a session advisory lock, so several processes may call it at
-// once: one applies, the others wait (polling every second, for at most five minutes) and
-// then find nothing pending. It is idempotent.
+// creating schema fencelock with its tables, views and functions. It keeps goose v3's version
+// table [VersionTable]. It is idempotent, and safe to call from several processes at once.
+//
+// It first checks, reading only, whether any migration is pending: when the version table
+// exists and lists every migration, it returns nil without DDL and without a lock. So the
+// application's own runtime role (see below) may call it at every start, once the schema's
+// owner has migrated. Otherwise it creates schema fencelock if missing, takes the migration
+// lock and applies what is pending. The lock is a transaction-scoped advisory lock held in a
+// transaction left open on a connection of its own for the length of the run: it excludes
+// other Migrate calls behind PgBouncer in transaction mode too (an open transaction keeps its
+// server connection), and it ends with that transaction if the process dies. The others wait
+// for it, for at most five minutes, then find nothing pending. Applying therefore takes two
+// connections of pool at once: a pool with MaxConns 1 gets an error when migrations are pending.
+// Behind PgBouncer, keep its idle_transaction_timeout (0 by default) above the longest
+// migration run: the lock's transaction sits idle meanwhile.
 //
 // Migration 00003 makes tokens epoch tokens (see [Token]): every token issued after it is
 // larger than every token issued before. It refuses, with an error wrapping [ErrTokenBudget]
 // and changing nothing, a database whose token sequence is already past 2^47 - 1.
 //
-// The role needs CREATE on the database. Errors: an [*ArgumentError] for a nil pool (before any
-// SQL runs); one wrapping [ErrTokenBudget] as said; otherwise goose's and pgx's errors, wrapped.
+// Privileges. Applying migrations needs the owner of schema fencelock and its objects (on a
+// fresh database, a role with CREATE on the database). The runtime role of the application,
+// which takes leases, fences, advisory tokens and runs the nothing-pending Migrate, needs no
+// DDL privilege at all; after each Migrate that applied migrations, as the owner:
+//
+//	GRANT USAGE ON SCHEMA fencelock TO app;
+//	GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA fencelock TO app;
+//	GRANT USAGE ON ALL SEQUENCES IN SCHEMA fencelock TO app;
+//
+// (plus CONNECT on the database where PUBLIC's was revoked). ALL TABLES covers the views
+// (holders, lease_queue, advisory_locks), fencelock.token_flushes (advisory tokens),
+// fencelock.token_epoch (every token; [RebaseTokenEpoch] too) and the version table, which
+// Migrate reads. The functions (next_token, hand_off, force_release, rebase_token_epoch) are
+// EXECUTE to PUBLIC unless default privileges revoked that. README.md, "Least privilege", says
+// more.
+//
+// Errors: an [*ArgumentError] for a nil pool (before any SQL runs); one wrapping
+// [ErrTokenBudget] as said; when the role cannot read the version table, or migrations are
+// pending and it may not apply them (create schema fencelock, alter its tables), an error saying
+// which privilege is missing, wrapping the [*pgconn.PgError] (SQLSTATE 42501; the migration that
+// failed rolls back); when the lock is not granted within five minutes, an error saying so;
+// otherwise goose's and pgx's errors, wrapped. With nothing pending it returns nil on a hot
+// standby too; with migrations pending there, an error wrapping [ErrReadOnly].
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return argError("pool", "must not be nil")
 	}
-	// goose creates its version table before it runs any migration, so the schema the table
-	// lives in must exist first.
-	// CREATE SCHEMA IF NOT EXISTS is not safe against a concurrent twin: the loser can fail
-	// with unique_violation (23505) or duplicate_schema (42P06). The schema then exists.
-	if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS fencelock`); err != nil {
-		var pgErr *pgconn.PgError
-		if !errors.As(err, &pgErr) || (pgErr.Code != "23505" && pgErr.Code != "42P06") {
-			return fmt.Errorf("fencelock: create schema: %w", err)
-		}
-	}
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(migrateLockID), lock.WithLockTimeout(1, 300))
-	if err != nil {
-		return fmt.Errorf("fencelock: migration lock: %w", err)
-	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
+	locker := &migrateLocker{}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithTableName(VersionTable),
-		goose.WithSessionLocker(locker),
+		goose.WithLocker(locker),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithLogger(goose.NopLogger()),
 	)
 	if err != nil {
 		return fmt.Errorf("fencelock: migrations: %w", err)
 	}
+
+	var schemaExists, tableExists bool
+	if err := pool.QueryRow(ctx, migrateStateSQL).Scan(&schemaExists, &tableExists); err != nil {
+		return wrapPg("fencelock: migrate: read catalog", err)
+	}
+	if tableExists {
+		// HasPending takes no lock (goose ignores the locker there) and creates nothing: the
+		// version table exists, so goose's check for it passes. It reads the whole table, so
+		// that a migration missing below the highest applied one is an error here as in Up.
+		pending, err := p.HasPending(ctx)
+		if err != nil {
+			if isInsufficientPrivilege(err) {
+				// Falling through to the DDL would fail too (Up reads the same table), with a
+				// less telling error, or take the lock for nothing.
+				return fmt.Errorf("fencelock: migrate: the role cannot read %s: grant it USAGE on schema fencelock and SELECT on %s, or run Migrate as the owner of schema fencelock: %w",
+					VersionTable, VersionTable, err)
+			}
+			return wrapPg("fencelock: migrate: check pending migrations", err)
+		}
+		if !pending {
+			return nil
+		}
+	}
+
+	if pool.Config().MaxConns < 2 {
+		return fmt.Errorf("fencelock: migrate: pool has MaxConns %d: applying migrations needs 2 connections (one holds the migration lock)", pool.Config().MaxConns)
+	}
+	if !schemaExists {
+		// goose creates its version table before it runs any migration, so the schema the
+		// table lives in must exist first. CREATE SCHEMA IF NOT EXISTS is not safe against a
+		// concurrent twin: the loser can fail with unique_violation (23505) or duplicate_schema
+		// (42P06). The schema then exists.
+		if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS fencelock`); err != nil {
+			var pgErr *pgconn.PgError
+			switch {
+			case isInsufficientPrivilege(err):
+				return fmt.Errorf("fencelock: migrate: migrations are pending and the role may not create schema fencelock (CREATE on the database): run Migrate as the owner of schema fencelock: %w", err)
+			case !errors.As(err, &pgErr) || (pgErr.Code != "23505" && pgErr.Code != "42P06"):
+				return wrapPg("fencelock: create schema", err)
+			}
+		}
+	}
 	if _, err := p.Up(ctx); err != nil {
+		if isInsufficientPrivilege(err) {
+			return fmt.Errorf("fencelock: migrate: migrations are pending and the role may not apply them: run Migrate as the owner of schema fencelock: %w", err)
+		}
 		return wrapPg("fencelock: migrate", err)
 	}
 	return nil
+}
+
+// isInsufficientPrivilege reports whether err is Postgres's insufficient_privilege (42501):
+// "permission denied for ...", "must be owner of ...".
+func isInsufficientPrivilege(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }

@@ -38,15 +38,20 @@ LEFT JOIN fencelock.lease_queue_summary AS q ON q.name = l.name
 WHERE l.token > 0 AND l.expires_at > clock_timestamp();
 
 -- Advisory locks held or awaited in this database, from pg_locks joined with pg_stat_activity.
--- key is the int64 advisory lock key (one-key form), key1/key2 the pair form (two int4 keys);
--- name is the lock's name for session locks taken by fencelock (which sets application_name to
--- "fencelock <name>" on the lock's own session), else NULL. Sessions of other roles show NULL
--- client_addr, backend_start, xact_start and state_change unless the reader has
--- pg_read_all_stats (pg_monitor); pg_locks itself is readable by every role.
+-- key is the int64 advisory lock key (one-key form); key1 and key2 the pair form (two int4 keys:
+-- pg_locks keeps them as oids, whose cast to integer gives back the signed key). name is read
+-- from the holding session's application_name, which fencelock's session locks set to
+-- "fencelock <name>" and PostgreSQL cuts to 63 bytes: the lock's name when it has at most 53
+-- bytes, its first 53 bytes otherwise; NULL for locks taken by key, and for sessions that
+-- fencelock did not name. A session that holds several advisory locks shows its one name on
+-- each. blocked_by (pg_blocking_pids, which takes every lock-manager partition lock) is read
+-- only for locks still awaited. Sessions of other roles show NULL client_addr, backend_start,
+-- xact_start and state_change unless the reader has pg_read_all_stats (pg_monitor); pg_locks
+-- itself is readable by every role.
 CREATE VIEW fencelock.advisory_locks AS
 SELECT CASE WHEN k.objsubid = 1 THEN (k.classid::bigint << 32) | k.objid::bigint END AS key,
-       CASE WHEN k.objsubid = 2 THEN k.classid::bigint::integer END AS key1,
-       CASE WHEN k.objsubid = 2 THEN k.objid::bigint::integer END AS key2,
+       CASE WHEN k.objsubid = 2 THEN k.classid::integer END AS key1,
+       CASE WHEN k.objsubid = 2 THEN k.objid::integer END AS key2,
        CASE WHEN a.application_name LIKE 'fencelock %' AND a.application_name NOT LIKE 'fencelock key %'
             THEN substr(a.application_name, 11) END AS name,
        CASE k.mode WHEN 'ExclusiveLock' THEN 'exclusive' ELSE 'shared' END AS mode,
@@ -59,23 +64,117 @@ SELECT CASE WHEN k.objsubid = 1 THEN (k.classid::bigint << 32) | k.objid::bigint
        a.state,
        a.state_change,
        k.waitstart,
-       pg_catalog.pg_blocking_pids(k.pid) AS blocked_by
+       CASE WHEN NOT k.granted THEN pg_catalog.pg_blocking_pids(k.pid) END AS blocked_by
 FROM pg_catalog.pg_locks AS k
 LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = k.pid
 WHERE k.locktype = 'advisory'
   AND k.database = (SELECT d.oid FROM pg_catalog.pg_database AS d WHERE d.datname = current_database());
 
--- fencelock.force_release(name, fence) ends the current grant of the lease name, whoever holds
--- it, and fences its holder out: the lease goes to the head of the name's queue with a fresh
--- token (as a release would hand it over), or, with nobody waiting, stays free with a fresh token
--- recorded on its row; and the high-water mark of each resource in fence is raised to that
--- token, so a paused holder that wakes up has its fenced writes rejected even where its token
--- travels without the lease (FenceTx, UpdateFencedTx with a token column kept elsewhere is the
--- caller's to raise). It returns the holder and token it ended (NULL when nothing was held) and
--- the token that now fences them out. It waits for a guarded transaction of the holder (FOR
--- KEY SHARE on the row) to end; callers bound it with lock_timeout.
+-- fencelock.hand_off (migration 00004) dates a handed-over grant from now(), the start of the
+-- caller's transaction. A release is one short statement, but force_release may wait for the
+-- row (a guarded transaction of the holder, a RunLocked) for as long as its caller's
+-- lock_timeout: a grant dated from before that wait could expire before it commits. The same
+-- function, dated from clock_timestamp(), the moment of the hand-off.
 -- +goose StatementBegin
-CREATE FUNCTION fencelock.force_release(lease_name text, fence text[])
+CREATE OR REPLACE FUNCTION fencelock.hand_off(lease_name text, from_holder text, from_token bigint) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    h record;
+    tok bigint;
+    exp timestamptz;
+    woke boolean;
+BEGIN
+    -- The grant, locked FOR UPDATE as a grant needs it; skipped when someone else holds a lock
+    -- on the row: a guarded transaction of the holder (FOR KEY SHARE), or the holder's
+    -- renewal in flight.
+    PERFORM 1 FROM fencelock.leases AS l
+    WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token
+      AND l.expires_at > pg_catalog.clock_timestamp()
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        -- The head, locked. Its row may be deleted (the head gave up) while this waits for
+        -- its lock: look again, a few times, while anyone live waits.
+        FOR i IN 1..3 LOOP
+            SELECT w.holder, w.wait_id, w.channel, w.ttl_us INTO h
+            FROM fencelock.lease_waiters AS w
+            WHERE w.name = lease_name AND w.holder <> from_holder AND w.granted_token = 0
+              AND w.expires_at > pg_catalog.clock_timestamp()
+            ORDER BY w.seq
+            LIMIT 1
+            FOR UPDATE;
+            EXIT WHEN FOUND OR NOT EXISTS (
+                SELECT 1 FROM fencelock.lease_waiters AS q
+                WHERE q.name = lease_name AND q.holder <> from_holder AND q.granted_token = 0
+                  AND q.expires_at > pg_catalog.clock_timestamp());
+        END LOOP;
+        -- A head that waits for a TTL grant takes it here; one that waits to run a
+        -- transaction-scoped grant (ttl_us 0) is woken below to take the free lease itself.
+        IF h.holder IS NOT NULL AND h.ttl_us > 0 THEN
+            tok := fencelock.next_token(false);
+            UPDATE fencelock.lease_waiters AS w
+            SET granted_token = tok, granted_expires_at = pg_catalog.clock_timestamp() + h.ttl_us * interval '1 microsecond',
+                expires_at = pg_catalog.clock_timestamp()
+            WHERE w.name = lease_name AND w.holder = h.holder
+            RETURNING w.granted_expires_at INTO exp;
+            UPDATE fencelock.leases AS l
+            SET holder = h.holder, token = tok, acquired_at = pg_catalog.clock_timestamp(), expires_at = exp
+            WHERE l.name = lease_name
+            RETURNING CASE WHEN h.channel IS NULL THEN false ELSE
+                pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, tok,
+                    (EXTRACT(epoch FROM exp) * 1000000)::bigint,
+                    pg_catalog.octet_length(h.holder), h.holder || lease_name)) IS NOT NULL END INTO woke;
+            RETURN CASE WHEN woke THEN 3 ELSE 2 END;
+        END IF;
+    ELSE
+        -- Locked by someone else: release without a hand-off (below) once the renewal in
+        -- flight, if any, has committed (FOR NO KEY UPDATE does not wait for FOR KEY SHARE).
+        PERFORM 1 FROM fencelock.leases AS l
+        WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token
+          AND l.expires_at > pg_catalog.clock_timestamp()
+        FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    UPDATE fencelock.leases AS l
+    SET expires_at = pg_catalog.clock_timestamp()
+    WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token;
+    -- Wake the head, without a grant, to try for itself.
+    PERFORM pg_catalog.pg_notify(q.channel, pg_catalog.concat_ws(' ', q.wait_id, 0, 0,
+                pg_catalog.octet_length(q.holder), q.holder || lease_name))
+    FROM (SELECT w.holder, w.wait_id, w.channel FROM fencelock.lease_waiters AS w
+          WHERE w.name = lease_name AND w.holder <> from_holder AND w.granted_token = 0
+            AND w.expires_at > pg_catalog.clock_timestamp()
+          ORDER BY w.seq LIMIT 1) AS q
+    WHERE q.channel IS NOT NULL;
+    RETURN 1;
+END
+$$;
+-- +goose StatementEnd
+
+-- fencelock.force_release(name, fence, expected_token) ends the current grant of the lease name,
+-- whoever holds it, and fences its holder out. It locks the lease row first (creating an
+-- expired placeholder row, token 0, when the name has none), so it waits for whatever holds
+-- the row: a guarded transaction of the holder (GuardTx, FenceTx: FOR KEY SHARE), a RunLocked
+-- (FOR UPDATE), a grant in flight; callers bound the wait with lock_timeout. Only under that
+-- lock does it decide whether the lease is held:
+--   * held (a TTL grant, unexpired): the grant ends as a release would end it
+--     (fencelock.hand_off): the lease goes to the head of the queue with a fresh token, or,
+--     when nobody waits or the head waits for a RunLocked (which is woken to take it), stays
+--     free;
+--   * free: a fresh token is drawn and recorded on the row (holder 'fencelock force-release',
+--     expired), so the next grant's token is larger still.
+-- Either way, the high-water mark of each resource in fence is raised to the new token, so a
+-- paused holder that wakes up has its fenced writes rejected even where its token travels
+-- without the lease (FenceTx; a token column kept by UpdateFencedTx is the caller's to raise).
+-- With expected_token not NULL, it changes nothing unless the current grant has exactly that
+-- token (an operator who read token T ends T, never a newer grant that replaced it meanwhile).
+-- It returns the holder and token it ended (NULL when the lease was not held; with
+-- expected_token, the current ones when they did not match), the token that now fences them
+-- out (NULL when nothing changed) and who the lease was handed to (NULL when nobody).
+-- +goose StatementBegin
+CREATE FUNCTION fencelock.force_release(lease_name text, fence text[], expected_token bigint DEFAULT NULL)
 RETURNS TABLE (old_holder text, old_token bigint, new_token bigint, handed_to text)
 LANGUAGE plpgsql VOLATILE
 AS $$
@@ -83,24 +182,31 @@ DECLARE
     cur record;
     outcome integer;
 BEGIN
-    SELECT l.holder, l.token INTO cur
+    INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+    VALUES (lease_name, 'fencelock force-release', 0, now(), now())
+    ON CONFLICT (name) DO NOTHING;
+    SELECT l.holder, l.token, l.token > 0 AND l.expires_at > pg_catalog.clock_timestamp() AS held INTO cur
     FROM fencelock.leases AS l
-    WHERE l.name = lease_name AND l.token > 0 AND l.expires_at > pg_catalog.clock_timestamp()
+    WHERE l.name = lease_name
     FOR UPDATE;
-    IF FOUND THEN
+    IF cur.held THEN
         old_holder := cur.holder;
         old_token := cur.token;
+    END IF;
+    IF expected_token IS NOT NULL AND old_token IS DISTINCT FROM expected_token THEN
+        RETURN NEXT; -- not the grant the caller meant: nothing changed
+        RETURN;
+    END IF;
+    IF cur.held THEN
         outcome := fencelock.hand_off(lease_name, cur.holder, cur.token);
     END IF;
     IF outcome IN (2, 3) THEN
         SELECT l.token, l.holder INTO new_token, handed_to FROM fencelock.leases AS l WHERE l.name = lease_name;
     ELSE
-        -- Free (or never held): a fresh token on the row, so the next grant's token, and the
-        -- fences raised here, are both larger than any token of the old holder.
         new_token := fencelock.next_token(false);
         UPDATE fencelock.leases AS l
         SET token = new_token, holder = 'fencelock force-release', expires_at = pg_catalog.clock_timestamp()
-        WHERE l.name = lease_name AND l.expires_at <= pg_catalog.clock_timestamp();
+        WHERE l.name = lease_name;
     END IF;
     INSERT INTO fencelock.fences AS f (resource, token)
     SELECT DISTINCT r, new_token FROM unnest(fence) AS r
@@ -135,7 +241,85 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
-DROP FUNCTION fencelock.force_release(text, text[]);
+DROP FUNCTION fencelock.force_release(text, text[], bigint);
+-- hand_off as migration 00004 made it.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION fencelock.hand_off(lease_name text, from_holder text, from_token bigint) RETURNS integer
+LANGUAGE plpgsql VOLATILE
+AS $$
+DECLARE
+    h record;
+    tok bigint;
+    exp timestamptz;
+    woke boolean;
+BEGIN
+    -- The grant, locked FOR UPDATE as a grant needs it; skipped when someone else holds a lock
+    -- on the row: a guarded transaction of the holder (FOR KEY SHARE), or the holder's
+    -- renewal in flight.
+    PERFORM 1 FROM fencelock.leases AS l
+    WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token
+      AND l.expires_at > pg_catalog.clock_timestamp()
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        -- The head, locked. Its row may be deleted (the head gave up) while this waits for
+        -- its lock: look again, a few times, while anyone live waits.
+        FOR i IN 1..3 LOOP
+            SELECT w.holder, w.wait_id, w.channel, w.ttl_us INTO h
+            FROM fencelock.lease_waiters AS w
+            WHERE w.name = lease_name AND w.holder <> from_holder AND w.granted_token = 0
+              AND w.expires_at > pg_catalog.clock_timestamp()
+            ORDER BY w.seq
+            LIMIT 1
+            FOR UPDATE;
+            EXIT WHEN FOUND OR NOT EXISTS (
+                SELECT 1 FROM fencelock.lease_waiters AS q
+                WHERE q.name = lease_name AND q.holder <> from_holder AND q.granted_token = 0
+                  AND q.expires_at > pg_catalog.clock_timestamp());
+        END LOOP;
+        -- A head that waits for a TTL grant takes it here; one that waits to run a
+        -- transaction-scoped grant (ttl_us 0) is woken below to take the free lease itself.
+        IF h.holder IS NOT NULL AND h.ttl_us > 0 THEN
+            tok := fencelock.next_token(false);
+            UPDATE fencelock.lease_waiters AS w
+            SET granted_token = tok, granted_expires_at = now() + h.ttl_us * interval '1 microsecond',
+                expires_at = pg_catalog.clock_timestamp()
+            WHERE w.name = lease_name AND w.holder = h.holder
+            RETURNING w.granted_expires_at INTO exp;
+            UPDATE fencelock.leases AS l
+            SET holder = h.holder, token = tok, acquired_at = now(), expires_at = exp
+            WHERE l.name = lease_name
+            RETURNING CASE WHEN h.channel IS NULL THEN false ELSE
+                pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, tok,
+                    (EXTRACT(epoch FROM exp) * 1000000)::bigint,
+                    pg_catalog.octet_length(h.holder), h.holder || lease_name)) IS NOT NULL END INTO woke;
+            RETURN CASE WHEN woke THEN 3 ELSE 2 END;
+        END IF;
+    ELSE
+        -- Locked by someone else: release without a hand-off (below) once the renewal in
+        -- flight, if any, has committed (FOR NO KEY UPDATE does not wait for FOR KEY SHARE).
+        PERFORM 1 FROM fencelock.leases AS l
+        WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token
+          AND l.expires_at > pg_catalog.clock_timestamp()
+        FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    UPDATE fencelock.leases AS l
+    SET expires_at = pg_catalog.clock_timestamp()
+    WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token;
+    -- Wake the head, without a grant, to try for itself.
+    PERFORM pg_catalog.pg_notify(q.channel, pg_catalog.concat_ws(' ', q.wait_id, 0, 0,
+                pg_catalog.octet_length(q.holder), q.holder || lease_name))
+    FROM (SELECT w.holder, w.wait_id, w.channel FROM fencelock.lease_waiters AS w
+          WHERE w.name = lease_name AND w.holder <> from_holder AND w.granted_token = 0
+            AND w.expires_at > pg_catalog.clock_timestamp()
+          ORDER BY w.seq LIMIT 1) AS q
+    WHERE q.channel IS NOT NULL;
+    RETURN 1;
+END
+$$;
+-- +goose StatementEnd
 DROP VIEW fencelock.advisory_locks;
 DROP VIEW fencelock.holders;
 ALTER TABLE fencelock.leases DROP COLUMN renewed_at, DROP COLUMN renewed_token, DROP COLUMN renewals;

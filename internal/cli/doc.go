@@ -46,11 +46,14 @@
 // # Exit codes
 //
 //	0  ok ([ExitOK])
-//	1  an error talking to the database, or the operator declined ([ExitError])
+//	1  an error: the database refused or could not be reached, output could not be written, a
+//	   terminated backend did not exit, a lock held by a prepared transaction, or the
+//	   operator declined ([ExitError])
 //	2  a usage error: unknown command or flag, missing argument or database URL ([ExitUsage])
-//	3  nothing to do: no holder found ([ExitNotFound])
-//	4  lock timeout: the lease row is locked by a transaction, most likely the holder's
-//	   guarded transaction ([ExitLockTimeout])
+//	3  nothing to do: no holder found, or the lease's current grant is not the one --token
+//	   names, and nothing changed ([ExitNotFound])
+//	4  lock timeout: the lease row is locked by a transaction: a RunLocked, the holder's
+//	   guarded transaction or a grant in flight ([ExitLockTimeout])
 //
 // Errors go to stderr as one line, "fencelock: <message>".
 package cli

@@ -24,7 +24,7 @@ type releaseResult struct {
 	Held      bool     `json:"held"`       // whether a grant was current and was ended
 	OldHolder *string  `json:"old_holder"` // the holder whose grant ended; null when not held
 	OldToken  *int64   `json:"old_token"`  // its token
-	NewToken  int64    `json:"new_token"`  // the token that now fences the old holder out
+	NewToken  *int64   `json:"new_token"`  // the token that now fences the old holder out; null when nothing changed (--token did not match)
 	HandedTo  *string  `json:"handed_to"`  // the waiter the lease went to, with NewToken; null if none
 	Waiting   int64    `json:"waiting"`    // live waiters left in the queue
 	Fenced    []string `json:"fenced"`     // resources whose high-water mark is now at least NewToken
@@ -42,6 +42,7 @@ func releaseCommand(fs *flag.FlagSet) func(context.Context, *session, []string) 
 	var fence stringList
 	fs.Var(&fence, "fence", "also raise this `RESOURCE`'s high-water mark to the new token (repeatable; NAME is always fenced)")
 	lockTimeout := fs.Duration("lock-timeout", defaultLockTimeout, "give up (exit 4) when the lease row stays locked this `duration` (0: wait without limit)")
+	token := fs.Int64("token", 0, "release only the grant with this fencing `TOKEN` (as `fencelock locks` shows it); exit 3 and change nothing when the current grant has another")
 	advisory := fs.Bool("advisory", false, "NAME is an advisory lock's name, int64 key, or K1,K2 key pair: terminate the backends that hold it")
 	yes := fs.Bool("yes", false, "with --advisory: terminate without asking")
 	namespace := fs.String("namespace", fencelock.DefaultNamespace, "with --advisory: the `namespace` a NAME is hashed in (fencelock.WithNamespace)")
@@ -59,6 +60,12 @@ func releaseCommand(fs *flag.FlagSet) func(context.Context, *session, []string) 
 			return withCode(ExitUsage, "release: --yes applies to --advisory only")
 		case *lockTimeout < 0:
 			return withCode(ExitUsage, "release: --lock-timeout %v is negative", *lockTimeout)
+		case *lockTimeout > maxLockTimeout:
+			return withCode(ExitUsage, "release: --lock-timeout %v is above PostgreSQL's limit of %v", *lockTimeout, maxLockTimeout)
+		case *token < 0:
+			return withCode(ExitUsage, "release: --token %d is negative; a fencing token is > 0", *token)
+		case *advisory && *token != 0:
+			return withCode(ExitUsage, "release: --token applies to leases, not to --advisory")
 		}
 		if *advisory {
 			arg, err := parseAdvisoryArg(args[0], *namespace)
@@ -73,13 +80,20 @@ func releaseCommand(fs *flag.FlagSet) func(context.Context, *session, []string) 
 				return withCode(ExitUsage, "release: --fence with an empty resource")
 			}
 		}
-		return s.releaseLease(ctx, args[0], resources, *lockTimeout)
+		var expected *int64
+		if *token > 0 {
+			expected = token
+		}
+		return s.releaseLease(ctx, args[0], resources, *lockTimeout, expected)
 	}
 }
 
+// maxLockTimeout is the largest lock_timeout PostgreSQL takes: INT_MAX milliseconds.
+const maxLockTimeout = time.Duration(1<<31-1) * time.Millisecond
+
 // releaseLease ends the grant of lease name, whoever holds it, and raises the high-water mark
 // of each resource, by fencelock.force_release in a transaction with lock_timeout.
-func (s *session) releaseLease(ctx context.Context, name string, resources []string, lockTimeout time.Duration) error {
+func (s *session) releaseLease(ctx context.Context, name string, resources []string, lockTimeout time.Duration, expected *int64) error {
 	pool, err := s.pool(ctx)
 	if err != nil {
 		return err
@@ -104,13 +118,13 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	pid := conn.Conn().PgConn().PID()
 	go func() { found <- watchBlockers(ctx, pool, pid, pollEvery(lockTimeout), stop) }()
 	res := releaseResult{Lease: name, Fenced: resources}
-	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, new_token, handed_to FROM fencelock.force_release($1, $2)`, name, resources).
+	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`, name, resources, expected).
 		Scan(&res.OldHolder, &res.OldToken, &res.NewToken, &res.HandedTo)
 	close(stop)
 	blockers := <-found
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
-		return withCode(ExitLockTimeout, "release lease %q: the lease row is locked by another transaction, most likely a guarded transaction of its holder (Lease.GuardTx, Lease.FenceTx; else a fenced write holding a fence row); %s; gave up after --lock-timeout %v: retry once it ends, or raise --lock-timeout",
+		return withCode(ExitLockTimeout, "release lease %q: the lease row is locked by another transaction: a transaction-scoped holder (Lessor.RunLocked), a guarded transaction of its holder (Lease.GuardTx, Lease.FenceTx) or a grant in flight (else a fenced write holding a fence row); %s; gave up after --lock-timeout %v: retry once it ends, or raise --lock-timeout",
 			name, describeBlockers(blockers), lockTimeout)
 	}
 	if err != nil {
@@ -122,7 +136,18 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	if err := tx.Commit(ctx); err != nil {
 		return dbError(fmt.Sprintf("release lease %q: commit", name), err)
 	}
-	res.Held = res.OldHolder != nil
+	res.Held = res.OldHolder != nil && res.NewToken != nil
+	if res.NewToken == nil { // --token did not match the current grant: nothing changed
+		if s.json {
+			if err := s.printJSON(res); err != nil {
+				return err
+			}
+		}
+		if res.OldHolder == nil {
+			return withCode(ExitNotFound, "release lease %q: not held, so not the grant with token %d; nothing changed", name, *expected)
+		}
+		return withCode(ExitNotFound, "release lease %q: now held by %s with token %d, not %d; nothing changed", name, cell(*res.OldHolder), *res.OldToken, *expected)
+	}
 	if s.json {
 		return s.printJSON(res)
 	}
@@ -132,7 +157,7 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 
 // describeRelease renders the outcome of a forced release in one line.
 func describeRelease(r releaseResult) string {
-	fenced := fmt.Sprintf("fenced with token %d (%s)", r.NewToken, strings.Join(r.Fenced, ", "))
+	fenced := fmt.Sprintf("fenced with token %d (%s)", deref(r.NewToken), strings.Join(r.Fenced, ", "))
 	if !r.Held {
 		return fmt.Sprintf("lease %q was not held; %s", r.Lease, fenced)
 	}

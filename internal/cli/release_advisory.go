@@ -16,8 +16,9 @@ import (
 const terminateWait = 5 * time.Second
 
 // advisoryArg is the lock of release --advisory: an int64 key, a pair of int32 keys, or a
-// name, hashed to its int64 key as an [fencelock.AdvisoryLocker] of the namespace does. The
-// text as given is also matched against the name column of fencelock.advisory_locks.
+// name, hashed to its int64 key as an [fencelock.AdvisoryLocker] of the namespace does. Holders
+// are found by key alone: the name column of fencelock.advisory_locks carries no namespace (and
+// is cut to 53 bytes), so matching it could end a lock of the same name in another namespace.
 type advisoryArg struct {
 	text   string
 	name   bool // given as a name
@@ -105,8 +106,8 @@ func (s *session) releaseAdvisory(ctx context.Context, a advisoryArg, yes bool) 
 	rows, err := pool.Query(ctx, `
 		SELECT DISTINCT ON (pid) pid, coalesce(application_name, ''), coalesce(host(client_addr), ''), mode
 		FROM fencelock.advisory_locks
-		WHERE granted AND (key = $1 OR (key1 = $2 AND key2 = $3) OR name = $4)
-		ORDER BY pid`, a.key, a.k1, a.k2, a.text)
+		WHERE granted AND (key = $1 OR (key1 = $2 AND key2 = $3))
+		ORDER BY pid`, a.key, a.k1, a.k2)
 	if err != nil {
 		return dbError("read fencelock.advisory_locks", err)
 	}

@@ -159,6 +159,21 @@ func (s *session) globalFlags(fs *flag.FlagSet) {
 // is positional.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
+	// A negative advisory key ("-5", "-1,5"), as `fencelock locks` prints half of them, is an
+	// argument, not a flag: taken out before the flags are parsed (up to a "--").
+	kept := make([]string, 0, len(args))
+	for i, a := range args {
+		if a == "--" {
+			kept = append(kept, args[i:]...)
+			break
+		}
+		if negativeKey.MatchString(a) {
+			pos = append(pos, a)
+			continue
+		}
+		kept = append(kept, a)
+	}
+	args = kept
 	for {
 		if err := fs.Parse(args); err != nil {
 			return nil, err
@@ -174,6 +189,9 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		args = rest[1:]
 	}
 }
+
+// negativeKey matches a negative int64 advisory key or a key pair whose first key is negative.
+var negativeKey = regexp.MustCompile(`^-[0-9]+(,-?[0-9]+)?$`)
 
 // lineBreaks matches a line break with the indentation around it.
 var lineBreaks = regexp.MustCompile(`[ \t]*[\r\n]+[ \t]*`)

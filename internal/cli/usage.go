@@ -17,10 +17,15 @@ Environment:
 
 Exit codes:
   0  ok
-  1  an error talking to the database, or declined at the prompt
+  1  an error: the database refused or could not be reached, output could not be written,
+     a terminated backend did not exit, a lock held by a prepared transaction, or declined
+     at the prompt
   2  usage error: unknown command or flag, missing argument, no database URL
-  3  nothing to do: no holder found (release --advisory)
+  3  nothing to do: no holder found (release --advisory), or the lease's current grant is
+     not the one --token names (release; nothing changed)
   4  lock timeout: the lease row is locked by a transaction (release; see --lock-timeout)
+
+A negative advisory key may be given as it is (release --force --advisory -5) or after --.
 
 Run "fencelock help COMMAND" for a command's flags.
 `

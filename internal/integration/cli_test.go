@@ -239,13 +239,14 @@ func TestCLIReleaseForce(t *testing.T) {
 	// The holder inside a guarded transaction: the lease row stays locked until it ends.
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }() // on failure too: the pool closes at cleanup
 	require.NoError(t, zombie.GuardTx(b.ctx, tx))
 	guardPID := tx.Conn().PgConn().PID()
 	start := time.Now()
 	code, out, errOut := cliRun(t, b, "", "release", "--force", "--lock-timeout", "200ms", "cli:job")
 	require.Equal(t, cli.ExitLockTimeout, code, "stdout %q stderr %q", out, errOut)
 	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
-	require.Regexp(t, `^fencelock: release lease "cli:job": the lease row is locked by another transaction, .*guarded transaction of its holder.*; `+
+	require.Regexp(t, `^fencelock: release lease "cli:job": the lease row is locked by another transaction: .*guarded transaction of its holder.*; `+
 		fmt.Sprintf(`pg_blocking_pids: pid %d \(`, guardPID)+`.*--lock-timeout 200ms.*raise --lock-timeout\n$`, errOut)
 	require.NoError(t, tx.Rollback(b.ctx))
 	require.Equal(t, leaseRow{Holder: "zombie", Token: int64(zombie.Token())}, readLease(t, b.ctx, b.pool, "cli:job"))

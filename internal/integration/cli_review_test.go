@@ -1,0 +1,194 @@
+package integration
+
+import (
+	"encoding/json"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// Advisory locks with negative keys: the view reads them back (a pair with a negative key once
+// made it fail for the whole database), and release takes a negative key as an argument.
+// release --advisory finds holders by key, never by name: a lock of the same name in another
+// namespace is left alone.
+func TestCLIAdvisoryKeysAndNamespaces(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The locks hold a connection each: on a pool of their own, so that b.pool stays free.
+	holders := newPool(t, b.ctx, b.db.URL)
+	conn, err := holders.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(b.ctx, `SELECT pg_advisory_lock(-1, 5)`)
+	require.NoError(t, err)
+	defer func() { _, _ = conn.Exec(b.ctx, `SELECT pg_advisory_unlock_all()`) }()
+
+	a := newLocker(t, holders)
+	neg, err := a.TryLockKey(b.ctx, fencelock.Int64Key(-5), fencelock.Exclusive)
+	require.NoError(t, err)
+	billing := newLocker(t, holders, fencelock.WithNamespace("billing"))
+	reports := newLocker(t, holders, fencelock.WithNamespace("reports"))
+	nb, err := billing.TryLock(b.ctx, "nightly")
+	require.NoError(t, err)
+	nr, err := reports.TryLock(b.ctx, "nightly")
+	require.NoError(t, err)
+	t.Cleanup(func() { // before the pool closes (cleanups run last registered first), on failure too
+		for _, lk := range []*fencelock.AdvisoryLock{neg, nb, nr} {
+			_ = lk.Unlock(b.ctx)
+		}
+	})
+
+	code, out, errOut := cliRun(t, b, "", "locks", "--json")
+	require.Equal(t, 0, code, errOut)
+	var rows []map[string]any
+	require.NoError(t, json.Unmarshal([]byte(out), &rows), out)
+	var sawPair, sawNeg bool
+	for _, r := range rows {
+		sawPair = sawPair || (r["key1"] == float64(-1) && r["key2"] == float64(5))
+		sawNeg = sawNeg || r["key"] == float64(-5)
+	}
+	require.True(t, sawPair, "locks shows the pair (-1, 5): %s", out)
+	require.True(t, sawNeg, "locks shows the key -5: %s", out)
+	var pair, single int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE key1 = -1 AND key2 = 5), count(*) FILTER (WHERE key = -5)
+		FROM fencelock.advisory_locks WHERE granted`).Scan(&pair, &single))
+	require.Equal(t, 1, pair, "the pair (-1, 5) as taken")
+	require.Equal(t, 1, single, "the key -5 as taken")
+
+	code, _, errOut = cliRun(t, b, "", "release", "--force", "--advisory", "--yes", "-5")
+	require.Equal(t, 0, code, errOut)
+	awaitDone(t, b, neg.Done(), "the lock on key -5")
+
+	code, _, errOut = cliRun(t, b, "", "release", "--force", "--advisory", "--yes", "--namespace", "reports", "nightly")
+	require.Equal(t, 0, code, errOut)
+	awaitDone(t, b, nr.Done(), "reports' nightly")
+	// The command returns once the backends it terminated have exited: billing's is not one.
+	require.Equal(t, []uint32{nb.BackendPID()}, advisoryHolders(t, b.ctx, b.pool, keyOf(t, billing, "nightly"), true),
+		"billing's nightly is still held by its session after a release in namespace reports")
+}
+
+// awaitDone waits for done, failing the test when b's context ends first.
+func awaitDone(t *testing.T, b *bundle, done <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-b.ctx.Done():
+		t.Fatalf("%s did not end", what)
+	}
+}
+
+// force_release decides under the lease row's lock: a grant in flight when it starts (locked,
+// not committed) is waited for and then ended, never left holding a lease that a fence raised
+// past its token already rejects.
+func TestForceReleaseWaitsForGrantInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	var granted int64
+	var exp time.Time
+	require.NoError(t, tx.QueryRow(b.ctx, db.Statement("LeaseGrant"), "acct", "new", time.Minute.Microseconds(), true, true).Scan(&granted, &exp))
+
+	type result struct {
+		oldHolder *string
+		oldToken  *int64
+		newToken  *int64
+		err       error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = b.pool.QueryRow(b.ctx, `SELECT old_holder, old_token, new_token FROM fencelock.force_release('acct', ARRAY['acct'])`).
+			Scan(&r.oldHolder, &r.oldToken, &r.newToken)
+		done <- r
+	}()
+	waitFor(t, b, "force_release waits for the grant's row lock", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%force_release%'`).Scan(&n))
+		return n == 1
+	})
+	require.NoError(t, tx.Commit(b.ctx))
+	r := <-done
+	require.NoError(t, r.err)
+	require.NotNil(t, r.oldHolder, "the grant that committed while force_release waited is the one it ends")
+	require.Equal(t, "new", *r.oldHolder)
+	require.Equal(t, granted, *r.oldToken)
+	require.Greater(t, *r.newToken, granted)
+	var held bool
+	var fence int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT expires_at > clock_timestamp(), (SELECT token FROM fencelock.fences WHERE resource = 'acct')
+		FROM fencelock.leases WHERE name = 'acct'`).Scan(&held, &fence))
+	require.False(t, held, "the grant was ended")
+	require.Equal(t, *r.newToken, fence)
+}
+
+// A release --force that waited for a guarded transaction hands the lease over with a full
+// TTL from the moment of the hand-off, not from the start of its own transaction; and --token
+// releases only the grant it names.
+func TestCLIReleaseForceAfterWait(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newLessor(t, b.pool, "holder")
+	waiter := newLessor(t, b.pool, "waiter")
+	lease, err := holder.Acquire(b.ctx, "job", time.Minute)
+	require.NoError(t, err)
+
+	code, _, errOut := cliRun(t, b, "", "release", "--force", "--token", strconv.FormatInt(int64(lease.Token())+1, 10), "job")
+	require.Equal(t, 3, code, "a --token that is not the current grant's: %s", errOut)
+	require.Contains(t, errOut, "nothing changed")
+	require.NoError(t, lease.Renew(b.ctx), "the lease is still held")
+
+	got := make(chan *fencelock.Lease, 1)
+	const waiterTTL = time.Second
+	go func() {
+		l, err := waiter.Acquire(b.ctx, "job", waiterTTL)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	awaitWaiters(t, b, "job", 1)
+
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	require.NoError(t, lease.GuardTx(b.ctx, tx))
+	type res struct {
+		code      int
+		out, errS string
+	}
+	released := make(chan res, 1)
+	go func() {
+		c, o, e := cliRun(t, b, "", "release", "--force", "--json", "--lock-timeout", "30s", "--token", strconv.FormatInt(int64(lease.Token()), 10), "job")
+		released <- res{c, o, e}
+	}()
+	waitFor(t, b, "release waits for the guarded transaction", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%force_release%'`).Scan(&n))
+		return n == 1
+	})
+	time.Sleep(waiterTTL + 200*time.Millisecond) // the wait itself is what is measured: longer than the waiter's TTL
+	require.NoError(t, tx.Commit(b.ctx))
+	r := <-released
+	require.Equal(t, 0, r.code, r.errS)
+	var out struct {
+		NewToken *int64  `json:"new_token"`
+		HandedTo *string `json:"handed_to"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.out), &out), r.out)
+	require.NotNil(t, out.HandedTo, r.out)
+	require.Equal(t, "waiter", *out.HandedTo)
+	l := <-got
+	require.NotNil(t, l)
+	require.EqualValues(t, *out.NewToken, l.Token(), "the waiter holds the grant the release handed over, not a later one")
+	require.NoError(t, l.Release(b.ctx))
+	require.True(t, strings.HasPrefix(r.out, "{"))
+}
