@@ -125,15 +125,15 @@ func TestDescribeRelease(t *testing.T) {
 		res  releaseResult
 		want string
 	}{
-		{"HandedOver", releaseResult{Lease: "payment:42", OldHolder: ptr("worker-1"), OldToken: ptr(int64(131)), NewToken: 140,
+		{"HandedOver", releaseResult{Lease: "payment:42", OldHolder: ptr("worker-1"), OldToken: ptr(int64(131)), NewToken: ptr(int64(140)),
 			HandedTo: ptr("worker-2"), Fenced: []string{"payment:42", "ledger"}, Held: true},
 			`released lease "payment:42" held by worker-1 (token 131); fenced with token 140 (payment:42, ledger); handed to worker-2`},
-		{"NobodyWaited", releaseResult{Lease: "x", OldHolder: ptr("h"), OldToken: ptr(int64(3)), NewToken: 4, Fenced: []string{"x"}, Held: true},
+		{"NobodyWaited", releaseResult{Lease: "x", OldHolder: ptr("h"), OldToken: ptr(int64(3)), NewToken: ptr(int64(4)), Fenced: []string{"x"}, Held: true},
 			`released lease "x" held by h (token 3); fenced with token 4 (x); nobody waited`},
-		{"WokeTransactionScopedWaiter", releaseResult{Lease: "x", OldHolder: ptr("h"), OldToken: ptr(int64(3)), NewToken: 4, Waiting: 1,
+		{"WokeTransactionScopedWaiter", releaseResult{Lease: "x", OldHolder: ptr("h"), OldToken: ptr(int64(3)), NewToken: ptr(int64(4)), Waiting: 1,
 			Fenced: []string{"x"}, Held: true},
 			`released lease "x" held by h (token 3); fenced with token 4 (x); woke the next waiter to take it`},
-		{"NotHeld", releaseResult{Lease: "x", NewToken: 9, Fenced: []string{"x"}},
+		{"NotHeld", releaseResult{Lease: "x", NewToken: ptr(int64(9)), Fenced: []string{"x"}},
 			`lease "x" was not held; fenced with token 9 (x)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
