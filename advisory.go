@@ -173,7 +173,7 @@ func (a *AdvisoryLocker) lock(ctx context.Context, name string, key AdvisoryKey,
 		mt = mLock
 	}
 	lk, err := a.acquire(ctx, name, key, mode, wait)
-	a.cfg.common.metrics.acquired(mt, start, err)
+	a.cfg.common.metrics.acquired(ctx, mt, start, err)
 	if err != nil {
 		a.mu.Lock()
 		delete(a.held, key)

@@ -168,8 +168,9 @@ var (
 	// ErrUnlocked is what AdvisoryLock.Err reports after the holder unlocked it itself.
 	ErrUnlocked = errors.New("fencelock: advisory lock unlocked")
 
-	// ErrAlreadyHeld is returned when a [Lessor] is asked for a lease it already holds or is
-	// acquiring, or an [AdvisoryLocker] for a lock it already holds or is acquiring: neither is
+	// ErrAlreadyHeld is returned when a [Lessor] is asked for a lease it already holds (an
+	// Acquire waiting for the name meanwhile returns it once another call of the lessor got the
+	// lease), or an [AdvisoryLocker] for a lock it already holds or is acquiring: neither is
 	// re-entrant (advisory locks stack in Postgres, and a silent second level would outlive the
 	// first Unlock; a second grant of a lease to one holder would share one token between two
 	// callers). See also [*KeyCollisionError].

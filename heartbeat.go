@@ -39,6 +39,8 @@ const (
 func (l *Lessor) add(lease *Lease) {
 	l.mu.Lock()
 	l.active[lease.name] = lease
+	lease.added = true
+	l.cfg.common.metrics.leaseStarted()
 	head := l.enqueueLocked(lease)
 	l.watchTrustLocked(lease)
 	start := l.heartbeat.startLocked()
@@ -217,22 +219,24 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 			got[k] = r // renewed = true wins over the snapshot's renewed = false
 		}
 	}
-	var gone int
+	var gone, renewed int
 	for _, lease := range leases {
 		r, ok := got[key{lease.name, int64(lease.token)}]
 		switch {
 		case !ok:
-			lease.lost(errGoneOnServer)
-			gone++
+			if lease.lost(errGoneOnServer) {
+				gone++
+			}
 		case !r.Renewed:
 			lease.retryAfter(clk.Now(), errRowLocked)
 			locked++
 		default:
 			lease.renewed(sent, r.ExpiresAt)
+			renewed++
 		}
 	}
 	m := l.cfg.common.metrics
-	m.renewed(oRenewed, len(leases)-gone-locked)
+	m.renewed(oRenewed, renewed)
 	m.renewed(oLocked, locked)
 	m.renewed(oLost, gone)
 	return locked, nil

@@ -33,6 +33,7 @@ type Lease struct {
 	times  leaseTimes
 	ending grantEnd
 	start  time.Time // local, when the grant came back: for the hold time (metrics.go)
+	added  bool      // given to the caller (Lessor.add): counted as held; guarded by lessor.mu
 
 	mu         sync.Mutex
 	trustUntil time.Time // local monotonic
@@ -48,7 +49,6 @@ type Lease struct {
 func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresAt time.Time) *Lease {
 	lease := &Lease{lessor: l, name: name, token: token, times: lt, ending: newGrantEnd(), start: time.Now(), slots: [2]int{-1, -1}}
 	lease.renewed(sent, expiresAt)
-	l.cfg.common.metrics.leaseStarted()
 	return lease
 }
 
@@ -89,18 +89,21 @@ func (lease *Lease) retryAfter(now time.Time, err error) {
 // later calls change nothing. It reports whether this call ended the lease.
 func (lease *Lease) end(err error) bool {
 	lease.lessor.forget(lease)
+	lease.lessor.mu.Lock()
+	added := lease.added
+	lease.lessor.mu.Unlock()
 	lease.mu.Lock() // so that a renewal's outcome is applied wholly before the end or not at all
 	ended := lease.ending.finish(err)
 	lease.mu.Unlock()
-	if ended {
+	if ended && added {
 		lease.lessor.cfg.common.metrics.leaseEnded(lease.start, err)
 	}
 	return ended
 }
 
 // lost ends the lease as lost with cause, and logs it. A trust-window loss carries the last
-// renewal error, if any.
-func (lease *Lease) lost(cause error) {
+// renewal error, if any. It reports whether this call ended the lease.
+func (lease *Lease) lost(cause error) bool {
 	if cause == ErrTrustWindowExpired {
 		lease.mu.Lock()
 		if lease.lastErr != nil {
@@ -108,9 +111,11 @@ func (lease *Lease) lost(cause error) {
 		}
 		lease.mu.Unlock()
 	}
-	if lease.end(&LeaseLostError{Name: lease.name, Token: lease.token, Cause: cause}) {
-		lease.lessor.cfg.common.logger.Error("fencelock: lease lost", "lease", lease.name, "token", int64(lease.token), "cause", cause)
+	if !lease.end(&LeaseLostError{Name: lease.name, Token: lease.token, Cause: cause}) {
+		return false
 	}
+	lease.lessor.cfg.common.logger.Error("fencelock: lease lost", "lease", lease.name, "token", int64(lease.token), "cause", cause)
+	return true
 }
 
 // Name returns the lease name.

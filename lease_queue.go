@@ -258,7 +258,7 @@ const (
 // until granted or ctx ends.
 func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) (lease *Lease, err error) {
 	live := queueLiveness(lt.ttl)
-	err = l.waitInQueue(ctx, "acquire lease", name, live, true, func(w *wait) (a attemptInfo, err error) {
+	err = l.waitInQueue(ctx, "acquire lease", name, live, true, func(w *wait, _ func()) (a attemptInfo, err error) {
 		lease, a, err = l.attempt(ctx, name, lt, w, live)
 		return a, err
 	})
@@ -270,9 +270,21 @@ func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) 
 // first refused attempt; between attempts it sleeps queueWait, unless a release wakes it.
 // granting: a successful attempt ends the wait's place itself (a TTL grant's statement
 // deletes it, a hand-off marks it); otherwise (RunLocked) the place is left when the call ends.
-func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.Duration, granting bool, attempt func(w *wait) (attemptInfo, error)) (err error) {
+// attempt's second argument ends the call's count as waiting (metrics.go), for an attempt
+// that got what it waited for and goes on to use it (a RunLocked's fn); it is idempotent,
+// and the wait ends it anyway when it returns.
+func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.Duration, granting bool, attempt func(w *wait, stopWaiting func()) (attemptInfo, error)) (err error) {
 	w := l.joinWait(name)
 	defer func() { l.leaveWait(ctx, name, w, granting && err == nil) }()
+	m := l.cfg.common.metrics
+	var counted bool // queued: counted as waiting; only this goroutine reads and writes it
+	stopWaiting := func() {
+		if counted {
+			counted = false
+			m.dequeued()
+		}
+	}
+	defer stopWaiting()
 	var t *time.Timer
 	defer func() {
 		if t != nil {
@@ -285,18 +297,18 @@ func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.D
 		l.mu.Lock()
 		wake := w.wake
 		l.mu.Unlock()
-		a, err := attempt(w)
+		a, err := attempt(w, stopWaiting)
 		if !errors.Is(err, errRefused) {
 			return err
 		}
 		if n == 0 {
-			m, mt := l.cfg.common.metrics, mRunLocked
+			mt := mRunLocked
 			if granting {
 				mt = mAcquire
 			}
 			m.contention(mt)
 			m.queued()
-			defer m.dequeued()
+			counted = true
 		}
 		l.mu.Lock()
 		if n == 0 {

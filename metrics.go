@@ -3,7 +3,9 @@ package fencelock
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -75,13 +77,18 @@ type metrics struct {
 	grants           metric.Int64Counter
 	contended        metric.Int64Counter
 	holdDuration     metric.Float64Histogram
-	held             metric.Int64UpDownCounter
+	held             metric.Int64ObservableUpDownCounter
 	renewals         metric.Int64Counter
 	lost             metric.Int64Counter
 	staleRejections  metric.Int64Counter
-	waiting          metric.Int64UpDownCounter
+	waiting          metric.Int64ObservableUpDownCounter
 	advisoryDuration metric.Float64Histogram
 	advisoryLost     metric.Int64Counter
+
+	// The up-down counts, observed by a callback: recorded as deltas, a count would go wrong
+	// (negative) for a lease granted before the application set the global provider and
+	// ended after (the global provider drops what came before).
+	heldN, waitingN atomic.Int64
 
 	byCall    [numMethods][numOutcomes]metric.MeasurementOption // method and outcome
 	byMethod  [numMethods]metric.MeasurementOption
@@ -95,7 +102,8 @@ var durationBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0
 
 // newMetrics creates fencelock's instruments on mp. An instrument the provider refuses is
 // replaced by a no-op one (OpenTelemetry's API returns one alongside its error), so metrics
-// never fail a lock; the error is returned for the constructor to report.
+// never fail a lock; the errors are joined in the result, which the callers drop: a provider
+// refuses an instrument only for a name or unit it cannot take, and these are fixed.
 func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 	m := mp.Meter(meterName)
 	var errs []error
@@ -104,41 +112,56 @@ func newMetrics(mp metric.MeterProvider) (*metrics, error) {
 		errs = append(errs, err)
 		return h
 	}
-	c := func(name, desc string) metric.Int64Counter {
-		h, err := m.Int64Counter(name, metric.WithUnit("{"+unitOf(name)+"}"), metric.WithDescription(desc))
+	c := func(name, unit, desc string) metric.Int64Counter {
+		h, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		errs = append(errs, err)
 		return h
 	}
-	u := func(name, desc string) metric.Int64UpDownCounter {
-		h, err := m.Int64UpDownCounter(name, metric.WithUnit("{"+unitOf(name)+"}"), metric.WithDescription(desc))
+	u := func(name, unit, desc string) metric.Int64ObservableUpDownCounter {
+		h, err := m.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		errs = append(errs, err)
 		return h
 	}
 	ms := &metrics{
 		acquireDuration:  f("fencelock.lease.acquire.duration", "Time from the call of TryAcquire or Acquire to its return, by method and outcome (granted, refused, canceled, error)."),
-		grants:           c("fencelock.lease.grants", "Grants: TTL leases granted and RunLocked transactions that got the lease row, by method."),
-		contended:        c("fencelock.lease.contended", "Calls that found the lease held by someone else: try calls refused, and waiting calls that had to queue, by method."),
+		grants:           c("fencelock.lease.grants", "{grant}", "Grants: TTL leases granted and RunLocked transactions that got the lease row, by method."),
+		contended:        c("fencelock.lease.contended", "{call}", "Calls that found the lease held by someone else: try calls refused, and waiting calls that had to queue, by method."),
 		holdDuration:     f("fencelock.lease.hold.duration", "Time a lease was held, from its grant to its end, by cause (released, lost)."),
-		held:             u("fencelock.lease.held", "Leases held by this process now."),
-		renewals:         c("fencelock.lease.renewals", "Lease renewals by outcome: renewed, locked (row locked by a transaction; retried), lost (gone on the server), failed (statement error; retried)."),
-		lost:             c("fencelock.lease.lost", "Leases lost, by cause: trust_window_expired (no renewal succeeded in time), gone_on_server (expired or taken over on the server)."),
-		staleRejections:  c("fencelock.fence.stale_rejections", "Fenced writes rejected for a stale fencing token, by method (fence_tx, lease_fence_tx, update_fenced_tx)."),
-		waiting:          u("fencelock.lease.queue.waiting", "Calls of this process waiting in a lease's queue now (Acquire, RunLocked)."),
-		advisoryDuration: f("fencelock.advisory.acquire.duration", "Time from the call of an advisory lock method to its return, by method and outcome."),
-		advisoryLost:     c("fencelock.advisory.sessions_lost", "Session advisory locks lost because their session ended or changed."),
+		held:             u("fencelock.lease.held", "{lease}", "Leases held by this process now."),
+		renewals:         c("fencelock.lease.renewals", "{renewal}", "Lease renewals by outcome: renewed, locked (row locked by a transaction; retried), lost (gone on the server), failed (statement error; retried)."),
+		lost:             c("fencelock.lease.lost", "{lease}", "Leases lost, by cause: trust_window_expired (no renewal succeeded in time), gone_on_server (expired or taken over on the server)."),
+		staleRejections:  c("fencelock.fence.stale_rejections", "{write}", "Fenced writes rejected for a stale fencing token, by method (fence_tx, lease_fence_tx, update_fenced_tx)."),
+		waiting:          u("fencelock.lease.queue.waiting", "{call}", "Calls of this process waiting in a lease's queue now (Acquire, RunLocked until its transaction gets the row)."),
+		advisoryDuration: f("fencelock.advisory.acquire.duration", "Time from the call of a session advisory lock method to its return, by method and outcome."),
+		advisoryLost:     c("fencelock.advisory.sessions_lost", "{session}", "Session advisory locks lost because their session ended or changed."),
 	}
+	_, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(ms.held, ms.heldN.Load())
+		o.ObserveInt64(ms.waiting, ms.waitingN.Load())
+		return nil
+	}, ms.held, ms.waiting)
+	errs = append(errs, err)
 	ms.buildSets()
 	return ms, errors.Join(errs...)
 }
 
-// unitOf is the annotation unit of a counter: its name's last segment ("grants").
-func unitOf(name string) string {
-	for i := len(name) - 1; i >= 0; i-- {
-		if name[i] == '.' {
-			return name[i+1:]
-		}
+// metricsByProvider shares one set of instruments, and so one count of leases held, among the
+// lessors and lockers of one provider.
+var metricsByProvider sync.Map // metric.MeterProvider -> *metrics
+
+// metricsFor returns the instruments of mp, made once per provider (a provider whose dynamic
+// type is not comparable cannot key the map: it gets instruments of its own each time).
+func metricsFor(mp metric.MeterProvider) *metrics {
+	if !reflect.TypeOf(mp).Comparable() {
+		m, _ := newMetrics(mp)
+		return m
 	}
-	return name
+	if m, ok := metricsByProvider.Load(mp); ok {
+		return m.(*metrics)
+	}
+	m, _ := newMetrics(mp) // an instrument the provider refuses records nothing
+	actual, _ := metricsByProvider.LoadOrStore(mp, m)
+	return actual.(*metrics)
 }
 
 // buildSets fills the attribute sets of every measurement.
@@ -172,10 +195,13 @@ func outcomeOf(err error) outcome {
 }
 
 // acquired records a call of mt that started at start and returned err: its duration by
-// outcome, and a grant.
-func (m *metrics) acquired(mt method, start time.Time, err error) {
-	ctx := context.Background()
+// outcome, and a grant. An error while ctx has ended is a cancellation, whatever its cause.
+func (m *metrics) acquired(ctx context.Context, mt method, start time.Time, err error) {
 	o := outcomeOf(err)
+	if o == oError && ctx.Err() != nil {
+		o = oCanceled
+	}
+	ctx = context.Background()
 	h := m.acquireDuration
 	if mt == mTryLock || mt == mLock {
 		h = m.advisoryDuration
@@ -196,11 +222,11 @@ func (m *metrics) contention(mt method) {
 
 // leaseStarted and leaseEnded track a lease's life: the held gauge, the hold time by how it
 // ended, and losses by cause.
-func (m *metrics) leaseStarted() { m.held.Add(context.Background(), 1) }
+func (m *metrics) leaseStarted() { m.heldN.Add(1) }
 
 func (m *metrics) leaseEnded(granted time.Time, err error) {
 	ctx := context.Background()
-	m.held.Add(ctx, -1)
+	m.heldN.Add(-1)
 	if errors.Is(err, ErrReleased) {
 		m.holdDuration.Record(ctx, time.Since(granted).Seconds(), m.byCause[oReleased])
 		return
@@ -226,8 +252,8 @@ func (m *metrics) stale(mt method) {
 }
 
 // queued and dequeued track the calls waiting in a lease queue.
-func (m *metrics) queued()   { m.waiting.Add(context.Background(), 1) }
-func (m *metrics) dequeued() { m.waiting.Add(context.Background(), -1) }
+func (m *metrics) queued()   { m.waitingN.Add(1) }
+func (m *metrics) dequeued() { m.waitingN.Add(-1) }
 
 // sessionLost counts a session advisory lock lost.
 func (m *metrics) sessionLost() { m.advisoryLost.Add(context.Background(), 1) }

@@ -144,7 +144,7 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	lease, err := l.tryAcquire(ctx, name, lt)
 	err = notAcquired(err)
 	m := l.cfg.common.metrics
-	m.acquired(mTryAcquire, start, err)
+	m.acquired(ctx, mTryAcquire, start, err)
 	if err == ErrNotAcquired {
 		m.contention(mTryAcquire)
 	}
@@ -191,7 +191,7 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	}
 	start := time.Now()
 	lease, err := l.acquireQueued(ctx, name, lt)
-	l.cfg.common.metrics.acquired(mAcquire, start, err)
+	l.cfg.common.metrics.acquired(ctx, mAcquire, start, err)
 	return lease, err
 }
 

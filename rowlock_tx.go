@@ -62,8 +62,13 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 		return err
 	}
 	live := runLockedLiveness
-	return l.waitInQueue(ctx, "run locked", name, live, false, func(w *wait) (attemptInfo, error) {
-		if err := l.runLockedOnce(ctx, name, fn, false); !errors.Is(err, errRefused) {
+	return l.waitInQueue(ctx, "run locked", name, live, false, func(w *wait, stopWaiting func()) (attemptInfo, error) {
+		// The transaction got the row: no longer waiting while fn runs.
+		got := func(ctx context.Context, tx pgx.Tx, token Token) error {
+			stopWaiting()
+			return fn(ctx, tx, token)
+		}
+		if err := l.runLockedOnce(ctx, name, got, false); !errors.Is(err, errRefused) {
 			return attemptInfo{}, err
 		}
 		a, err := l.joinQueue(ctx, name, w, live)

@@ -16,8 +16,10 @@ ALTER TABLE fencelock.leases
 -- long it has been held and has left, how often and when it was last renewed, and who waits.
 --   ttl              the TTL of the last grant or renewal (expires_at minus when it was set)
 --   heartbeat        'ok' while the last renewal (or the grant) is younger than half the TTL;
---                    'late' past that (the holder's heartbeat, every third of the TTL by
---                    default, missed a round: a paused or partitioned holder)
+--                    'late' past that: with the default heartbeat (every third of the TTL) the
+--                    holder missed a round (paused, partitioned, or its renewals fail). A
+--                    lease renewed less often than every half TTL (WithHeartbeatInterval above
+--                    it, WithoutHeartbeat) reads 'late' in each interval's second half by design.
 --   waiters          live waiters in the name's queue (fencelock.lease_queue)
 CREATE VIEW fencelock.holders AS
 SELECT l.name, l.holder, l.token,

@@ -32,6 +32,7 @@ func missingProgram(t testing.TB, err error) {
 	}
 	if InCI() {
 		t.Fatalf("%v (CI=%s: optional programs are required here)", err, os.Getenv("CI"))
+		return // not reached under a *testing.T
 	}
 	t.Skipf("%v (skipped; with CI=true this fails)", err)
 }
@@ -50,7 +51,7 @@ func LookProgram(t testing.TB, name, install string) string {
 		}
 	}
 	missingProgram(t, &programError{name: name, install: install})
-	return "" // not reached: missingProgram skipped or failed t
+	return "" // not reached under a *testing.T: missingProgram skipped or failed t
 }
 
 // programError says that a program is missing and how to install it.
@@ -64,4 +65,22 @@ func (e *programError) Error() string {
 func executableFile(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
+}
+
+// NeedPgBouncer skips t, with a message saying to `apt-get install pgbouncer`, when the
+// pgbouncer binary is missing, or, under CI ([InCI]), fails it. [NewPgBouncer] calls it; call
+// it before [StartPgBouncer] in a test.
+func NeedPgBouncer(t testing.TB) {
+	t.Helper()
+	_, err := findPgBouncer()
+	missingProgram(t, err)
+}
+
+// NeedPatroni skips t, with a message saying to `apt-get install patroni etcd-server`, when
+// patroni, patronictl or etcd is missing, or, under CI ([InCI]), fails it. [NewPatroni] calls
+// it; call it before [StartPatroni] in a test.
+func NeedPatroni(t testing.TB) {
+	t.Helper()
+	_, err := findPatroniPrograms()
+	missingProgram(t, err)
 }

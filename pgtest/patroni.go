@@ -146,8 +146,7 @@ func NewPatroni(t testing.TB, nodes int, opts ...Option) *PatroniCluster {
 	if testing.Short() {
 		t.Skip(skipReason)
 	}
-	_, err := findPatroniPrograms()
-	missingProgram(t, err)
+	NeedPatroni(t)
 	return startOrSkip(t, serverStartTimeout, func(ctx context.Context) (*PatroniCluster, error) {
 		return StartPatroni(ctx, nodes, opts...)
 	}, (*PatroniCluster).Close)

@@ -209,6 +209,7 @@ func TestStartPatroni_Close(t *testing.T) {
 		t.Skip("needs PostgreSQL")
 	}
 	t.Parallel()
+	pgtest.NeedPatroni(t)
 	ctx := testContext(t)
 	began := time.Now()
 	c, err := pgtest.StartPatroni(ctx, 1, pgtest.WithSetting("application_name", "pgtest_patroni"))
@@ -248,6 +249,7 @@ func TestPatroniDiesWithTestBinary(t *testing.T) {
 		t.Skip("needs PostgreSQL")
 	}
 	t.Parallel()
+	pgtest.NeedPatroni(t)
 	cmd, tmp, url := startHangingChild(t, "patroni")
 	hosts, _, _ := strings.Cut(strings.TrimPrefix(url, "postgres://postgres@"), "/")
 	addrs := strings.Split(hosts, ",")

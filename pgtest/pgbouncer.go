@@ -188,8 +188,7 @@ func NewPgBouncer(t testing.TB, s *Server, poolMode string) *PgBouncer {
 	if testing.Short() {
 		t.Skip(skipReason)
 	}
-	_, err := findPgBouncer()
-	missingProgram(t, err)
+	NeedPgBouncer(t)
 	return startOrSkip(t, serverStartTimeout, func(ctx context.Context) (*PgBouncer, error) {
 		return StartPgBouncer(ctx, s, poolMode)
 	}, (*PgBouncer).Close)

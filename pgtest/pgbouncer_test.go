@@ -147,6 +147,7 @@ func TestStartPgBouncer_Close(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	db := pgtest.NewDB(t)
+	pgtest.NeedPgBouncer(t)
 	began := time.Now()
 	pgb, err := pgtest.StartPgBouncer(ctx, db.Server, "session")
 	require.NoError(t, err)

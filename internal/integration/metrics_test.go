@@ -141,10 +141,27 @@ func TestMetrics(t *testing.T) {
 	require.EqualValues(t, 1, r.value("fencelock.lease.hold.duration", cause("lost")))
 	require.EqualValues(t, 2, r.value("fencelock.lease.hold.duration", cause("released")))
 	require.EqualValues(t, 0, r.value("fencelock.lease.held"))
+	require.EqualValues(t, 0, r.value("fencelock.lease.queue.waiting"))
 
-	// RunLocked grants.
+	// RunLocked grants; a RunLocked that queued counts as waiting until its transaction has
+	// the row, not while its fn runs.
 	require.NoError(t, a.RunLocked(b.ctx, "tx", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
 	require.EqualValues(t, 1, r.value("fencelock.lease.grants", method("run_locked")))
+	blocker, err := a.TryAcquire(b.ctx, "rq", 5*time.Second)
+	require.NoError(t, err)
+	inFn := make(chan int64, 1)
+	ran := make(chan error, 1)
+	go func() {
+		ran <- o.RunLocked(b.ctx, "rq", func(context.Context, pgx.Tx, fencelock.Token) error {
+			inFn <- r.value("fencelock.lease.queue.waiting")
+			return nil
+		})
+	}()
+	waitFor(t, b, "the RunLocked is queued", func() bool { return r.value("fencelock.lease.queue.waiting") == 1 })
+	require.NoError(t, blocker.Release(b.ctx))
+	require.EqualValues(t, 0, <-inFn, "waiting while its fn runs")
+	require.NoError(t, <-ran)
+	require.EqualValues(t, 1, r.value("fencelock.lease.contended", method("run_locked")))
 
 	// Advisory locks: a grant, a refusal, a session lost.
 	lk := newLocker(t, b.pool, withMP, fencelock.WithWatchdogInterval(50*time.Millisecond))
@@ -179,11 +196,23 @@ func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
 // FenceTx and UpdateFencedTx take no lessor: their stale rejections go to OpenTelemetry's
 // global meter provider, once the application sets one (here, after fencelock's instruments
 // were made by the tests before, which the global provider forwards too).
+//
+// The count of leases held is right across the moment the provider is set: a lease granted
+// before and released after takes it down by one, never below zero.
 func TestMetricsGlobalProvider(t *testing.T) {
 	b := setup(t)
 	r := newMetricsReader(t)
+	before, err := newLessor(t, b.pool, "metrics-global").TryAcquire(b.ctx, "before", time.Minute)
+	require.NoError(t, err)
 	otel.SetMeterProvider(r.mp)
-	_, err := b.pool.Exec(b.ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, tok bigint)`+
+	held := r.value("fencelock.lease.held")
+	require.GreaterOrEqual(t, held, int64(1), "the lease granted before the provider was set is held")
+	require.NoError(t, before.Release(b.ctx))
+	after := r.value("fencelock.lease.held")
+	require.Less(t, after, held)
+	require.GreaterOrEqual(t, after, int64(0))
+
+	_, err = b.pool.Exec(b.ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, tok bigint)`+
 		`; INSERT INTO stock VALUES ('A-1', 5, 9)`)
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "g", 9) }))

@@ -399,6 +399,7 @@ func TestQueueListenerTerminated(t *testing.T) {
 func TestQueueBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	pgtest.NeedPgBouncer(t)
 	bouncer, err := pgtest.StartPgBouncer(b.ctx, b.db.Server, "transaction")
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, bouncer.Close()) })
