@@ -63,8 +63,20 @@
 //	defer lk.Unlock(ctx)
 //
 // Names map to int64 keys by [SHA256KeyHash]. A hot standby and a connection pooler are
-// refused before anything is taken ([ErrReadOnly], [ErrConnectionPooler]). With
+// refused before anything is taken ([ErrReadOnly], [ErrConnectionPooler]; a session-mode
+// pooler may be declared with [WithSessionPooler]). With
 // [WithFencingTokens] each grant also draws a fencing token for [FenceTx].
+//
+// # Operating
+//
+// What is held is readable in SQL: fencelock.holders (leases: holder, token, TTL left, held
+// for, renewals, heartbeat, waiters), fencelock.advisory_locks (pg_locks with
+// pg_stat_activity) and fencelock.lease_queue. The fencelock command (cmd/fencelock) shows
+// them (locks, watch, fences), applies migrations, sweeps, and force-releases a lease with
+// fencelock.force_release, which hands it on and raises the fences so that the old holder's
+// writes are rejected. [WithMeterProvider] records metrics through OpenTelemetry (default: the
+// global provider). [NewGooseLocker] gives goose a lock.Locker on a lease, which works behind
+// PgBouncer. [Migrate] is a no-op for a role without DDL privileges when nothing is pending.
 //
 // # Errors
 //
