@@ -69,7 +69,9 @@ func WithLogger(l *slog.Logger) Option {
 // lockers given one provider share its instruments. Each recording is an atomic add or a
 // histogram update on an attribute set built once; with the no-op provider, an interface call.
 // Measured (docs/PERFORMANCE.md): an uncontended TryAcquire and Release with a real SDK
-// provider costs 1.00x the same with the no-op provider.
+// provider costs 1.00x the same with the no-op provider. The instruments of a provider are made
+// once, on its first use, and kept, with a callback registered on it, for the life of the
+// process: pass long-lived providers, not one per lessor.
 //
 // Default: OpenTelemetry's global meter provider (otel.GetMeterProvider), a no-op until the
 // application sets one with otel.SetMeterProvider.
