@@ -8,7 +8,7 @@ import "log/slog"
 // commonConfig holds the settings that both constructors take.
 type commonConfig struct {
 	logger  *slog.Logger
-	metrics *metrics // nil until resolved: the global provider's (metrics.go)
+	metrics *metrics // nil until resolved: the default provider's (metrics.go)
 }
 
 // resolve fills in the defaults of the settings both configurations share.
@@ -17,7 +17,7 @@ func (c *commonConfig) resolve() {
 		c.logger = slog.New(slog.DiscardHandler)
 	}
 	if c.metrics == nil {
-		c.metrics = globalMetrics()
+		c.metrics = defaultMetrics.Load()
 	}
 }
 

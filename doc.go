@@ -74,8 +74,8 @@
 // pg_stat_activity) and fencelock.lease_queue. The fencelock command (cmd/fencelock) shows
 // them (locks, watch, fences), applies migrations, sweeps, and force-releases a lease with
 // fencelock.force_release, which hands it on and raises the fences so that the old holder's
-// writes are rejected. [WithMeterProvider] records metrics through OpenTelemetry (default: the
-// global provider). [NewGooseLocker] gives goose a lock.Locker on a lease, which works behind
+// writes are rejected. [WithMeterProvider] records metrics through OpenTelemetry (default: a
+// no-op, or [SetDefaultMeterProvider]'s). [NewGooseLocker] gives goose a lock.Locker on a lease, which works behind
 // PgBouncer. [Migrate] is a no-op for a role without DDL privileges when nothing is pending.
 //
 // # Errors

@@ -8,9 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // Metrics through the OpenTelemetry metric API. Instrument names and units follow
@@ -85,9 +85,9 @@ type metrics struct {
 	advisoryDuration metric.Float64Histogram
 	advisoryLost     metric.Int64Counter
 
-	// The up-down counts, observed by a callback: recorded as deltas, a count would go wrong
-	// (negative) for a lease granted before the application set the global provider and
-	// ended after (the global provider drops what came before).
+	// The up-down counts, observed by a callback: recorded as deltas on a provider that
+	// forwards only what comes after it is set up (OpenTelemetry's global one), a count would
+	// go negative for a lease granted before and ended after.
 	heldN, waitingN atomic.Int64
 
 	byCall    [numMethods][numOutcomes]metric.MeasurementOption // method and outcome
@@ -258,11 +258,9 @@ func (m *metrics) dequeued() { m.waitingN.Add(-1) }
 // sessionLost counts a session advisory lock lost.
 func (m *metrics) sessionLost() { m.advisoryLost.Add(context.Background(), 1) }
 
-// globalMetrics are the instruments of OpenTelemetry's global meter provider, for the calls
-// that take no lessor or locker ([FenceTx], [UpdateFencedTx]) and for constructors given no
-// [WithMeterProvider]. The global provider is a no-op until the application sets one
-// (otel.SetMeterProvider), and forwards to it from then on, instruments made earlier included.
-var globalMetrics = sync.OnceValue(func() *metrics {
-	m, _ := newMetrics(otel.GetMeterProvider())
-	return m
-})
+// defaultMetrics are the instruments of the default meter provider: of the constructors given
+// no [WithMeterProvider], and of the calls that take no lessor or locker ([FenceTx],
+// [UpdateFencedTx]). A no-op provider until [SetDefaultMeterProvider].
+var defaultMetrics atomic.Pointer[metrics]
+
+func init() { defaultMetrics.Store(metricsFor(noop.NewMeterProvider())) }

@@ -56,7 +56,7 @@ func WithLogger(l *slog.Logger) Option {
 //   - fencelock.lease.lost: leases lost, by cause (trust_window_expired, gone_on_server)
 //   - fencelock.fence.stale_rejections: fenced writes rejected for a stale token, by method
 //     (lease_fence_tx; fence_tx and update_fenced_tx, which take no lessor, record on the
-//     global provider)
+//     default provider: [SetDefaultMeterProvider])
 //   - fencelock.lease.queue.waiting: Acquire and RunLocked calls waiting in a queue now (a
 //     RunLocked until its transaction has the row); observable, as held
 //   - fencelock.advisory.acquire.duration: session advisory lock calls, by method (try_lock:
@@ -73,8 +73,10 @@ func WithLogger(l *slog.Logger) Option {
 // once, on its first use, and kept, with a callback registered on it, for the life of the
 // process: pass long-lived providers, not one per lessor.
 //
-// Default: OpenTelemetry's global meter provider (otel.GetMeterProvider), a no-op until the
-// application sets one with otel.SetMeterProvider.
+// Default: the provider set by [SetDefaultMeterProvider] when the lessor or locker was made; a
+// no-op provider until then. (Not OpenTelemetry's global provider: reading it would link
+// OpenTelemetry's tracing, logging and propagation packages into every service that imports
+// fencelock. Pass otel.GetMeterProvider() to use it.)
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return commonOption(func(c *commonConfig) error {
 		if mp == nil {
@@ -83,4 +85,20 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 		c.metrics = metricsFor(mp)
 		return nil
 	})
+}
+
+// SetDefaultMeterProvider sets the meter provider of the lessors and advisory lockers made from
+// now on without [WithMeterProvider], and of [FenceTx] and [UpdateFencedTx], which take no
+// lessor (their stale-token rejections). Lessors and lockers made before keep the provider they
+// were made with. mp must not be nil: an [*ArgumentError] otherwise, and nothing changes. Safe
+// for concurrent use; call it at start-up, typically with otel.GetMeterProvider() once the
+// application has set up OpenTelemetry.
+//
+// Default: a no-op provider.
+func SetDefaultMeterProvider(mp metric.MeterProvider) error {
+	if mp == nil {
+		return argError("mp", "must not be nil")
+	}
+	defaultMetrics.Store(metricsFor(mp))
+	return nil
 }

@@ -7,8 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -193,25 +193,25 @@ func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
 	}
 }
 
-// FenceTx and UpdateFencedTx take no lessor: their stale rejections go to OpenTelemetry's
-// global meter provider, once the application sets one (here, after fencelock's instruments
-// were made by the tests before, which the global provider forwards too).
-//
-// The count of leases held is right across the moment the provider is set: a lease granted
-// before and released after takes it down by one, never below zero.
-func TestMetricsGlobalProvider(t *testing.T) {
+// FenceTx and UpdateFencedTx take no lessor: their stale rejections go to the default provider
+// (SetDefaultMeterProvider), as do the lessors made after it is set without WithMeterProvider;
+// those made before keep theirs. Not parallel: it sets the package's default.
+func TestMetricsDefaultProvider(t *testing.T) {
 	b := setup(t)
 	r := newMetricsReader(t)
-	before, err := newLessor(t, b.pool, "metrics-global").TryAcquire(b.ctx, "before", time.Minute)
+	require.ErrorIs(t, fencelock.SetDefaultMeterProvider(nil), fencelock.ErrInvalidArgument)
+	before := newLessor(t, b.pool, "metrics-before")
+	require.NoError(t, fencelock.SetDefaultMeterProvider(r.mp))
+	t.Cleanup(func() { require.NoError(t, fencelock.SetDefaultMeterProvider(noop.NewMeterProvider())) })
+	after := newLessor(t, b.pool, "metrics-after")
+	lb, err := before.TryAcquire(b.ctx, "before", time.Minute)
 	require.NoError(t, err)
-	otel.SetMeterProvider(r.mp)
-	held := r.value("fencelock.lease.held")
-	require.GreaterOrEqual(t, held, int64(1), "the lease granted before the provider was set is held")
-	require.NoError(t, before.Release(b.ctx))
-	after := r.value("fencelock.lease.held")
-	require.Less(t, after, held)
-	require.GreaterOrEqual(t, after, int64(0))
-
+	la, err := after.TryAcquire(b.ctx, "after", time.Minute)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, r.value("fencelock.lease.held"), "only the lessor made after the default was set records on it")
+	require.NoError(t, lb.Release(b.ctx))
+	require.NoError(t, la.Release(b.ctx))
+	require.EqualValues(t, 0, r.value("fencelock.lease.held"))
 	_, err = b.pool.Exec(b.ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, tok bigint)`+
 		`; INSERT INTO stock VALUES ('A-1', 5, 9)`)
 	require.NoError(t, err)
