@@ -42,10 +42,13 @@ const migrateStateSQL = `SELECT pg_catalog.to_regnamespace('fencelock') IS NOT N
 // transaction left open on a connection of its own for the length of the run: it excludes
 // other Migrate calls behind PgBouncer in transaction mode too (an open transaction keeps its
 // server connection), and it ends with that transaction if the process dies. The others wait
-// for it, for at most five minutes, then find nothing pending. Applying therefore takes two
-// connections of pool at once: a pool with MaxConns 1 gets an error when migrations are pending.
-// Behind PgBouncer, keep its idle_transaction_timeout (0 by default) above the longest
-// migration run: the lock's transaction sits idle meanwhile.
+// for it, for at most five minutes, then find nothing pending. The lock is held around the
+// whole of goose's Up, the creation of goose's version table included. Its connection is
+// opened from pool's configuration outside pool (a full pool cannot hold it up), and closed
+// when Migrate returns. Behind PgBouncer, keep its idle_transaction_timeout (0 by default)
+// above the longest migration run: the lock's transaction sits idle meanwhile. Migrate does not
+// notice a lock lost mid-run (its backend terminated): the migrations go on, each in its own
+// transaction, as with goose's own lockers.
 //
 // Migration 00003 makes tokens epoch tokens (see [Token]): every token issued after it is
 // larger than every token issued before. It refuses, with an error wrapping [ErrTokenBudget]
@@ -80,10 +83,11 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	locker := &migrateLocker{}
+	// No goose locker: goose's Up first runs HasPending without its locker, which creates the
+	// version table on a fresh database, racing other Migrate calls (the losers retry once a
+	// second). Migrate takes its lock around the whole of Up instead.
 	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithTableName(VersionTable),
-		goose.WithLocker(locker),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithLogger(goose.NopLogger()),
 	)
@@ -114,9 +118,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 	}
 
-	if pool.Config().MaxConns < 2 {
-		return fmt.Errorf("fencelock: migrate: pool has MaxConns %d: applying migrations needs 2 connections (one holds the migration lock)", pool.Config().MaxConns)
-	}
 	if !schemaExists {
 		// goose creates its version table before it runs any migration, so the schema the
 		// table lives in must exist first. CREATE SCHEMA IF NOT EXISTS is not safe against a
@@ -132,13 +133,35 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 			}
 		}
 	}
-	if _, err := p.Up(ctx); err != nil {
-		if isInsufficientPrivilege(err) {
-			return fmt.Errorf("fencelock: migrate: migrations are pending and the role may not apply them: run Migrate as the owner of schema fencelock: %w", err)
-		}
-		return wrapPg("fencelock: migrate", err)
+	// The lock's connection is opened from the pool's configuration but outside the pool: a
+	// connection of the pool held by goose (or by the application) while another waits for the
+	// lock's could otherwise leave several Migrate calls of one pool each holding one and
+	// waiting for another.
+	lockDB := stdlib.OpenDB(*pool.Config().ConnConfig.Copy())
+	defer lockDB.Close()
+	locker := &migrateLocker{}
+	if err := locker.Lock(ctx, lockDB); err != nil {
+		return fmt.Errorf("fencelock: migrate: %w", err)
 	}
-	return nil
+	_, err = p.Up(ctx)
+	if uerr := locker.Unlock(context.WithoutCancel(ctx), lockDB); uerr != nil && err == nil {
+		err = uerr
+	}
+	switch {
+	case err == nil:
+		return nil
+	case isInsufficientPrivilege(err):
+		return fmt.Errorf("fencelock: migrate: migrations are pending and the role may not apply them: run Migrate as the owner of schema fencelock: %w", err)
+	case isReadOnly(err):
+		return fmt.Errorf("fencelock: migrate: migrations are pending and the server is read-only (a hot standby?): run Migrate on the primary: %w: %w", ErrReadOnly, err)
+	}
+	return wrapPg("fencelock: migrate", err)
+}
+
+// isReadOnly reports whether err is Postgres's read_only_sql_transaction (25006).
+func isReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "25006"
 }
 
 // isInsufficientPrivilege reports whether err is Postgres's insufficient_privilege (42501):

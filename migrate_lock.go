@@ -26,19 +26,24 @@ const migrateLockWait = 5 * time.Minute
 //     Lock's context does, instead of waiting on after the client gave up (its socket closed).
 //
 // statement_timeout is not set here: it applies from the start of the statement that sets it,
-// so it is set to 0 by the statement before (migrateLockSetupSQL). All three are local to the
-// transaction (set_config's is_local), so nothing is left on a connection that PgBouncer hands
-// to another client afterwards.
+// so the statement before sets it to 0 (migrateLockSetupSQL), with PostgreSQL 17's
+// transaction_timeout, which would end the session in the middle of the run (set from version
+// 17 on, which knows it; not exercised by the tests here, which run PostgreSQL 15). All are
+// local to the transaction (set_config's is_local), so nothing is left on a connection that
+// PgBouncer hands to another client afterwards.
 const (
-	migrateLockSetupSQL = `SELECT pg_catalog.set_config('statement_timeout', '0', true)`
-	migrateLockSQL      = `SELECT pg_catalog.pg_advisory_xact_lock($1)
+	migrateLockSetupSQL = `SELECT pg_catalog.set_config('statement_timeout', '0', true),
+       CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 170000
+            THEN pg_catalog.set_config('transaction_timeout', '0', true) END`
+	migrateLockSQL = `SELECT pg_catalog.pg_advisory_xact_lock($1)
 FROM (SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', '0', true),
              pg_catalog.set_config('lock_timeout', $2, true)) AS cfg`
 )
 
-// migrateLocker is the goose [lock.Locker] of [Migrate]: a transaction-scoped advisory lock
-// (pg_advisory_xact_lock(migrateLockID)) held by a transaction left open, on a connection of
-// its own taken from goose's *sql.DB, from Lock until Unlock (which rolls it back).
+// migrateLocker is the lock of [Migrate], in the shape of a goose [lock.Locker]: a
+// transaction-scoped advisory lock (pg_advisory_xact_lock(migrateLockID)) held by a transaction
+// left open, on a connection of its own taken from the *sql.DB given to Lock (Migrate's, outside
+// the application's pool), from Lock until Unlock (which rolls it back).
 //
 // Why not goose's session locker (pg_advisory_lock, [lock.NewPostgresSessionLocker]), used
 // before: behind PgBouncer in transaction mode a session lock stays on whatever server
@@ -57,7 +62,7 @@ FROM (SELECT pg_catalog.set_config('idle_in_transaction_session_timeout', '0', t
 // off) and TestMigrateLockHeldAcrossMigrationBehindPgBouncer (pg_try_advisory_lock is refused
 // while this Migrate holds the lock).
 //
-// One migrateLocker serves one goose Provider, which calls Lock and Unlock in turn from one
+// One migrateLocker serves one Migrate call, which calls Lock and Unlock in turn from one
 // goroutine; it is not safe for concurrent use otherwise.
 type migrateLocker struct {
 	conn   *sql.Conn

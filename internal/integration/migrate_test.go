@@ -271,3 +271,35 @@ func TestMigrateLockHeldAcrossMigrationBehindPgBouncer(t *testing.T) {
 	require.NoError(t, <-second)
 	requireEachVersionOnce(t, b)
 }
+
+// Several Migrate calls on one small pool apply each migration once: the lock's connection is
+// not the pool's, so calls that each hold a pooled connection (goose's) never wait for one
+// another's (before, four calls on a pool of two could each hold one and wait for a second
+// until ctx ended). Acquiring a connection takes 20 ms here, one round trip of a remote
+// database, which widens the window between the two acquires of a call.
+func TestMigrateConcurrentlyOnSmallPool(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 2
+	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
+		time.Sleep(20 * time.Millisecond) // a round trip per acquire
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	defer cancel()
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() { errs <- fencelock.Migrate(ctx, pool) }()
+	}
+	for range 4 {
+		require.NoError(t, <-errs)
+	}
+	requireEachVersionOnce(t, b)
+}
