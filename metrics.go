@@ -152,7 +152,7 @@ var metricsByProvider sync.Map // metric.MeterProvider -> *metrics
 // metricsFor returns the instruments of mp, made once per provider (a provider whose dynamic
 // type is not comparable cannot key the map: it gets instruments of its own each time).
 func metricsFor(mp metric.MeterProvider) *metrics {
-	if !reflect.TypeOf(mp).Comparable() {
+	if !reflect.ValueOf(mp).Comparable() { // a struct holding a slice in an interface field: not hashable
 		m, _ := newMetrics(mp)
 		return m
 	}

@@ -165,35 +165,45 @@ $$;
 --     (fencelock.hand_off): the lease goes to the head of the queue with a fresh token, or,
 --     when nobody waits or the head waits for a RunLocked (which is woken to take it), stays
 --     free;
---   * free: a fresh token is drawn and recorded on the row (holder 'fencelock force-release',
---     expired), so the next grant's token is larger still.
+--   * not held: a fresh token is drawn and recorded on the row (holder 'fencelock
+--     force-release', expired), so the next grant's token is larger still.
 -- Either way, the high-water mark of each resource in fence is raised to the new token, so a
 -- paused holder that wakes up has its fenced writes rejected even where its token travels
 -- without the lease (FenceTx; a token column kept by UpdateFencedTx is the caller's to raise).
--- With expected_token not NULL, it changes nothing unless the current grant has exactly that
--- token (an operator who read token T ends T, never a newer grant that replaced it meanwhile).
--- It returns the holder and token it ended (NULL when the lease was not held; with
--- expected_token, the current ones when they did not match), the token that now fences them
--- out (NULL when nothing changed) and who the lease was handed to (NULL when nobody).
+-- The holder's transactions lock the lease row before any fence row (GuardTx, then the
+-- write's FenceTx), as this function does; one that takes a fence row first and the lease row
+-- after may deadlock with it, and PostgreSQL then aborts one of the two (SQLSTATE 40P01).
+--
+-- It returns the holder and token of the last grant (old_holder, old_token; NULL when the name
+-- never had one), whether that grant had lapsed already (lapsed: expired on the database clock,
+-- not taken over), the token that now fences its holder out (new_token; NULL when nothing
+-- changed) and who the lease was handed to (handed_to; NULL when nobody). With expected_token
+-- not NULL it changes nothing unless the last grant has exactly that token, lapsed or not: an
+-- operator who read token T ends T, or fences T out once it has lapsed, and never touches a
+-- newer grant that replaced it meanwhile.
 -- +goose StatementBegin
 CREATE FUNCTION fencelock.force_release(lease_name text, fence text[], expected_token bigint DEFAULT NULL)
-RETURNS TABLE (old_holder text, old_token bigint, new_token bigint, handed_to text)
+RETURNS TABLE (old_holder text, old_token bigint, lapsed boolean, new_token bigint, handed_to text)
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     cur record;
     outcome integer;
 BEGIN
-    INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
-    VALUES (lease_name, 'fencelock force-release', 0, now(), now())
-    ON CONFLICT (name) DO NOTHING;
-    SELECT l.holder, l.token, l.token > 0 AND l.expires_at > pg_catalog.clock_timestamp() AS held INTO cur
-    FROM fencelock.leases AS l
-    WHERE l.name = lease_name
-    FOR UPDATE;
-    IF cur.held THEN
+    LOOP
+        INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+        VALUES (lease_name, 'fencelock force-release', 0, now(), now())
+        ON CONFLICT (name) DO NOTHING;
+        SELECT l.holder, l.token, l.token > 0 AND l.expires_at > pg_catalog.clock_timestamp() AS held INTO cur
+        FROM fencelock.leases AS l
+        WHERE l.name = lease_name
+        FOR UPDATE;
+        EXIT WHEN FOUND; -- else a sweep deleted the row while this waited for it: again
+    END LOOP;
+    IF cur.token > 0 AND cur.holder <> 'fencelock force-release' THEN
         old_holder := cur.holder;
         old_token := cur.token;
+        lapsed := NOT cur.held;
     END IF;
     IF expected_token IS NOT NULL AND old_token IS DISTINCT FROM expected_token THEN
         RETURN NEXT; -- not the grant the caller meant: nothing changed

@@ -11,7 +11,7 @@
 //	fencelock locks [--name PATTERN]    held leases and advisory locks
 //	fencelock watch [--interval 1s]     the same table, redrawn until q, ctrl-C or SIGTERM
 //	fencelock fences [--name PATTERN]   high-water marks, with the holder of the same lease
-//	fencelock release --force NAME [--fence RESOURCE]... [--lock-timeout 5s]
+//	fencelock release --force NAME [--fence RESOURCE]... [--token T] [--lock-timeout 5s]
 //	fencelock release --force --advisory NAME|KEY [--yes]
 //	fencelock sweep [--grace 1h]        delete lease rows expired longer than the grace period
 //	fencelock help [COMMAND]
@@ -46,19 +46,25 @@
 //	$ fencelock release --force payment:42 --fence ledger:42
 //	released lease "payment:42" held by worker-1 (token 140737488355329); fenced with token 140737488355332 (payment:42, ledger:42); handed to worker-2
 //
-// A holder inside a guarded transaction (Lease.GuardTx, Lease.FenceTx) holds the lease row
-// until that transaction ends; release waits at most --lock-timeout for it and then exits with
-// code 4, naming the blocking backends (pg_blocking_pids). release --force --advisory
+// With --token T it ends only the grant with token T (as locks showed it), or fences T out if
+// that grant has lapsed meanwhile, and changes nothing (exit 3) when a newer grant replaced it.
+// A holder inside a guarded transaction (Lease.GuardTx, Lease.FenceTx) or a RunLocked holds
+// the lease row until that transaction ends; release waits at most --lock-timeout for it and
+// then exits with code 4, naming the blocking backends (pg_blocking_pids). release --force --advisory
 // terminates the backends holding an advisory lock (by name, int64 key or "K1,K2" pair), after
 // asking on the terminal unless --yes.
 //
 // # Exit codes
 //
 //	0  ok
-//	1  an error talking to the database, or declined at the prompt
+//	1  an error: the database refused or could not be reached, output could not be written,
+//	   a terminated backend did not exit, a lock held by a prepared transaction, or declined
+//	   at the prompt
 //	2  usage error: unknown command or flag, missing argument, no database URL
-//	3  nothing to do: no holder found (release --advisory)
-//	4  lock timeout: the lease row is locked by a transaction (release --lock-timeout)
+//	3  nothing to do: no holder found (release --advisory), or the last grant is not the one
+//	   --token names (release; nothing changed)
+//	4  the lease row is locked by a transaction: lock timeout (release --lock-timeout), or a
+//	   deadlock with a holder that fenced before it guarded (retry)
 package main
 
 import (
@@ -71,7 +77,9 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP and SIGQUIT too: watch restores the terminal on its way out, which a process
+	// killed by the default action of a signal would not do.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	code := cli.Run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)

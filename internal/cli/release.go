@@ -22,8 +22,9 @@ const defaultLockTimeout = 5 * time.Second
 type releaseResult struct {
 	Lease     string   `json:"lease"`
 	Held      bool     `json:"held"`       // whether a grant was current and was ended
-	OldHolder *string  `json:"old_holder"` // the holder whose grant ended; null when not held
+	OldHolder *string  `json:"old_holder"` // the holder of the last grant; null when the name never had one
 	OldToken  *int64   `json:"old_token"`  // its token
+	Lapsed    bool     `json:"lapsed"`     // the last grant had expired already (not taken over): fenced out, nothing ended
 	NewToken  *int64   `json:"new_token"`  // the token that now fences the old holder out; null when nothing changed (--token did not match)
 	HandedTo  *string  `json:"handed_to"`  // the waiter the lease went to, with NewToken; null if none
 	Waiting   int64    `json:"waiting"`    // live waiters left in the queue
@@ -62,8 +63,8 @@ func releaseCommand(fs *flag.FlagSet) func(context.Context, *session, []string) 
 			return withCode(ExitUsage, "release: --lock-timeout %v is negative", *lockTimeout)
 		case *lockTimeout > maxLockTimeout:
 			return withCode(ExitUsage, "release: --lock-timeout %v is above PostgreSQL's limit of %v", *lockTimeout, maxLockTimeout)
-		case *token < 0:
-			return withCode(ExitUsage, "release: --token %d is negative; a fencing token is > 0", *token)
+		case *token < 0 || (*token == 0 && tokenGiven(fs)):
+			return withCode(ExitUsage, "release: --token %d: a fencing token is > 0", *token)
 		case *advisory && *token != 0:
 			return withCode(ExitUsage, "release: --token applies to leases, not to --advisory")
 		}
@@ -118,11 +119,17 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	pid := conn.Conn().PgConn().PID()
 	go func() { found <- watchBlockers(ctx, pool, pid, pollEvery(lockTimeout), stop) }()
 	res := releaseResult{Lease: name, Fenced: resources}
-	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`, name, resources, expected).
-		Scan(&res.OldHolder, &res.OldToken, &res.NewToken, &res.HandedTo)
+	var lapsed *bool
+	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, lapsed, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`, name, resources, expected).
+		Scan(&res.OldHolder, &res.OldToken, &lapsed, &res.NewToken, &res.HandedTo)
+	res.Lapsed = lapsed != nil && *lapsed
 	close(stop)
 	blockers := <-found
 	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "40P01" { // deadlock_detected
+		return withCode(ExitLockTimeout, "release lease %q: a transaction of the holder locked a fence row and then the lease row while this release held the lease row and waited for the fence row (PostgreSQL ended the release to break the deadlock; %s): retry; the holder should guard (Lease.GuardTx) before it fences",
+			name, describeBlockers(blockers))
+	}
 	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
 		return withCode(ExitLockTimeout, "release lease %q: the lease row is locked by another transaction: a transaction-scoped holder (Lessor.RunLocked), a guarded transaction of its holder (Lease.GuardTx, Lease.FenceTx) or a grant in flight (else a fenced write holding a fence row); %s; gave up after --lock-timeout %v: retry once it ends, or raise --lock-timeout",
 			name, describeBlockers(blockers), lockTimeout)
@@ -136,7 +143,7 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	if err := tx.Commit(ctx); err != nil {
 		return dbError(fmt.Sprintf("release lease %q: commit", name), err)
 	}
-	res.Held = res.OldHolder != nil && res.NewToken != nil
+	res.Held = res.OldHolder != nil && !res.Lapsed && res.NewToken != nil
 	if res.NewToken == nil { // --token did not match the current grant: nothing changed
 		if s.json {
 			if err := s.printJSON(res); err != nil {
@@ -144,9 +151,9 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 			}
 		}
 		if res.OldHolder == nil {
-			return withCode(ExitNotFound, "release lease %q: not held, so not the grant with token %d; nothing changed", name, *expected)
+			return withCode(ExitNotFound, "release lease %q: never granted, so not the grant with token %d; nothing changed", name, *expected)
 		}
-		return withCode(ExitNotFound, "release lease %q: now held by %s with token %d, not %d; nothing changed", name, cell(*res.OldHolder), *res.OldToken, *expected)
+		return withCode(ExitNotFound, "release lease %q: its last grant is %s's with token %d, not %d; nothing changed", name, cell(*res.OldHolder), *res.OldToken, *expected)
 	}
 	if s.json {
 		return s.printJSON(res)
@@ -158,6 +165,9 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 // describeRelease renders the outcome of a forced release in one line.
 func describeRelease(r releaseResult) string {
 	fenced := fmt.Sprintf("fenced with token %d (%s)", deref(r.NewToken), strings.Join(r.Fenced, ", "))
+	if r.Lapsed && r.OldHolder != nil {
+		return fmt.Sprintf("lease %q: the grant of %s (token %d) had lapsed; %s", r.Lease, cell(*r.OldHolder), deref(r.OldToken), fenced)
+	}
 	if !r.Held {
 		return fmt.Sprintf("lease %q was not held; %s", r.Lease, fenced)
 	}
@@ -277,4 +287,12 @@ func describeBlockers(bs []blocker) string {
 		}
 	}
 	return "pg_blocking_pids: " + strings.Join(parts, ", ")
+}
+
+// tokenGiven reports whether --token was on the command line (--token 0 is then an error, not
+// "no guard").
+func tokenGiven(fs *flag.FlagSet) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "token" })
+	return given
 }

@@ -14,14 +14,18 @@ import (
 const (
 	// ExitOK: the command did what it was asked.
 	ExitOK = 0
-	// ExitError: an error talking to the database, or the operator declined at a prompt.
+	// ExitError: the database refused or could not be reached, output could not be written,
+	// a terminated backend did not exit, a lock is held by a prepared transaction, or the
+	// operator declined at a prompt.
 	ExitError = 1
 	// ExitUsage: an unknown command or flag, a missing argument, no database URL.
 	ExitUsage = 2
-	// ExitNotFound: nothing to do, such as release --advisory finding no holder.
+	// ExitNotFound: nothing to do: release --advisory found no holder, or release --token
+	// named a grant that is not the lease's last one (nothing changed).
 	ExitNotFound = 3
-	// ExitLockTimeout: release gave up after --lock-timeout because a transaction (most
-	// likely the holder's guarded transaction) holds the lease row.
+	// ExitLockTimeout: release gave up because a transaction (a RunLocked, the holder's
+	// guarded transaction, a grant in flight) holds the lease row: --lock-timeout passed, or
+	// PostgreSQL broke a deadlock with a holder that fenced before it guarded. Retry.
 	ExitLockTimeout = 4
 )
 
@@ -167,7 +171,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 			kept = append(kept, args[i:]...)
 			break
 		}
-		if negativeKey.MatchString(a) {
+		if negativeKey.MatchString(a) && !(i > 0 && takesValue(fs, args[i-1])) {
 			pos = append(pos, a)
 			continue
 		}
@@ -188,6 +192,20 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+}
+
+// takesValue reports whether arg is a flag of fs that takes the next argument as its value
+// ("--fence", not "--fence=x" nor a boolean flag such as "--force").
+func takesValue(fs *flag.FlagSet, arg string) bool {
+	if !strings.HasPrefix(arg, "-") || strings.Contains(arg, "=") {
+		return false
+	}
+	f := fs.Lookup(strings.TrimLeft(arg, "-"))
+	if f == nil {
+		return false
+	}
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return !ok || !b.IsBoolFlag()
 }
 
 // negativeKey matches a negative int64 advisory key or a key pair whose first key is negative.

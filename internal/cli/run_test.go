@@ -22,6 +22,12 @@ func TestParseInterspersed(t *testing.T) {
 		{"FlagsAfter", []string{"job", "--force", "--fence", "a", "--fence=b"}, []string{"job"}, true, []string{"a", "b"}},
 		{"Terminator", []string{"--force", "--", "--fence"}, []string{"--fence"}, true, nil},
 		{"None", nil, nil, false, nil},
+		// A negative advisory key is an argument, before or after the flags; a flag's value
+		// that looks like one stays the flag's.
+		{"NegativeKey", []string{"--force", "-5"}, []string{"-5"}, true, nil},
+		{"NegativePair", []string{"-1,5", "--force"}, []string{"-1,5"}, true, nil},
+		{"NegativeFlagValue", []string{"--force", "--fence", "-5", "job"}, []string{"job"}, true, []string{"-5"}},
+		{"NegativeAfterBoolFlag", []string{"--force", "-5", "--fence=-6"}, []string{"-5"}, true, []string{"-6"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := flag.NewFlagSet("t", flag.ContinueOnError)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -59,6 +60,12 @@ func (s *session) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	// A statement cut short (ctrl-C during a release waiting for the lease row) is cancelled on
+	// the server too, not only abandoned by the client: pgx's default closes the socket, and the
+	// backend would wait on for the row until the holder's transaction ended.
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: time.Second}
 	}
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -21,9 +21,10 @@ Exit codes:
      a terminated backend did not exit, a lock held by a prepared transaction, or declined
      at the prompt
   2  usage error: unknown command or flag, missing argument, no database URL
-  3  nothing to do: no holder found (release --advisory), or the lease's current grant is
+  3  nothing to do: no holder found (release --advisory), or the lease's last grant is
      not the one --token names (release; nothing changed)
-  4  lock timeout: the lease row is locked by a transaction (release; see --lock-timeout)
+  4  the lease row is locked by a transaction: lock timeout (release; see --lock-timeout),
+     or a deadlock with a holder that fenced before it guarded (retry)
 
 A negative advisory key may be given as it is (release --force --advisory -5) or after --.
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -191,4 +192,74 @@ func TestCLIReleaseForceAfterWait(t *testing.T) {
 	require.EqualValues(t, *out.NewToken, l.Token(), "the waiter holds the grant the release handed over, not a later one")
 	require.NoError(t, l.Release(b.ctx))
 	require.True(t, strings.HasPrefix(r.out, "{"))
+}
+
+// A zombie whose grant T lapsed on the server before anyone took the lease over: release
+// --force --token T fences T out (the grant the operator saw is the last one, lapsed or not).
+func TestCLIReleaseLapsedGrant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	zombie := newLessor(t, b.pool, "zombie", fencelock.WithoutHeartbeat())
+	lease, err := zombie.TryAcquire(b.ctx, "acct", 300*time.Millisecond)
+	require.NoError(t, err)
+	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.ctx, b.pool, "acct").Expired })
+
+	code, out, errOut := cliRun(t, b, "", "release", "--force", "--json", "--token", strconv.FormatInt(int64(lease.Token()), 10), "acct")
+	require.Equal(t, 0, code, errOut)
+	var res struct {
+		Held      bool    `json:"held"`
+		Lapsed    bool    `json:"lapsed"`
+		OldHolder *string `json:"old_holder"`
+		OldToken  *int64  `json:"old_token"`
+		NewToken  *int64  `json:"new_token"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.False(t, res.Held)
+	require.True(t, res.Lapsed)
+	require.Equal(t, "zombie", *res.OldHolder)
+	require.EqualValues(t, lease.Token(), *res.OldToken)
+	require.Greater(t, *res.NewToken, int64(lease.Token()))
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "acct", lease.Token()) })
+	require.ErrorIs(t, err, fencelock.ErrStaleToken, "the lapsed zombie's token is fenced out")
+
+	code, _, errOut = cliRun(t, b, "", "release", "--force", "--token", "0", "acct")
+	require.Equal(t, 2, code, "--token 0 is no token: %s", errOut)
+}
+
+// A holder that fences (locking a fence row) before it guards (the lease row) deadlocks with a
+// concurrent release --force, which holds the lease row and then raises the fence: PostgreSQL
+// breaks the cycle, and the release exits 4 (retry), not 1.
+func TestCLIReleaseDeadlockWithHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newLessor(t, b.pool, "holder")
+	lease, err := holder.TryAcquire(b.ctx, "acct", time.Minute)
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	require.NoError(t, fencelock.FenceTx(b.ctx, tx, "acct", lease.Token())) // the fence row first
+
+	type res struct {
+		code   int
+		stderr string
+	}
+	released := make(chan res, 1)
+	go func() {
+		c, _, e := cliRun(t, b, "", "release", "--force", "--lock-timeout", "30s", "acct")
+		released <- res{c, e}
+	}()
+	waitFor(t, b, "release waits for the fence row", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%force_release%'`).Scan(&n))
+		return n == 1
+	})
+	guardErr := lease.GuardTx(b.ctx, tx) // then the lease row: a cycle
+	r := <-released
+	require.Equal(t, 4, r.code, r.stderr)
+	require.Contains(t, r.stderr, "deadlock")
+	if guardErr == nil {
+		require.NoError(t, tx.Commit(b.ctx))
+	}
 }
