@@ -83,7 +83,11 @@ func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpo
 	if doneFirst {
 		return true, true
 	}
-	return lk.ending.finish(cause), true
+	return lk.ending.finishWith(cause, func() {
+		if _, ok := cause.(*SessionLostError); ok { // counted before Done closes
+			lk.locker.cfg.common.metrics.sessionLost()
+		}
+	}), true
 }
 
 // Unlock releases the lock and puts the connection back in the pool, in one statement. When
@@ -132,7 +136,6 @@ func (lk *AdvisoryLock) lost(cause error) {
 		destroySession(context.Background(), conn, false)
 	})
 	if ended {
-		lk.locker.cfg.common.metrics.sessionLost()
 		lk.locker.cfg.common.logger.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
 	}
 }

@@ -20,11 +20,18 @@ func newGrantEnd() grantEnd { return grantEnd{done: make(chan struct{})} }
 
 // finish closes done with cause, once, and reports whether this call did; later calls
 // change nothing. cause must not be nil.
-func (g *grantEnd) finish(cause error) bool {
+func (g *grantEnd) finish(cause error) bool { return g.finishWith(cause, nil) }
+
+// finishWith is finish that first runs before, if not nil, when this call ends the grant: what
+// before records (a metric) is there by the time anyone sees done closed.
+func (g *grantEnd) finishWith(cause error, before func()) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.err != nil {
 		return false
+	}
+	if before != nil {
+		before()
 	}
 	g.err = cause
 	close(g.done)

@@ -93,12 +93,12 @@ func (lease *Lease) end(err error) bool {
 	added := lease.added
 	lease.lessor.mu.Unlock()
 	lease.mu.Lock() // so that a renewal's outcome is applied wholly before the end or not at all
-	ended := lease.ending.finish(err)
-	lease.mu.Unlock()
-	if ended && added {
-		lease.lessor.cfg.common.metrics.leaseEnded(lease.start, err)
-	}
-	return ended
+	defer lease.mu.Unlock()
+	return lease.ending.finishWith(err, func() {
+		if added { // recorded before Done closes: a caller that saw Done closed sees it counted
+			lease.lessor.cfg.common.metrics.leaseEnded(lease.start, err)
+		}
+	})
 }
 
 // lost ends the lease as lost with cause, and logs it. A trust-window loss carries the last
