@@ -263,3 +263,26 @@ func TestCLIReleaseDeadlockWithHolder(t *testing.T) {
 		require.NoError(t, tx.Commit(b.ctx))
 	}
 }
+
+// A live holder whose lease is force-released learns it at its next renewal: its Done closes
+// within a heartbeat interval (here 500 ms, TTL 3 s) plus the renewal's statement, with a
+// LeaseLostError, long before its TTL would have ended. (Its fenced writes are rejected from the
+// release on: TestCLIReleaseForce.)
+func TestCLIReleaseForceSignalsHolder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const heartbeat = 500 * time.Millisecond
+	holder := newLessor(t, b.pool, "live", fencelock.WithHeartbeatInterval(heartbeat))
+	lease, err := holder.TryAcquire(b.ctx, "acct", 3*time.Second)
+	require.NoError(t, err)
+	code, _, errOut := cliRun(t, b, "", "release", "--force", "acct")
+	require.Equal(t, 0, code, errOut)
+	released := time.Now()
+	select {
+	case <-lease.Done():
+	case <-time.After(heartbeat + 2*time.Second):
+		t.Fatal("the holder was not told its lease was released by force")
+	}
+	require.ErrorIs(t, lease.Err(), fencelock.ErrLeaseLost)
+	t.Logf("Done closed %v after the forced release (heartbeat %v)", time.Since(released).Round(time.Millisecond), heartbeat)
+}
