@@ -37,6 +37,9 @@
 // [Lease.Done] closes, and [Lease.Err] says why, when the trust window ends without a
 // successful renewal, when a renewal finds the lease gone, or on [Lease.Release].
 //
+// [Lease.Context] is a context cancelled, with the lease's error as its cause, when Done closes;
+// [Lessor.RunLeased] runs a function under it and releases the lease when the function returns.
+//
 // [Lessor.Acquire] waits in the name's queue: first come, first served. The release hands the
 // lease to the head of the queue in its own statement and wakes that waiter alone, by
 // LISTEN/NOTIFY on one listening connection per pool (polling behind PgBouncer in transaction

@@ -12,8 +12,9 @@ import "sync"
 type grantEnd struct {
 	done chan struct{}
 
-	mu  sync.Mutex
-	err error // nil while held; set once, when done closes
+	mu    sync.Mutex
+	err   error            // nil while held; set once, when done closes
+	after map[*int]func() // run once done has closed (afterFunc), by registration
 }
 
 func newGrantEnd() grantEnd { return grantEnd{done: make(chan struct{})} }
@@ -35,7 +36,35 @@ func (g *grantEnd) finishWith(cause error, before func()) bool {
 	}
 	g.err = cause
 	close(g.done)
+	for _, start := range g.after {
+		start() // starts a goroutine: nothing runs under g.mu
+	}
+	g.after = nil
 	return true
+}
+
+// afterFunc arranges for f to run, in a goroutine of its own, once the grant has ended: at
+// once if it has. The returned stop unregisters f and reports whether it did so before f was
+// started. It is [context.AfterFunc] for a grant, with no goroutine while the grant is held.
+func (g *grantEnd) afterFunc(f func()) (stop func() bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.err != nil {
+		go f()
+		return func() bool { return false }
+	}
+	key := new(int)
+	if g.after == nil {
+		g.after = make(map[*int]func())
+	}
+	g.after[key] = func() { go f() }
+	return func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		_, ok := g.after[key]
+		delete(g.after, key)
+		return ok
+	}
 }
 
 // cause returns nil while the grant is held, else why it ended.

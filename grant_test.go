@@ -120,3 +120,32 @@ func TestAdvisoryLockEndRacingEnds(t *testing.T) {
 		})
 	}
 }
+
+// afterFunc runs each registered func once, after done has closed, and never one that was
+// stopped; one registered after the end runs at once.
+func TestGrantEndAfterFunc(t *testing.T) {
+	g := newGrantEnd()
+	ran := make(chan string, 3)
+	g.afterFunc(func() {
+		select {
+		case <-g.done:
+			ran <- "first"
+		default:
+			ran <- "first, before done closed"
+		}
+	})
+	stop := g.afterFunc(func() { ran <- "stopped" })
+	require.True(t, stop(), "stopped before the end")
+	require.False(t, stop(), "stopped twice")
+	require.True(t, g.finish(errors.New("end")))
+	require.Equal(t, "first", <-ran)
+	late := g.afterFunc(func() { ran <- "late" })
+	require.Equal(t, "late", <-ran)
+	require.False(t, late(), "a func registered after the end has started")
+	require.False(t, g.finish(errors.New("again")))
+	select {
+	case s := <-ran:
+		t.Fatalf("ran again: %s", s)
+	default:
+	}
+}

@@ -330,3 +330,32 @@ func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) err
 	l.cfg.common.metrics.stale(mLeaseFenceTx)
 	return &StaleTokenError{Resource: resource, Token: lease.token, Current: Token(cur)}
 }
+
+// Context returns a copy of parent that is cancelled, with the lease's [Lease.Err] as its cause
+// ([context.Cause]), as soon as the lease ends: when its trust window ends without a renewal,
+// when a renewal (or a guard or fence) finds it gone, or on [Lease.Release]. The cause is a
+// [*LeaseLostError] (matching [ErrLeaseLost]) or [ErrReleased]. It is cancelled with parent's
+// cause when parent ends first, and with [context.Canceled] by the returned CancelFunc, which
+// the caller must call when done with the context (as for [context.WithCancel]); neither ends
+// the lease.
+//
+// Work that must stop when the lease is lost runs under this context: a statement in flight is
+// cancelled on the server, and a loop checking ctx.Done() stops. The context ends when the
+// holder must stop trusting the lease, not later; writes that must not outlive the lease still
+// need a fence ([Lease.FenceTx]), since a process paused past its trust window sees the
+// cancellation only when it runs again.
+//
+// No goroutine watches the lease while it is held: the cancellation is registered with the
+// lease's end. Safe for concurrent use; any number of contexts may follow one lease. The idea is
+// the session-scoped context of etcd's concurrency package (Session.Done) and client-go's
+// leader election (OnStoppedLeading), as one context.
+func (lease *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	stopLease := lease.ending.afterFunc(func() { cancel(lease.ending.cause()) })
+	stopParent := context.AfterFunc(ctx, func() { stopLease() }) // drop the registration once ctx ends
+	return ctx, func() {
+		stopParent()
+		stopLease()
+		cancel(context.Canceled)
+	}
+}
