@@ -13,7 +13,7 @@ type grantEnd struct {
 	done chan struct{}
 
 	mu    sync.Mutex
-	err   error            // nil while held; set once, when done closes
+	err   error           // nil while held; set once, when done closes
 	after map[*int]func() // run once done has closed (afterFunc), by registration
 }
 
