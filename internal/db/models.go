@@ -29,6 +29,13 @@ type FencelockAdvisoryLock struct {
 	BlockedBy       interface{}
 }
 
+type FencelockElectionValue struct {
+	Name         string
+	Token        int64
+	Value        string
+	ProclaimedAt time.Time
+}
+
 type FencelockFence struct {
 	Resource string
 	Token    int64
@@ -48,6 +55,15 @@ type FencelockHolder struct {
 	Heartbeat   string
 	Waiters     int64
 	NextHolder  interface{}
+}
+
+type FencelockLeader struct {
+	Name      string
+	Holder    string
+	Token     int64
+	Value     interface{}
+	ElectedAt time.Time
+	ExpiresAt time.Time
 }
 
 type FencelockLease struct {

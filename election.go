@@ -1,0 +1,176 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// ErrNoLeader is returned by [Election.Leader] while nobody leads the election.
+var ErrNoLeader = errors.New("fencelock: no leader")
+
+// MaxLeaderValue is the longest value a leader may proclaim, in bytes.
+const MaxLeaderValue = 4096
+
+// Election is leader election on a named term, on a [Lessor]'s leases: a term is a grant of
+// the lease name, its fencing token the term's, so the leader's writes are fenced as any
+// holder's ([Term.FenceTx]). Candidates wait in the name's queue, first come, first served; a
+// resign hands the term to the next candidate in the release's own statement; a leader that
+// dies is replaced once its term's TTL has run out on the database clock. The leader proclaims a
+// value (its address, say) that everyone may read ([Election.Leader]) and observe
+// ([Election.Observe]); SQL reads it from the view fencelock.leaders.
+//
+// An Election is safe for concurrent use. Its candidates are the lessors that campaign on its
+// name; one lessor holds one term at a time (a lessor is not re-entrant).
+//
+// The shape is etcd's concurrency.Election (Campaign, Proclaim, Resign, Leader, Observe), with
+// the term's fencing token checked in the same transaction as the leader's writes, which
+// neither etcd's recipe nor client-go's leader election gives.
+type Election struct {
+	lessor *Lessor
+	name   string
+	ttl    time.Duration
+}
+
+// NewElection returns the election name on l, whose terms are leases of ttl: the longest a dead
+// leader keeps the others out. name is 1 to [MaxNameLength] bytes of UTF-8 without NUL (the
+// lease's name: keep it apart from names used as plain leases); ttl is a time.Duration as for
+// [Lessor.Acquire], suited to l's heartbeat and safety margin. Errors: an [*ArgumentError]
+// for a nil lessor or a bad name or ttl. No SQL runs.
+func NewElection(l *Lessor, name string, ttl time.Duration) (*Election, error) {
+	if l == nil {
+		return nil, argError("lessor", "must not be nil")
+	}
+	if err := validateName("name", name); err != nil {
+		return nil, err
+	}
+	if _, err := l.cfg.times(ttl); err != nil {
+		return nil, err
+	}
+	return &Election{lessor: l, name: name, ttl: ttl}, nil
+}
+
+// Name returns the election's name.
+func (e *Election) Name() string { return e.name }
+
+// Campaign waits until this lessor is elected (its grant of the election's lease, in the
+// name's queue) or ctx ends, then proclaims value and returns the term. value is at most
+// [MaxLeaderValue] bytes.
+//
+// Errors: an [*ArgumentError] for a value too long (no SQL runs); as for [Lessor.Acquire]
+// (ctx's error, wrapped, when ctx ends first, with nothing held); a [*LeaseLostError] when the
+// term was lost before its value could be proclaimed (the term is then released).
+func (e *Election) Campaign(ctx context.Context, value string) (*Term, error) {
+	if len(value) > MaxLeaderValue {
+		return nil, argError("value", "is %d bytes; at most %d", len(value), MaxLeaderValue)
+	}
+	lease, err := e.lessor.Acquire(ctx, e.name, e.ttl)
+	if err != nil {
+		return nil, err
+	}
+	t := &Term{election: e, lease: lease}
+	if err := t.Proclaim(ctx, value); err != nil {
+		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		_ = lease.Release(rctx)
+		stop()
+		return nil, fmt.Errorf("campaign %q: %w", e.name, err)
+	}
+	return t, nil
+}
+
+// LeaderInfo is the state of an election: who leads, in which term, and what it proclaimed.
+// The zero LeaderInfo (Token 0) means nobody leads.
+type LeaderInfo struct {
+	Holder    string    // the leader's holder id ([Lessor.Holder])
+	Token     Token     // the term's fencing token, an int64 > 0; 0 when nobody leads
+	Value     string    // the value the leader proclaimed; "" until it has
+	ElectedAt time.Time // when the term was granted (database clock)
+	ExpiresAt time.Time // when the term lapses unless renewed (database clock)
+}
+
+// Leader returns the current leader. Errors: [ErrNoLeader] while nobody leads; otherwise the
+// pgx error, wrapped. One statement; safe for concurrent use.
+func (e *Election) Leader(ctx context.Context) (LeaderInfo, error) {
+	row, err := e.lessor.q.ElectionLeader(ctx, e.lessor.pool, e.name)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return LeaderInfo{}, ErrNoLeader
+	}
+	if err != nil {
+		return LeaderInfo{}, wrapPg(fmt.Sprintf("leader of %q", e.name), err)
+	}
+	return leaderInfoOf(row), nil
+}
+
+// Term is one leader's term of an [Election]: a lease of the election's name, renewed by the
+// lessor's heartbeat. The leader must stop acting as leader when [Term.Done] closes; its
+// fenced writes ([Term.FenceTx], or [FenceTx] with [Term.Token]) are rejected once a later term
+// has written. Safe for concurrent use.
+type Term struct {
+	election *Election
+	lease    *Lease
+}
+
+// Token returns the term's fencing token, an int64 > 0, larger than every earlier term's.
+func (t *Term) Token() Token { return t.lease.Token() }
+
+// Lease returns the lease that holds the term.
+func (t *Term) Lease() *Lease { return t.lease }
+
+// Done closes when the term ends: its trust window ended without a renewal, a renewal found it
+// gone, or it was resigned. Err says which ([Lease.Err]).
+func (t *Term) Done() <-chan struct{} { return t.lease.Done() }
+
+// Err is the term's [Lease.Err]: nil while it is held and trusted.
+func (t *Term) Err() error { return t.lease.Err() }
+
+// Context is the term's [Lease.Context]: cancelled, with the term's error as cause, when the
+// term ends, at the end of its trust window at the latest.
+func (t *Term) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	return t.lease.Context(parent)
+}
+
+// FenceTx is [Lease.FenceTx] for the term: inside tx, it checks that the term is still the
+// current one and advances resource's high-water mark to its token.
+func (t *Term) FenceTx(ctx context.Context, tx pgx.Tx, resource string) error {
+	return t.lease.FenceTx(ctx, tx, resource)
+}
+
+// Proclaim sets the value the leader announces, at most [MaxLeaderValue] bytes, and wakes the
+// election's observers. Errors: an [*ArgumentError] for a value too long (no SQL runs); Err()
+// when the term has ended; a [*LeaseLostError] when the term is no longer the current grant on
+// the database (Done then closes); otherwise the pgx error, wrapped.
+func (t *Term) Proclaim(ctx context.Context, value string) error {
+	if len(value) > MaxLeaderValue {
+		return argError("value", "is %d bytes; at most %d", len(value), MaxLeaderValue)
+	}
+	if err := t.lease.Err(); err != nil {
+		return err
+	}
+	ok, err := t.election.lessor.q.ElectionProclaim(ctx, t.election.lessor.pool, db.ElectionProclaimParams{
+		Name: t.election.name, Holder: t.election.lessor.cfg.holder, Token: int64(t.lease.token), Value: value,
+	})
+	if err != nil {
+		return wrapPg(fmt.Sprintf("proclaim in %q", t.election.name), err)
+	}
+	if !ok {
+		t.lease.lost(errGoneOnServer)
+		return t.lease.Err()
+	}
+	return nil
+}
+
+// Resign ends the term: the release hands it to the next candidate in its own statement (a new
+// leader in about a millisecond when one waits), and the election's observers are woken.
+// Errors: as for [Lease.Release] ([ErrNotHeld] when the term had already ended).
+func (t *Term) Resign(ctx context.Context) error {
+	err := t.lease.Release(ctx)
+	if nerr := t.election.lessor.q.ElectionNotify(ctx, t.election.lessor.pool, t.election.name); nerr != nil && err == nil {
+		err = wrapPg(fmt.Sprintf("resign %q: wake observers", t.election.name), nerr)
+	}
+	return err
+}
