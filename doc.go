@@ -40,6 +40,9 @@
 // [Lease.Context] is a context cancelled, with the lease's error as its cause, when Done closes;
 // [Lessor.RunLeased] runs a function under it and releases the lease when the function returns.
 //
+// [NewElection] runs leader election on fenced terms: [Election.Campaign] waits until elected,
+// [Term.Resign] hands the term to the next candidate, [Election.Observe] delivers each change.
+//
 // [Lessor.Acquire] waits in the name's queue: first come, first served. The release hands the
 // lease to the head of the queue in its own statement and wakes that waiter alone, by
 // LISTEN/NOTIFY on one listening connection per pool (polling behind PgBouncer in transaction
