@@ -57,6 +57,30 @@ type FencelockHolder struct {
 	NextHolder  interface{}
 }
 
+type FencelockJobLedger struct {
+	Job        string
+	Slot       time.Time
+	Holder     string
+	Token      int64
+	Attempt    int32
+	StartedAt  time.Time
+	FinishedAt pgtype.Timestamptz
+	Outcome    string
+	Error      pgtype.Text
+}
+
+type FencelockJobRun struct {
+	Job        string
+	Slot       time.Time
+	Holder     string
+	Token      int64
+	Attempt    int32
+	StartedAt  time.Time
+	FinishedAt pgtype.Timestamptz
+	Succeeded  pgtype.Bool
+	Error      pgtype.Text
+}
+
 type FencelockLeader struct {
 	Name      string
 	Holder    string

@@ -1,0 +1,176 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// newJob returns job name on a lessor of its own with holder id holder.
+func newJob(t *testing.T, b *bundle, holder, name string, ttl time.Duration, lopts []fencelock.LessorOption, opts ...fencelock.JobOption) *fencelock.Job {
+	t.Helper()
+	j, err := fencelock.NewJob(newLessor(t, b.pool, holder, lopts...), name, ttl, opts...)
+	require.NoError(t, err)
+	return j
+}
+
+// ledger reads a slot's outcome and attempt from fencelock.job_ledger.
+func ledger(t *testing.T, b *bundle, job string, slot time.Time) (outcome string, attempt int) {
+	t.Helper()
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT outcome, attempt FROM fencelock.job_ledger WHERE job = $1 AND slot = $2`, job, slot).Scan(&outcome, &attempt))
+	return outcome, attempt
+}
+
+// A slot runs once across replicas, whether they come one after the other or at once (skip:
+// the others find the lease busy or the slot done; wait: they find the slot done); the ledger
+// reads succeeded.
+func TestJobRunSlotOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slot := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		opts []fencelock.JobOption
+	}{{"Skip", nil}, {"Wait", []fencelock.JobOption{fencelock.WithOverlapWait()}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			job := "job:once:" + tc.name
+			var runs atomic.Int32
+			fn := func(ctx context.Context, run *fencelock.JobRun) error {
+				runs.Add(1)
+				require.Equal(t, 1, run.Attempt)
+				time.Sleep(50 * time.Millisecond) // the job's work, long enough for the others to overlap
+				return nil
+			}
+			var wg sync.WaitGroup
+			errs := make([]error, 4)
+			for i := range 4 {
+				j := newJob(t, b, "replica-"+tc.name+string(rune('a'+i)), job, 5*time.Second, nil, tc.opts...)
+				wg.Go(func() { errs[i] = j.RunSlot(b.ctx, slot, fn) })
+			}
+			wg.Wait()
+			require.EqualValues(t, 1, runs.Load())
+			ok := 0
+			for _, err := range errs {
+				switch {
+				case err == nil:
+					ok++
+				case errors.Is(err, fencelock.ErrSlotDone), errors.Is(err, fencelock.ErrSlotBusy):
+				default:
+					t.Fatalf("unexpected error: %v", err)
+				}
+			}
+			require.Equal(t, 1, ok)
+			later := newJob(t, b, "later-"+tc.name, job, 5*time.Second, nil, tc.opts...)
+			require.ErrorIs(t, later.RunSlot(b.ctx, slot, fn), fencelock.ErrSlotDone, "a restart runs no slot twice")
+			outcome, attempt := ledger(t, b, job, slot)
+			require.Equal(t, "succeeded", outcome)
+			require.Equal(t, 1, attempt)
+		})
+	}
+}
+
+// A failed run is recorded as failed and not run again, unless the job retries failed runs;
+// a run that loses its lease midway is recorded as crashed, and run again only by a job that
+// retries crashed runs (attempt 2, with a larger token).
+func TestJobRetryPolicy(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slot := time.Date(2026, 11, 23, 11, 0, 0, 0, time.UTC)
+	boom := errors.New("boom")
+
+	j := newJob(t, b, "fail-1", "job:fail", 5*time.Second, nil)
+	require.Equal(t, boom, j.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return boom }))
+	outcome, _ := ledger(t, b, "job:fail", slot)
+	require.Equal(t, "failed", outcome)
+	require.ErrorIs(t, j.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }), fencelock.ErrSlotDone)
+	retry := newJob(t, b, "fail-2", "job:fail", 5*time.Second, nil, fencelock.WithRetryFailed())
+	require.NoError(t, retry.RunSlot(b.ctx, slot, func(_ context.Context, run *fencelock.JobRun) error {
+		require.Equal(t, 2, run.Attempt)
+		return nil
+	}))
+	outcome, attempt := ledger(t, b, "job:fail", slot)
+	require.Equal(t, "succeeded", outcome)
+	require.Equal(t, 2, attempt)
+
+	// A run whose lease is lost (no heartbeat, TTL 1 s): its context ends; it records nothing.
+	crashing := newJob(t, b, "crash-1", "job:crash", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()})
+	var first fencelock.Token
+	err := crashing.RunSlot(b.ctx, slot, func(ctx context.Context, run *fencelock.JobRun) error {
+		first = run.Lease.Token()
+		<-ctx.Done()
+		return nil
+	})
+	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
+	outcome, _ = ledger(t, b, "job:crash", slot)
+	require.Equal(t, "crashed", outcome)
+	noRetry := newJob(t, b, "crash-2", "job:crash", 5*time.Second, nil)
+	require.ErrorIs(t, noRetry.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }), fencelock.ErrSlotDone,
+		"a crashed slot is not run again by default")
+	again := newJob(t, b, "crash-3", "job:crash", 5*time.Second, nil, fencelock.WithRetryCrashed())
+	require.NoError(t, again.RunSlot(b.ctx, slot, func(_ context.Context, run *fencelock.JobRun) error {
+		require.Equal(t, 2, run.Attempt)
+		require.Greater(t, run.Lease.Token(), first)
+		return nil
+	}))
+	outcome, attempt = ledger(t, b, "job:crash", slot)
+	require.Equal(t, "succeeded", outcome)
+	require.Equal(t, 2, attempt)
+}
+
+// Every: three replicas, slots of 200 ms on the database clock; each slot that starts while
+// they run is run exactly once, by one of them; WithMinHold keeps the lease for the hold.
+func TestJobEvery(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const every = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(b.ctx, 1500*time.Millisecond)
+	defer cancel()
+	var mu sync.Mutex
+	runs := map[time.Time]int{}
+	var wg sync.WaitGroup
+	for i := range 3 {
+		j := newJob(t, b, "every-"+string(rune('a'+i)), "job:every", 5*time.Second, nil, fencelock.WithMinHold(50*time.Millisecond))
+		wg.Go(func() {
+			err := j.Every(ctx, every, func(_ context.Context, run *fencelock.JobRun) error {
+				mu.Lock()
+				runs[run.Slot]++
+				mu.Unlock()
+				return nil
+			}, func(slot time.Time, err error) { t.Errorf("slot %v: %v", slot, err) })
+			require.ErrorIs(t, err, context.DeadlineExceeded)
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, len(runs), 6, "slots run in 1.5 s of 200 ms slots")
+	for slot, n := range runs {
+		require.Equal(t, 1, n, "slot %v ran %d times", slot, n)
+		require.True(t, slot.Equal(slot.Truncate(every)), "slot %v is not on the 200 ms grid", slot)
+	}
+	var ledgerRows int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.job_ledger WHERE job = 'job:every' AND outcome = 'succeeded'`).Scan(&ledgerRows))
+	require.Equal(t, len(runs), ledgerRows)
+}
+
+// Bad input is refused before any SQL.
+func TestJobBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "job-bad")
+	_, err := fencelock.NewJob(nil, "x", time.Second)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	_, err = fencelock.NewJob(l, "x", time.Second, fencelock.WithMinHold(-time.Second))
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	j, err := fencelock.NewJob(l, "x", time.Second)
+	require.NoError(t, err)
+	require.ErrorIs(t, j.RunSlot(b.ctx, time.Now(), nil), fencelock.ErrInvalidArgument)
+	require.ErrorIs(t, j.Every(b.ctx, 0, func(context.Context, *fencelock.JobRun) error { return nil }, nil), fencelock.ErrInvalidArgument)
+}

@@ -1,0 +1,243 @@
+package fencelock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// Job is a scheduled job that runs at most once per slot across all replicas and restarts: its
+// runs are serialised by a lease of the job's name, and each slot's run is claimed, under that
+// lease, in a ledger keyed by (job, slot), the table fencelock.job_runs (readable with its
+// outcome in the view fencelock.job_ledger: succeeded, failed, running, crashed). A slot is any
+// instant the caller names ([Job.RunSlot]); [Job.Every] names them from the database clock.
+//
+// A run that crashes midway (its process killed, its lease lost) leaves its slot unfinished in
+// the ledger. Whether that slot runs again is the job's choice: [WithRetryCrashed] retries it
+// when a replica next runs the slot; by default it is not retried (at most once: the slot is
+// missed). A run whose function returns an error is recorded as failed, and retried only with
+// [WithRetryFailed].
+//
+// A Job is safe for concurrent use. The idea is ShedLock's (lockAtMostFor is the lease's TTL,
+// lockAtLeastFor is [WithMinHold]), with a ledger per slot instead of a lock per job, and
+// fencing tokens for the run's writes.
+type Job struct {
+	lessor *Lessor
+	name   string
+	ttl    time.Duration
+	cfg    jobConfig
+}
+
+// jobConfig is a Job's configuration.
+type jobConfig struct {
+	wait         bool          // overlap policy: wait for a run in progress (else skip)
+	minHold      time.Duration // hold the lease at least this long after a run starts
+	retryCrashed bool
+	retryFailed  bool
+}
+
+// JobOption configures a [Job]; [NewJob] takes them.
+type JobOption func(*jobConfig) error
+
+// WithOverlapWait makes a run of a slot wait while another run of the job holds the job's
+// lease (in the lease's queue), then run the slot unless the ledger has it. Default: skip (the
+// slot is not run by this replica; if the run in progress is of another slot, this slot is
+// missed unless a later RunSlot of it finds the lease free).
+func WithOverlapWait() JobOption {
+	return func(c *jobConfig) error { c.wait = true; return nil }
+}
+
+// WithMinHold keeps the job's lease for at least d (a time.Duration >= 0) after a run started,
+// even when the run finishes sooner, as ShedLock's lockAtLeastFor: replicas whose clocks lag
+// the database's find the lease held instead of racing for a slot that was just run. The
+// ledger already keeps a slot from running twice; this keeps runs of the job apart in time.
+// Default: 0.
+func WithMinHold(d time.Duration) JobOption {
+	return func(c *jobConfig) error {
+		if d < 0 {
+			return argError("WithMinHold", "is %v; it must be >= 0", d)
+		}
+		c.minHold = d
+		return nil
+	}
+}
+
+// WithRetryCrashed runs a slot again whose run crashed (unfinished, under a grant that has
+// ended), when a replica next runs that slot. Default: a crashed slot is not run again.
+func WithRetryCrashed() JobOption {
+	return func(c *jobConfig) error { c.retryCrashed = true; return nil }
+}
+
+// WithRetryFailed runs a slot again whose run failed (its function returned an error), when a
+// replica next runs that slot. Default: a failed slot is not run again.
+func WithRetryFailed() JobOption {
+	return func(c *jobConfig) error { c.retryFailed = true; return nil }
+}
+
+// NewJob returns the job name on l, whose runs hold a lease of name for ttl: the longest a
+// crashed run keeps the job from running (ShedLock's lockAtMostFor); a run's context ends when
+// its lease is lost. name is 1 to [MaxNameLength] bytes of UTF-8 without NUL (the lease's name:
+// keep it apart from names used as plain leases or elections); ttl as for [Lessor.Acquire].
+// Errors: an [*ArgumentError] for a nil lessor, a bad name, ttl or option. No SQL runs.
+func NewJob(l *Lessor, name string, ttl time.Duration, opts ...JobOption) (*Job, error) {
+	if l == nil {
+		return nil, argError("lessor", "must not be nil")
+	}
+	if err := validateName("name", name); err != nil {
+		return nil, err
+	}
+	if _, err := l.cfg.times(ttl); err != nil {
+		return nil, err
+	}
+	var cfg jobConfig
+	if err := applyAll(opts, func(o JobOption) error { return o(&cfg) }); err != nil {
+		return nil, err
+	}
+	return &Job{lessor: l, name: name, ttl: ttl, cfg: cfg}, nil
+}
+
+// JobRun is one run of a [Job]'s slot, given to its function.
+type JobRun struct {
+	Slot    time.Time // the slot, as the database stores it (microseconds)
+	Attempt int       // 1 for the slot's first run, more when a crashed or failed run is retried
+	Lease   *Lease    // the job's lease: its Token fences the run's writes ([Lease.FenceTx])
+}
+
+// JobFunc is the work of a job's slot: ctx is the lease's context ([Lease.Context]).
+type JobFunc func(ctx context.Context, run *JobRun) error
+
+// ErrSlotDone is returned by [Job.RunSlot] when the ledger already has the slot: run (or
+// running) by a replica, or crashed or failed and not to be retried. ErrSlotBusy when another
+// run of the job holds its lease and the overlap policy is to skip.
+var (
+	ErrSlotDone = errors.New("fencelock: slot already run")
+	ErrSlotBusy = errors.New("fencelock: another run of the job holds its lease")
+)
+
+// RunSlot runs fn for slot unless the slot has run: it takes the job's lease (waiting with
+// [WithOverlapWait], else trying once), claims the slot in the ledger, runs fn under the
+// lease's context, records its outcome, and releases the lease (after [WithMinHold], if set).
+//
+// Errors: [ErrSlotBusy] when the lease is held and the policy is to skip; [ErrSlotDone] when
+// the ledger has the slot (fn is not called in either case); fn's error, as is, after it was
+// recorded as the run's failure; a [*LeaseLostError] when fn returned nil but the lease was lost
+// before its outcome was recorded (the slot then reads crashed: the run may not have finished
+// under the lease); ctx's error, wrapped, when ctx ends while waiting; otherwise pgx's error,
+// wrapped. Safe for concurrent use.
+func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
+	if fn == nil {
+		return argError("fn", "must not be nil")
+	}
+	var lease *Lease
+	var err error
+	if j.cfg.wait {
+		lease, err = j.lessor.Acquire(ctx, j.name, j.ttl)
+	} else {
+		lease, err = j.lessor.TryAcquire(ctx, j.name, j.ttl)
+		if errors.Is(err, ErrNotAcquired) {
+			return fmt.Errorf("job %q, slot %v: %w", j.name, slot, ErrSlotBusy)
+		}
+	}
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	release := func() {
+		if hold := j.cfg.minHold - time.Since(started); hold > 0 {
+			select {
+			case <-lease.Done():
+			case <-time.After(hold):
+			}
+		}
+		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		_ = lease.Release(rctx) // after a loss, ErrNotHeld; else it expires by its TTL
+		stop()
+	}
+	defer release()
+
+	q := j.lessor.q
+	row, err := q.JobClaim(ctx, j.lessor.pool, db.JobClaimParams{
+		Job: j.name, Holder: j.lessor.cfg.holder, Token: int64(lease.token), Slot: slot,
+		RetryCrashed: j.cfg.retryCrashed, RetryFailed: j.cfg.retryFailed,
+	})
+	if err != nil {
+		return wrapPg(fmt.Sprintf("job %q: claim slot %v", j.name, slot), err)
+	}
+	if !row.Current {
+		lease.lost(errGoneOnServer)
+		return fmt.Errorf("job %q, slot %v: %w", j.name, slot, lease.Err())
+	}
+	if !row.Claimed {
+		return fmt.Errorf("job %q, slot %v: %w", j.name, slot, ErrSlotDone)
+	}
+	run := &JobRun{Slot: slot, Attempt: int(row.Attempt), Lease: lease}
+	lctx, cancel := lease.Context(ctx)
+	ferr := fn(lctx, run)
+	cancel()
+	if lost := lease.Err(); lost != nil && ferr == nil {
+		// Not recorded: the run may have gone on without the lease; the slot reads crashed.
+		return fmt.Errorf("job %q, slot %v: %w", j.name, slot, lost)
+	}
+	msg := ""
+	if ferr != nil {
+		msg = ferr.Error()
+	}
+	fctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	_, err = q.JobFinish(fctx, j.lessor.pool, db.JobFinishParams{Job: j.name, Slot: slot, Token: int64(lease.token), Succeeded: ferr == nil, Error: msg})
+	stop()
+	if ferr != nil {
+		return ferr
+	}
+	if err != nil {
+		return wrapPg(fmt.Sprintf("job %q: record slot %v", j.name, slot), err)
+	}
+	return nil
+}
+
+// Every runs fn once per slot of period every (a time.Duration of at least a millisecond)
+// until ctx ends: slots are counted on the database clock from the Unix epoch, so every replica
+// names the same slots whatever its own clock says; at each slot's start each replica calls
+// [Job.RunSlot], and the ledger lets one of them run it. Errors of a slot (ErrSlotBusy,
+// ErrSlotDone, fn's, the database's) do not stop it; onErr, if not nil, is told of each other
+// than ErrSlotBusy and ErrSlotDone. It returns ctx's error; an [*ArgumentError] at once for a
+// bad period or a nil fn.
+func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr func(slot time.Time, err error)) error {
+	if every < time.Millisecond {
+		return argError("every", "is %v; it must be at least 1ms", every)
+	}
+	if fn == nil {
+		return argError("fn", "must not be nil")
+	}
+	var last time.Time
+	for n := 0; ; n++ {
+		row, err := j.lessor.q.JobSlot(ctx, j.lessor.pool, every.Microseconds())
+		wait := time.Duration(row.UntilNextUs) * time.Microsecond
+		switch {
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			if onErr != nil {
+				onErr(time.Time{}, wrapPg(fmt.Sprintf("job %q: read the slot", j.name), err))
+			}
+			wait = j.lessor.cfg.backoff(n)
+		case !row.Slot.Equal(last):
+			n = 0
+			last = row.Slot
+			err := j.RunSlot(ctx, row.Slot, fn)
+			if err != nil && !errors.Is(err, ErrSlotBusy) && !errors.Is(err, ErrSlotDone) && onErr != nil && ctx.Err() == nil {
+				onErr(row.Slot, err)
+			}
+			continue // read the slot again: the run may have taken a while
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}

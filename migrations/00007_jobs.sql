@@ -1,0 +1,61 @@
+-- +goose Up
+-- Scheduled jobs that run once per slot (issue 12). A job's runs are serialised by a lease of
+-- the job's name; each slot's run is claimed in this ledger, keyed by (job, slot), under that
+-- lease, so a slot runs at most once across all replicas and restarts, unless its policy
+-- retries a run that crashed (finished_at NULL, by an earlier grant) or failed.
+CREATE TABLE fencelock.job_runs (
+    job         text        NOT NULL,
+    slot        timestamptz NOT NULL,
+    holder      text        NOT NULL,
+    token       bigint      NOT NULL,
+    attempt     integer     NOT NULL,
+    started_at  timestamptz NOT NULL,
+    finished_at timestamptz,
+    succeeded   boolean,
+    error       text,
+    PRIMARY KEY (job, slot),
+    CONSTRAINT job_runs_job_length CHECK (octet_length(job) BETWEEN 1 AND 1024)
+) WITH (fillfactor = 70);
+
+-- The ledger, readable by SQL: each slot's run with its holder, token, attempt, times and
+-- outcome: succeeded, failed, running (unfinished, its grant still current) or crashed
+-- (unfinished, its grant gone).
+CREATE VIEW fencelock.job_ledger AS
+SELECT r.job, r.slot, r.holder, r.token, r.attempt, r.started_at, r.finished_at,
+       CASE WHEN r.finished_at IS NOT NULL AND r.succeeded THEN 'succeeded'
+            WHEN r.finished_at IS NOT NULL THEN 'failed'
+            WHEN EXISTS (SELECT 1 FROM fencelock.leases AS l
+                         WHERE l.name = r.job AND l.token = r.token AND l.expires_at > clock_timestamp()) THEN 'running'
+            ELSE 'crashed' END AS outcome,
+       r.error
+FROM fencelock.job_runs AS r;
+
+-- Roles that take leases may run jobs.
+-- +goose StatementBegin
+DO $$
+DECLARE
+    r regrole;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT a.grantee::regrole
+        FROM pg_catalog.pg_class AS c, LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid = 'fencelock.leases'::regclass
+          AND a.privilege_type = 'INSERT' AND a.grantee <> 0
+          AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.job_runs TO %s', r);
+        EXECUTE format('GRANT SELECT ON fencelock.job_ledger TO %s', r);
+    END LOOP;
+    IF EXISTS (SELECT FROM pg_catalog.pg_class AS c, LATERAL pg_catalog.aclexplode(c.relacl) AS a
+               WHERE c.oid = 'fencelock.leases'::regclass
+                 AND a.privilege_type = 'INSERT' AND a.grantee = 0) THEN
+        GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.job_runs TO PUBLIC;
+        GRANT SELECT ON fencelock.job_ledger TO PUBLIC;
+    END IF;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose Down
+DROP VIEW fencelock.job_ledger;
+DROP TABLE fencelock.job_runs;

@@ -1,0 +1,45 @@
+-- name: JobClaim :one
+-- Claims slot @slot of job @job for the grant (@job, @holder, @token), which must be the
+-- current, unexpired grant of the job's lease (the job's runs are serialised by it). A slot not
+-- in the ledger is claimed (attempt 1). A slot already there is claimed again only when its
+-- policy allows: @retry_crashed and the run is unfinished under an earlier grant (that grant is
+-- gone: this one holds the lease), or @retry_failed and the run failed. claimed is false, with
+-- the existing run's outcome, otherwise. The commit is synchronous (the grant's token is in
+-- the row): a claim lost in a crash would let the slot run twice.
+WITH cfg AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit
+), cur AS (
+    SELECT l.name FROM fencelock.leases AS l, cfg
+    WHERE l.name = sqlc.arg(job)::text AND l.holder = sqlc.arg(holder)::text
+      AND l.token = sqlc.arg(token)::bigint AND l.expires_at > clock_timestamp()
+    FOR KEY SHARE OF l
+), claim AS (
+    INSERT INTO fencelock.job_runs AS r (job, slot, holder, token, attempt, started_at)
+    SELECT cur.name, sqlc.arg(slot)::timestamptz, sqlc.arg(holder)::text, sqlc.arg(token)::bigint, 1, clock_timestamp() FROM cur
+    ON CONFLICT (job, slot) DO UPDATE
+        SET holder = excluded.holder, token = excluded.token, attempt = r.attempt + 1,
+            started_at = excluded.started_at, finished_at = NULL, succeeded = NULL, error = NULL
+        WHERE r.token < excluded.token
+          AND ((r.finished_at IS NULL AND sqlc.arg(retry_crashed)::boolean)
+               OR (r.finished_at IS NOT NULL AND NOT r.succeeded AND sqlc.arg(retry_failed)::boolean))
+    RETURNING r.attempt
+)
+SELECT EXISTS (SELECT 1 FROM claim) AS claimed,
+       coalesce((SELECT attempt FROM claim), 0)::integer AS attempt,
+       EXISTS (SELECT 1 FROM cur) AS current;
+
+-- name: JobFinish :execrows
+-- Records the end of the run of slot @slot claimed by @token: succeeded, or failed with @error.
+-- Scoped to the claim's token, so a run whose slot was claimed again records nothing.
+UPDATE fencelock.job_runs AS r
+SET finished_at = clock_timestamp(), succeeded = sqlc.arg(succeeded)::boolean,
+    error = nullif(sqlc.arg(error)::text, '')
+FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit) AS cfg
+WHERE r.job = sqlc.arg(job)::text AND r.slot = sqlc.arg(slot)::timestamptz AND r.token = sqlc.arg(token)::bigint;
+
+-- name: JobSlot :one
+-- The slot of period @every_us (microseconds) that the database clock is in, counted from the
+-- Unix epoch, and how long until the next one starts, in microseconds.
+SELECT ('epoch'::timestamptz + (floor(extract(epoch FROM n.now) * 1000000)::bigint / sqlc.arg(every_us)::bigint * sqlc.arg(every_us)::bigint) * interval '1 microsecond')::timestamptz AS slot,
+       (sqlc.arg(every_us)::bigint - floor(extract(epoch FROM n.now) * 1000000)::bigint % sqlc.arg(every_us)::bigint)::bigint AS until_next_us
+FROM (SELECT clock_timestamp() AS now) AS n;
