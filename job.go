@@ -200,10 +200,16 @@ func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
 // Every runs fn once per slot of period every (a time.Duration of at least a millisecond)
 // until ctx ends: slots are counted on the database clock from the Unix epoch, so every replica
 // names the same slots whatever its own clock says; at each slot's start each replica calls
-// [Job.RunSlot], and the ledger lets one of them run it. Errors of a slot (ErrSlotBusy,
-// ErrSlotDone, fn's, the database's) do not stop it; onErr, if not nil, is told of each other
-// than ErrSlotBusy and ErrSlotDone. It returns ctx's error; an [*ArgumentError] at once for a
-// bad period or a nil fn.
+// [Job.RunSlot], and the ledger lets one of them run it. A slot that could not run when it came
+// (the job's lease held by a run of an earlier slot, or by a replica that died holding it; or
+// this replica could not read the database clock) is tried again, late, at the next wake, as
+// long as it is no older than the job's TTL plus one period: a dead holder's lease keeps the
+// job off for at most its TTL. Older slots are given up (missed). A replica that starts runs
+// from the current slot on.
+//
+// Errors of a slot (fn's, the database's) do not stop it; onErr, if not nil, is told of each
+// ([ErrSlotBusy] and [ErrSlotDone] are not errors here). It returns ctx's error; an
+// [*ArgumentError] at once for a bad period or a nil fn.
 func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr func(slot time.Time, err error)) error {
 	if every < time.Millisecond {
 		return argError("every", "is %v; it must be at least 1ms", every)
@@ -211,7 +217,7 @@ func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr 
 	if fn == nil {
 		return argError("fn", "must not be nil")
 	}
-	var last time.Time
+	var next time.Time // the oldest slot this replica has not settled; zero: the current one
 	for n := 0; ; n++ {
 		row, err := j.lessor.q.JobSlot(ctx, j.lessor.pool, every.Microseconds())
 		wait := time.Duration(row.UntilNextUs) * time.Microsecond
@@ -223,14 +229,30 @@ func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr 
 				onErr(time.Time{}, wrapPg(fmt.Sprintf("job %q: read the slot", j.name), err))
 			}
 			wait = j.lessor.cfg.backoff(n)
-		case !row.Slot.Equal(last):
-			n = 0
-			last = row.Slot
-			err := j.RunSlot(ctx, row.Slot, fn)
-			if err != nil && !errors.Is(err, ErrSlotBusy) && !errors.Is(err, ErrSlotDone) && onErr != nil && ctx.Err() == nil {
-				onErr(row.Slot, err)
+		default:
+			n = -1
+			current := row.Slot
+			if next.IsZero() {
+				next = current
 			}
-			continue // read the slot again: the run may have taken a while
+			if horizon := current.Add(-(j.ttl + every)); next.Before(horizon) {
+				next = current.Add(-time.Duration(int64(j.ttl+every)/int64(every)) * every) // on the grid
+			}
+			for ; !next.After(current); next = next.Add(every) {
+				err := j.RunSlot(ctx, next, fn)
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				if errors.Is(err, ErrSlotBusy) {
+					break // held by another run: this slot again at the next wake
+				}
+				if err != nil && !errors.Is(err, ErrSlotDone) && onErr != nil {
+					onErr(next, err)
+				}
+			}
+			if !next.After(current) {
+				wait = min(wait, max(every/4, time.Millisecond)) // a busy slot: look again soon
+			}
 		}
 		t := time.NewTimer(wait)
 		select {

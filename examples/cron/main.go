@@ -1,0 +1,255 @@
+// Command cron shows a scheduled job that runs once per slot across replica processes, some of
+// them killed at random.
+//
+// It starts five replica processes (this program again, as children), each running
+// fencelock.Job.Every for the job "cron:report" with slots of 200 ms on the database clock. A
+// slot's run appends a row to cron_runs with a fenced write (the job lease's token), and works
+// for up to 50 ms. Every 300 ms the parent kills one replica with SIGKILL, wherever it is (a
+// run killed midway leaves its slot crashed in the ledger; this job does not retry crashed
+// slots, so that slot is missed) and starts a new one. After the run it stops the replicas and
+// counts, from the database:
+//
+//	cron: slots=N runs=R duplicate_runs=D missed_slots=M
+//
+// N: the slots from the first run's to the last's; R: rows in cron_runs; D: runs beyond one per
+// slot (must be 0); M: slots with no run. It exits non-zero unless D is 0, R > 0, and every
+// missed slot is one whose run was killed (the ledger reads crashed).
+//
+// Run it with an embedded PostgreSQL (local server binaries or Docker, through package pgtest):
+//
+//	go run ./examples/cron
+//
+// or against a database of your own, where it drops and recreates its table cron_runs and
+// deletes the job's ledger rows (fencelock.job_runs where job = 'cron:report'):
+//
+//	DATABASE_URL=postgres://... go run ./examples/cron
+//
+// FENCELOCK_CRON_SECONDS sets how long the replicas run (default 4).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+const (
+	jobName  = "cron:report"
+	every    = 200 * time.Millisecond
+	replicas = 5
+	killGap  = 300 * time.Millisecond
+	jobTTL   = time.Second
+
+	replicaEnv = "FENCELOCK_CRON_REPLICA" // set in a child: its replica id
+	urlEnv     = "FENCELOCK_CRON_URL"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if id := os.Getenv(replicaEnv); id != "" {
+		if err := replica(ctx, id, os.Getenv(urlEnv)); err != nil && !errors.Is(err, context.Canceled) {
+			fmt.Fprintln(os.Stderr, "cron replica", id+":", err)
+			os.Exit(1)
+		}
+		return
+	}
+	sum, err := run(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cron:", err)
+	}
+	if sum != nil {
+		fmt.Printf("cron: slots=%d runs=%d duplicate_runs=%d missed_slots=%d\n", sum.slots, sum.runs, sum.duplicates, sum.missed)
+	}
+	switch {
+	case err != nil:
+		os.Exit(1)
+	case sum.duplicates != 0:
+		fmt.Fprintln(os.Stderr, "cron: FAIL: a slot ran more than once")
+		os.Exit(1)
+	case sum.runs == 0:
+		fmt.Fprintln(os.Stderr, "cron: FAIL: nothing ran")
+		os.Exit(1)
+	case sum.missed != sum.crashed:
+		fmt.Fprintf(os.Stderr, "cron: FAIL: %d slots missed, %d of them by a killed run\n", sum.missed, sum.crashed)
+		os.Exit(1)
+	}
+}
+
+// replica runs the job until ctx ends (SIGTERM) or it is killed.
+func replica(ctx context.Context, id, url string) error {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	lessor, err := fencelock.NewLessor(pool, fencelock.WithHolder(id))
+	if err != nil {
+		return err
+	}
+	job, err := fencelock.NewJob(lessor, jobName, jobTTL)
+	if err != nil {
+		return err
+	}
+	return job.Every(ctx, every, func(ctx context.Context, run *fencelock.JobRun) error {
+		time.Sleep(rand.N(50 * time.Millisecond)) // the report's work; a kill may land here
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := run.Lease.FenceTx(ctx, tx, jobName); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO cron_runs (slot, replica, token) VALUES ($1, $2, $3)`, run.Slot, id, int64(run.Lease.Token()))
+			return err
+		})
+	}, func(slot time.Time, err error) {
+		fmt.Fprintf(os.Stderr, "[%s] slot %s: %v\n", id, slot.Format("15:04:05.000"), err)
+	})
+}
+
+type summary struct {
+	slots, runs, duplicates, missed, crashed int64
+}
+
+// run sets up the database, runs the replicas, kills some, and counts from the database.
+func run(ctx context.Context) (_ *summary, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	seconds := 4
+	if s := os.Getenv("FENCELOCK_CRON_SECONDS"); s != "" {
+		if seconds, err = strconv.Atoi(s); err != nil || seconds < 1 {
+			return nil, fmt.Errorf("FENCELOCK_CRON_SECONDS=%q: want a whole number of seconds >= 1", s)
+		}
+	}
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		fmt.Println("DATABASE_URL is not set: starting an embedded PostgreSQL (pgtest)")
+		srv, err := pgtest.Start(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("start embedded postgres: %w", err)
+		}
+		defer func() {
+			if cerr := srv.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("stop embedded postgres: %w", cerr)
+			}
+		}()
+		if _, url, err = srv.CreateDatabase(ctx); err != nil {
+			return nil, fmt.Errorf("create database: %w", err)
+		}
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	if err := fencelock.Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS cron_runs;
+		CREATE TABLE cron_runs (slot timestamptz NOT NULL, replica text NOT NULL, token bigint NOT NULL);
+		DELETE FROM fencelock.job_runs WHERE job = '`+jobName+`'`); err != nil {
+		return nil, err
+	}
+
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	var mu sync.Mutex
+	children := map[string]*exec.Cmd{}
+	var wg sync.WaitGroup
+	n := 0
+	start := func() error {
+		n++
+		id := "replica-" + strconv.Itoa(n)
+		cmd := exec.Command(self)
+		cmd.Env = append(os.Environ(), replicaEnv+"="+id, urlEnv+"="+url)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		mu.Lock()
+		children[id] = cmd
+		mu.Unlock()
+		wg.Go(func() { _ = cmd.Wait() })
+		return nil
+	}
+	defer func() {
+		mu.Lock()
+		for _, c := range children {
+			_ = c.Process.Signal(syscall.SIGTERM)
+		}
+		mu.Unlock()
+		wg.Wait()
+	}()
+	for range replicas {
+		if err := start(); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Printf("%d replicas run job %q, slots of %v, for %ds; one is killed every %v\n", replicas, jobName, every, seconds, killGap)
+	end := time.After(time.Duration(seconds) * time.Second)
+	tick := time.NewTicker(killGap)
+	defer tick.Stop()
+	killed := 0
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-end:
+			break loop
+		case <-tick.C:
+			mu.Lock()
+			for id, c := range children { // a random one: map order
+				_ = c.Process.Kill()
+				delete(children, id)
+				break
+			}
+			mu.Unlock()
+			killed++
+			if err := start(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	mu.Lock()
+	for id, c := range children {
+		_ = c.Process.Signal(syscall.SIGTERM)
+		delete(children, id)
+	}
+	mu.Unlock()
+	wg.Wait()
+	fmt.Printf("killed %d replicas with SIGKILL\n", killed)
+
+	var s summary
+	err = pool.QueryRow(ctx, `
+		WITH span AS (
+			SELECT min(slot) AS first, max(slot) AS last FROM fencelock.job_ledger WHERE job = $1
+		), grid AS (
+			SELECT g AS slot FROM span, generate_series(span.first, span.last, $2::interval) AS g
+		)
+		SELECT (SELECT count(*) FROM grid),
+		       (SELECT count(*) FROM cron_runs),
+		       (SELECT count(*) - count(DISTINCT slot) FROM cron_runs),
+		       (SELECT count(*) FROM grid WHERE NOT EXISTS (SELECT 1 FROM cron_runs AS r WHERE r.slot = grid.slot)),
+		       (SELECT count(*) FROM grid JOIN fencelock.job_ledger AS l ON l.job = $1 AND l.slot = grid.slot
+		         WHERE l.outcome = 'crashed' AND NOT EXISTS (SELECT 1 FROM cron_runs AS r WHERE r.slot = grid.slot))`,
+		jobName, every.String()).Scan(&s.slots, &s.runs, &s.duplicates, &s.missed, &s.crashed)
+	if err != nil {
+		return nil, fmt.Errorf("count: %w", err)
+	}
+	return &s, nil
+}
