@@ -43,6 +43,9 @@
 // [NewElection] runs leader election on fenced terms: [Election.Campaign] waits until elected,
 // [Term.Resign] hands the term to the next candidate, [Election.Observe] delivers each change.
 //
+// [NewJob] runs a scheduled job once per slot across replicas and restarts ([Job.Every],
+// [Job.RunSlot]), with a ledger readable in SQL (fencelock.job_ledger).
+//
 // [Lessor.Acquire] waits in the name's queue: first come, first served. The release hands the
 // lease to the head of the queue in its own statement and wakes that waiter alone, by
 // LISTEN/NOTIFY on one listening connection per pool (polling behind PgBouncer in transaction
