@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -38,8 +40,10 @@ type Election struct {
 }
 
 // NewElection returns the election name on l, whose terms are leases of ttl: the longest a dead
-// leader keeps the others out. name is 1 to [MaxNameLength] bytes of UTF-8 without NUL (the
-// lease's name: keep it apart from names used as plain leases); ttl is a time.Duration as for
+// leader keeps the others out. name is 1 to [MaxNameLength] bytes of UTF-8 without NUL. It is
+// the name of the term's lease, in the one namespace of leases: a plain lease or a [Job] of the
+// same name would exclude the election's candidates and read as its leader; keep the names
+// apart (a prefix such as "election/"). ttl is a time.Duration as for
 // [Lessor.Acquire], suited to l's heartbeat and safety margin. Errors: an [*ArgumentError]
 // for a nil lessor or a bad name or ttl. No SQL runs.
 func NewElection(l *Lessor, name string, ttl time.Duration) (*Election, error) {
@@ -59,15 +63,15 @@ func NewElection(l *Lessor, name string, ttl time.Duration) (*Election, error) {
 func (e *Election) Name() string { return e.name }
 
 // Campaign waits until this lessor is elected (its grant of the election's lease, in the
-// name's queue) or ctx ends, then proclaims value and returns the term. value is at most
-// [MaxLeaderValue] bytes.
+// name's queue) or ctx ends, then proclaims value and returns the term. value is valid UTF-8
+// without NUL, at most [MaxLeaderValue] bytes.
 //
-// Errors: an [*ArgumentError] for a value too long (no SQL runs); as for [Lessor.Acquire]
+// Errors: an [*ArgumentError] for a bad value (no SQL runs); as for [Lessor.Acquire]
 // (ctx's error, wrapped, when ctx ends first, with nothing held); a [*LeaseLostError] when the
 // term was lost before its value could be proclaimed (the term is then released).
 func (e *Election) Campaign(ctx context.Context, value string) (*Term, error) {
-	if len(value) > MaxLeaderValue {
-		return nil, argError("value", "is %d bytes; at most %d", len(value), MaxLeaderValue)
+	if err := validateLeaderValue(value); err != nil {
+		return nil, err
 	}
 	lease, err := e.lessor.Acquire(ctx, e.name, e.ttl)
 	if err != nil {
@@ -140,13 +144,14 @@ func (t *Term) FenceTx(ctx context.Context, tx pgx.Tx, resource string) error {
 	return t.lease.FenceTx(ctx, tx, resource)
 }
 
-// Proclaim sets the value the leader announces, at most [MaxLeaderValue] bytes, and wakes the
-// election's observers. Errors: an [*ArgumentError] for a value too long (no SQL runs); Err()
+// Proclaim sets the value the leader announces (valid UTF-8 without NUL, at most
+// [MaxLeaderValue] bytes) and wakes the election's observers. Errors: an [*ArgumentError] for a
+// bad value (no SQL runs); Err()
 // when the term has ended; a [*LeaseLostError] when the term is no longer the current grant on
 // the database (Done then closes); otherwise the pgx error, wrapped.
 func (t *Term) Proclaim(ctx context.Context, value string) error {
-	if len(value) > MaxLeaderValue {
-		return argError("value", "is %d bytes; at most %d", len(value), MaxLeaderValue)
+	if err := validateLeaderValue(value); err != nil {
+		return err
 	}
 	if err := t.lease.Err(); err != nil {
 		return err
@@ -166,11 +171,26 @@ func (t *Term) Proclaim(ctx context.Context, value string) error {
 
 // Resign ends the term: the release hands it to the next candidate in its own statement (a new
 // leader in about a millisecond when one waits), and the election's observers are woken.
-// Errors: as for [Lease.Release] ([ErrNotHeld] when the term had already ended).
+// Errors: as for [Lease.Release]: [ErrNotHeld] when the grant had already expired or been taken
+// over on the server (a term that ended only by its local trust window is still released).
 func (t *Term) Resign(ctx context.Context) error {
 	err := t.lease.Release(ctx)
 	if nerr := t.election.lessor.q.ElectionNotify(ctx, t.election.lessor.pool, t.election.name); nerr != nil && err == nil {
 		err = wrapPg(fmt.Sprintf("resign %q: wake observers", t.election.name), nerr)
 	}
 	return err
+}
+
+// validateLeaderValue checks a value a leader proclaims: valid UTF-8 without NUL (PostgreSQL's
+// text refuses both), at most MaxLeaderValue bytes.
+func validateLeaderValue(value string) error {
+	switch {
+	case len(value) > MaxLeaderValue:
+		return argError("value", "is %d bytes; at most %d", len(value), MaxLeaderValue)
+	case !utf8.ValidString(value):
+		return argError("value", "is not valid UTF-8")
+	case strings.IndexByte(value, 0) >= 0:
+		return argError("value", "contains NUL")
+	}
+	return nil
 }

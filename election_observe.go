@@ -19,17 +19,23 @@ const observePoll = 250 * time.Millisecond
 
 // Observe returns a channel that receives the election's state: the current one first, then
 // each change: a new term, a value proclaimed, and the zero LeaderInfo when nobody leads (a
-// term resigned or lapsed with no candidate waiting). It is closed when ctx ends, and not
-// before; its goroutine and connection end with it.
+// term resigned or lapsed, and its successor, if any, not yet granted: a crashed leader's heir
+// is granted just after the old term's expiry, which the observer reads first). It is closed
+// when ctx ends, and not before; its goroutine and connection end with it.
 //
 // Changes wake the observer, not a poll: every Campaign, Proclaim and Resign NOTIFYs the
 // election's observers, which LISTEN on a connection of their own (taken from the lessor's
 // pool and not returned), and a term that lapses is noticed at its expiry, read from the
-// database. Behind a pooler that shares sessions (where LISTEN cannot be trusted) the observer
-// reads the leader every min(250 ms, TTL/4) instead; after a connection failure it reads again
-// once reconnected. States reach the channel in the order they happened, terms rising; one
-// that lasted less than a read is not delivered when the next replaced it before the read.
-// A receiver that does not keep up holds the observer back, never the election.
+// database. It also reads at least once per TTL, for the ends that notify nobody (a term's
+// lease released by other means than Resign, a renewal that committed just after the read at
+// its expiry). Behind a pooler that shares sessions (where LISTEN cannot be trusted) the
+// observer reads the leader every min(250 ms, TTL/4) instead; after a connection failure it
+// reads again once reconnected (with a backoff while reads keep failing). Each read is bounded
+// by max(TTL, 5 s). States reach the channel in the order they happened, terms rising; one that
+// lasted less than a read is not delivered when the next replaced it before the read. A
+// receiver that does not keep up holds the observer back; its LISTEN connection then reads no
+// notification, and PostgreSQL's notification queue keeps them for it (a receiver stuck for
+// very long under heavy NOTIFY traffic could fill that queue, which fails every NOTIFY).
 //
 // Safe for concurrent use; each call has its own channel and connection.
 func (e *Election) Observe(ctx context.Context) <-chan LeaderInfo {
@@ -50,9 +56,9 @@ func (e *Election) observe(ctx context.Context, ch chan<- LeaderInfo) {
 	defer close(ch)
 	o := &observer{e: e, ch: ch}
 	for n := 0; ctx.Err() == nil; n++ {
-		listened, err := o.session(ctx)
-		if listened {
-			n = 0
+		read, err := o.session(ctx)
+		if read {
+			n = 0 // a new streak of failures: reconnect soon
 		}
 		if ctx.Err() != nil {
 			return
@@ -71,8 +77,9 @@ func (e *Election) observe(ctx context.Context, ch chan<- LeaderInfo) {
 }
 
 // session observes on one connection until it fails or ctx ends: LISTEN where the connection
-// reaches its own server session, else polling.
-func (o *observer) session(ctx context.Context) (listened bool, err error) {
+// reaches its own server session, else polling. read says whether a read of the leader
+// succeeded on it (the reconnect's backoff starts over only then).
+func (o *observer) session(ctx context.Context) (read bool, err error) {
 	octx, cancel := context.WithTimeout(ctx, listenOpenTimeout)
 	defer cancel()
 	pc, err := o.e.lessor.pool.Acquire(octx)
@@ -101,13 +108,15 @@ func (o *observer) session(ctx context.Context) (listened bool, err error) {
 		// Read after LISTEN: a change committed from here on is both read or notified.
 		wait, err := o.read(ctx, conn)
 		if err != nil {
-			return !pooled, err
+			return read, err
 		}
+		read = true
+		wait = min(wait, o.e.ttl)
 		if pooled {
 			wait = min(wait, poll)
 		}
 		if err := o.await(ctx, conn, wait, pooled); err != nil {
-			return !pooled, err
+			return read, err
 		}
 	}
 }
@@ -115,7 +124,9 @@ func (o *observer) session(ctx context.Context) (listened bool, err error) {
 // read reads the leader on conn, delivers it if it changed, and returns how long until the
 // current term lapses (a day when nobody leads: only a notification changes that).
 func (o *observer) read(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
-	row, err := o.e.lessor.q.ElectionLeader(ctx, conn, o.e.name)
+	rctx, cancel := context.WithTimeout(ctx, max(o.e.ttl, 5*time.Second))
+	row, err := o.e.lessor.q.ElectionLeader(rctx, conn, o.e.name)
+	cancel()
 	var info LeaderInfo
 	wait := 24 * time.Hour
 	switch {

@@ -11,7 +11,9 @@ type ElectionCallbacks struct {
 	// OnStartedLeading runs the leader's work, in Run's goroutine, when this candidate is
 	// elected. ctx is the term's context ([Term.Context]): it ends, with the term's error as
 	// cause, when the term is lost, and when Run's ctx ends. When it returns, Run resigns the
-	// term (handing it to the next candidate) and campaigns again.
+	// term (handing it to the next candidate) and campaigns again: unlike client-go's
+	// OnStartedLeading, it must not return while its work goes on in another goroutine. A panic
+	// in it resigns the term too, and goes on.
 	OnStartedLeading func(ctx context.Context, term *Term)
 	// OnStoppedLeading is called after each term of this candidate has ended, with the term's
 	// error ([ErrReleased] after a resign, a [*LeaseLostError] after a loss).
@@ -27,16 +29,18 @@ type ElectionCallbacks struct {
 // throughout. Campaign failures other than ctx's end (a connection lost, say) are retried with
 // the lessor's [Backoff].
 //
-// It returns ctx's error once ctx has ended and the last term has been resigned; an
-// [*ArgumentError] at once for a value too long. Safe for concurrent use; each call is one
+// It returns ctx's error once ctx has ended and the last term has been resigned (a term won
+// just as ctx ended included); an [*ArgumentError] at once for a bad value (see
+// [Election.Campaign]); an error wrapping [ErrAlreadyHeld] when its lessor holds or campaigns for
+// the term already. Safe for concurrent use; each call is one
 // candidate of its lessor (a lessor holds one term of a name at a time: run one Run per
 // lessor and election).
 //
 // The shape is client-go's leaderelection.RunOrDie (OnStartedLeading, OnStoppedLeading,
 // OnNewLeader), with fenced terms.
 func (e *Election) Run(ctx context.Context, value string, cb ElectionCallbacks) error {
-	if len(value) > MaxLeaderValue {
-		return argError("value", "is %d bytes; at most %d", len(value), MaxLeaderValue)
+	if err := validateLeaderValue(value); err != nil {
+		return err
 	}
 	observed := make(chan struct{})
 	if cb.OnNewLeader != nil {
@@ -53,11 +57,15 @@ func (e *Election) Run(ctx context.Context, value string, cb ElectionCallbacks) 
 	}
 	for n := 0; ; n++ {
 		term, err := e.Campaign(ctx, value)
+		if err == nil && ctx.Err() != nil {
+			e.lead(ctx, term, cb) // elected as ctx ended: resigned at once, OnStoppedLeading told
+			return ctx.Err()
+		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if err != nil {
-			if errors.Is(err, ErrInvalidArgument) {
+			if errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrAlreadyHeld) {
 				return err
 			}
 			e.lessor.cfg.common.logger.Warn("fencelock: campaign failed; retrying", "election", e.name, "error", err)
@@ -71,10 +79,16 @@ func (e *Election) Run(ctx context.Context, value string, cb ElectionCallbacks) 
 			continue
 		}
 		n = -1
-		tctx, cancel := term.Context(ctx)
-		if cb.OnStartedLeading != nil {
-			cb.OnStartedLeading(tctx, term)
-		}
+		e.lead(ctx, term, cb)
+	}
+}
+
+// lead runs a term won by Run: OnStartedLeading under the term's context (not when ctx has
+// ended already), then, whatever happened (a panic in it included: it goes on afterwards), the
+// resign and OnStoppedLeading.
+func (e *Election) lead(ctx context.Context, term *Term, cb ElectionCallbacks) {
+	tctx, cancel := term.Context(ctx)
+	defer func() {
 		cancel()
 		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		_ = term.Resign(rctx) // ErrNotHeld after a loss; else expires by its TTL
@@ -82,5 +96,8 @@ func (e *Election) Run(ctx context.Context, value string, cb ElectionCallbacks) 
 		if cb.OnStoppedLeading != nil {
 			cb.OnStoppedLeading(term, term.Err())
 		}
+	}()
+	if cb.OnStartedLeading != nil && ctx.Err() == nil {
+		cb.OnStartedLeading(tctx, term)
 	}
 }

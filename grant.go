@@ -27,8 +27,8 @@ func (g *grantEnd) finish(cause error) bool { return g.finishWith(cause, nil) }
 // before records (a metric) is there by the time anyone sees done closed.
 func (g *grantEnd) finishWith(cause error, before func()) bool {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.err != nil {
+		g.mu.Unlock()
 		return false
 	}
 	if before != nil {
@@ -36,28 +36,33 @@ func (g *grantEnd) finishWith(cause error, before func()) bool {
 	}
 	g.err = cause
 	close(g.done)
-	for _, start := range g.after {
-		start() // starts a goroutine: nothing runs under g.mu
-	}
+	after := g.after
 	g.after = nil
+	g.mu.Unlock()
+	for _, f := range after {
+		f() // outside g.mu: f may read the cause
+	}
 	return true
 }
 
-// afterFunc arranges for f to run, in a goroutine of its own, once the grant has ended: at
-// once if it has. The returned stop unregisters f and reports whether it did so before f was
-// started. It is [context.AfterFunc] for a grant, with no goroutine while the grant is held.
+// afterFunc arranges for f to run once the grant has ended: in the goroutine that ends it,
+// right after done closes (so f has run when the call that ended the grant returns), or at
+// once, in the caller's goroutine, when it has ended already. f must not block (a context's
+// cancel). The returned stop unregisters f and reports whether it did so before f ran. It is
+// [context.AfterFunc] for a grant, with no goroutine at all.
 func (g *grantEnd) afterFunc(f func()) (stop func() bool) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.err != nil {
-		go f()
+		g.mu.Unlock()
+		f()
 		return func() bool { return false }
 	}
 	key := new(int)
 	if g.after == nil {
 		g.after = make(map[*int]func())
 	}
-	g.after[key] = func() { go f() }
+	g.after[key] = f
+	g.mu.Unlock()
 	return func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()

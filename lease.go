@@ -340,10 +340,13 @@ func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) err
 // the lease.
 //
 // Work that must stop when the lease is lost runs under this context: a statement in flight is
-// cancelled on the server, and a loop checking ctx.Done() stops. The context ends when the
-// holder must stop trusting the lease, not later; writes that must not outlive the lease still
-// need a fence ([Lease.FenceTx]), since a process paused past its trust window sees the
-// cancellation only when it runs again.
+// cancelled on the server, and a loop checking ctx.Done() stops. The context is cancelled by
+// the call that ends the lease, before that call returns (the trust watch's timer at the end of
+// the trust window, a renewal's verdict, Release, or an [Lease.Err] that finds the window over),
+// and at once when the lease has ended already. Writes that must not outlive the lease still
+// need a fence ([Lease.FenceTx]): a process paused past its trust window sees the cancellation
+// only once its timer has run after it wakes; [Lease.Err], which reads the clock, is the check
+// right after a possible pause.
 //
 // No goroutine watches the lease while it is held: the cancellation is registered with the
 // lease's end. Safe for concurrent use; any number of contexts may follow one lease. The idea is
@@ -351,6 +354,7 @@ func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) err
 // leader election (OnStoppedLeading), as one context.
 func (lease *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
+	_ = lease.Err() // ends a lease whose trust window is over: the context is then cancelled at once
 	stopLease := lease.ending.afterFunc(func() { cancel(lease.ending.cause()) })
 	stopParent := context.AfterFunc(ctx, func() { stopLease() }) // drop the registration once ctx ends
 	return ctx, func() {

@@ -23,11 +23,13 @@ const releaseTimeout = 5 * time.Second
 // must not be nil.
 //
 // Errors: fn is not called, and the error is returned, when Acquire fails (ctx's error, wrapped,
-// when ctx ends first; see Acquire for the rest). Otherwise fn's error, as is; and when fn
-// returns nil although the lease ended before it returned, the lease's [*LeaseLostError]
-// (matching [ErrLeaseLost]): part of fn's work may have run without the lease. The release's own
-// error is not returned (the lease then expires within its TTL, and the heartbeat stopped
-// renewing it: nothing is left held for longer). Safe for concurrent use, as the Lessor is.
+// when ctx ends first; see Acquire for the rest). Otherwise fn's error, as is, while the lease
+// held to the end; when the lease was lost before fn returned, an error wrapping the lease's
+// [*LeaseLostError] (matching [ErrLeaseLost]), and fn's error too when it returned one (often
+// ctx's end, which the loss caused): part of fn's work may have run without the lease. The
+// release's own error is not returned (the lease then expires within its TTL, and the heartbeat
+// stopped renewing it: nothing is left held for longer). A panic in fn releases the lease and
+// goes on. Safe for concurrent use, as the Lessor is.
 //
 // This is the "run while holding the lock" of ShedLock's executeWithLock and etcd's
 // concurrency.Mutex, with the loss signalled through ctx as client-go's leader election does.
@@ -55,17 +57,25 @@ func (l *Lessor) TryRunLeased(ctx context.Context, name string, ttl time.Duratio
 	return runLeased(ctx, lease, fn)
 }
 
-// runLeased runs fn under lease's context and releases lease when fn returns.
-func runLeased(ctx context.Context, lease *Lease, fn LeaseFunc) error {
+// runLeased runs fn under lease's context and releases lease when fn returns, or panics (the
+// panic goes on after the release).
+func runLeased(ctx context.Context, lease *Lease, fn LeaseFunc) (err error) {
 	lctx, cancel := lease.Context(ctx)
-	err := fn(lctx, lease)
-	cancel()
-	lost := lease.Err() // nil while held and trusted: the release below ends it
-	rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	_ = lease.Release(rctx) // ErrNotHeld after a loss; any other failure: expires by its TTL
-	stop()
-	if err == nil && lost != nil && !errors.Is(lost, ErrReleased) {
+	var lost error
+	defer func() {
+		cancel()
+		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		_ = lease.Release(rctx) // ErrNotHeld after a loss; any other failure: expires by its TTL
+		stop()
+	}()
+	err = fn(lctx, lease)
+	lost = lease.Err() // nil while held and trusted: the deferred release ends it
+	if lost == nil || errors.Is(lost, ErrReleased) || errors.Is(err, ErrLeaseLost) {
+		return err
+	}
+	if err == nil {
 		return fmt.Errorf("run under lease %q: %w", lease.name, lost)
 	}
-	return err
+	// fn's own error, often ctx's end caused by the loss: both are reported.
+	return fmt.Errorf("run under lease %q: %w (fn returned: %w)", lease.name, lost, err)
 }

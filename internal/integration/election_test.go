@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -211,8 +212,32 @@ func TestElectionBadInput(t *testing.T) {
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	e, err := fencelock.NewElection(l, "x", time.Second)
 	require.NoError(t, err)
-	_, err = e.Campaign(b.ctx, string(make([]byte, fencelock.MaxLeaderValue+1)))
-	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	for _, v := range []string{string(make([]byte, fencelock.MaxLeaderValue+1)), "a\x00b", "\xff"} {
+		_, err = e.Campaign(b.ctx, v)
+		require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+		require.ErrorIs(t, e.Run(b.ctx, v, fencelock.ElectionCallbacks{}), fencelock.ErrInvalidArgument)
+	}
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE name = 'x'`).Scan(&n))
+	require.Zero(t, n, "no term was taken for a bad value")
+}
+
+// A panic in OnStartedLeading resigns the term (and OnStoppedLeading is told) before it goes on.
+func TestElectionRunPanic(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e := newElection(t, b, "panicky", "election:panic", 5*time.Second)
+	stopped := false
+	func() {
+		defer func() { require.Equal(t, "boom", recover()) }()
+		_ = e.Run(b.ctx, "v", fencelock.ElectionCallbacks{
+			OnStartedLeading: func(context.Context, *fencelock.Term) { panic("boom") },
+			OnStoppedLeading: func(_ *fencelock.Term, err error) { stopped = errors.Is(err, fencelock.ErrReleased) },
+		})
+	}()
+	require.True(t, stopped, "OnStoppedLeading after the resign")
+	_, err := e.Leader(b.ctx)
+	require.ErrorIs(t, err, fencelock.ErrNoLeader, "the term was resigned")
 }
 
 // An observer's goroutine and connection end when its ctx does. Not parallel: it counts
