@@ -30,6 +30,7 @@ type childConfig struct {
 	Name     string
 	TTL      time.Duration
 	Interval time.Duration
+	Election bool // campaign in the election Name (a term is a lease of it) instead of Acquire
 }
 
 // childEvent is one line a child writes on stdout: an operation recorded by its recorder.
@@ -70,13 +71,26 @@ func runChild(cfgJSON string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	id := rec.Invoke(Op{Worker: cfg.Worker, Kind: KindGrant, Name: cfg.Name, Holder: cfg.Worker})
-	lease, err := l.Acquire(ctx, cfg.Name, cfg.TTL)
-	if err != nil {
-		rec.Complete(id, Fail, err, nil)
-		return 2
+	var lease *fencelock.Lease
+	if cfg.Election {
+		e, err := fencelock.NewElection(l, cfg.Name, cfg.TTL)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		var ok bool
+		if lease, ok = campaignRecorded(ctx, rec, e, cfg.Worker); !ok {
+			return 2
+		}
+	} else {
+		id := rec.Invoke(Op{Worker: cfg.Worker, Kind: KindGrant, Name: cfg.Name, Holder: cfg.Worker})
+		lease, err = l.Acquire(ctx, cfg.Name, cfg.TTL)
+		if err != nil {
+			rec.Complete(id, Fail, err, nil)
+			return 2
+		}
+		rec.Complete(id, OK, nil, func(op *Op) { op.Token, op.Expires = int64(lease.Token()), lease.ExpiresAt() })
 	}
-	rec.Complete(id, OK, nil, func(op *Op) { op.Token, op.Expires = int64(lease.Token()), lease.ExpiresAt() })
 	doneRecorded := make(chan struct{})
 	go func() {
 		defer close(doneRecorded)

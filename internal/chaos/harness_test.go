@@ -151,6 +151,9 @@ type leaseWorker struct {
 	guard bool
 	// onDone, if set, is called with each lease when its Done closes (before it is recorded).
 	onDone func(*fencelock.Lease, time.Duration)
+	// election makes the worker a candidate of the election name: each grant is a term won
+	// by Election.Campaign, each release a Term.Resign.
+	election bool
 }
 
 // run loops until ctx ends.
@@ -162,8 +165,20 @@ func (w *leaseWorker) run(ctx context.Context) {
 	app := &Appender{Pool: w.pool, Rec: w.rec, Worker: w.worker, Holder: w.worker}
 	var watchers sync.WaitGroup
 	defer watchers.Wait()
+	var election *fencelock.Election
+	if w.election {
+		if election, err = fencelock.NewElection(l, w.name, w.ttl); err != nil {
+			panic(err)
+		}
+	}
 	for ctx.Err() == nil {
-		lease, ok := acquireRecorded(ctx, w.rec, l, w.worker, w.name, w.ttl)
+		var lease *fencelock.Lease
+		var ok bool
+		if election != nil {
+			lease, ok = campaignRecorded(ctx, w.rec, election, w.worker)
+		} else {
+			lease, ok = acquireRecorded(ctx, w.rec, l, w.worker, w.name, w.ttl)
+		}
 		if !ok {
 			sleepCtx(ctx, 10*time.Millisecond)
 			continue
@@ -208,6 +223,24 @@ func acquireRecorded(ctx context.Context, rec *Recorder, l *fencelock.Lessor, wo
 		rec.Complete(id, outcome, err, nil)
 		return nil, false
 	}
+	rec.Complete(id, OK, nil, func(op *Op) { op.Token, op.Expires = int64(lease.Token()), lease.ExpiresAt() })
+	return lease, true
+}
+
+// campaignRecorded runs Election.Campaign and records the term won as a grant of the
+// election's name (a term is a lease of it).
+func campaignRecorded(ctx context.Context, rec *Recorder, e *fencelock.Election, worker string) (*fencelock.Lease, bool) {
+	id := rec.Invoke(Op{Worker: worker, Kind: KindGrant, Name: e.Name(), Holder: worker})
+	term, err := e.Campaign(ctx, worker)
+	if err != nil {
+		outcome := Unknown
+		if ctx.Err() != nil || errors.Is(err, fencelock.ErrInvalidArgument) {
+			outcome = Fail // a cancelled campaign leaves nothing held
+		}
+		rec.Complete(id, outcome, err, nil)
+		return nil, false
+	}
+	lease := term.Lease()
 	rec.Complete(id, OK, nil, func(op *Op) { op.Token, op.Expires = int64(lease.Token()), lease.ExpiresAt() })
 	return lease, true
 }
