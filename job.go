@@ -15,8 +15,8 @@ import (
 // outcome in the view fencelock.job_ledger: succeeded, failed, running, crashed). A slot is any
 // instant the caller names ([Job.RunSlot]); [Job.Every] names them from the database clock.
 //
-// A run that crashes midway (its process killed, its lease lost) leaves its slot unfinished in
-// the ledger. Whether that slot runs again is the job's choice: [WithRetryCrashed] retries it
+// A run that crashes midway (its process killed, its lease lost, its replica shut down) leaves
+// its slot unfinished in the ledger: crashed. Whether that slot runs again is the job's choice: [WithRetryCrashed] retries it
 // when a replica next runs the slot; by default it is not retried (at most once: the slot is
 // missed). A run whose function returns an error is recorded as failed, and retried only with
 // [WithRetryFailed].
@@ -54,7 +54,8 @@ func WithOverlapWait() JobOption {
 // even when the run finishes sooner, as ShedLock's lockAtLeastFor: replicas whose clocks lag
 // the database's find the lease held instead of racing for a slot that was just run. The
 // ledger already keeps a slot from running twice; this keeps runs of the job apart in time.
-// Default: 0.
+// The hold ends early when the lease is lost or the run's ctx ends; a d above the TTL holds
+// as long as the heartbeat renews the lease. Default: 0.
 func WithMinHold(d time.Duration) JobOption {
 	return func(c *jobConfig) error {
 		if d < 0 {
@@ -66,7 +67,9 @@ func WithMinHold(d time.Duration) JobOption {
 }
 
 // WithRetryCrashed runs a slot again whose run crashed (unfinished, under a grant that has
-// ended), when a replica next runs that slot. Default: a crashed slot is not run again.
+// ended), when a replica next runs that slot. The crashed run may be merely paused and still
+// executing: only its fenced writes are safe against the retry. Default: a crashed slot is not
+// run again.
 func WithRetryCrashed() JobOption {
 	return func(c *jobConfig) error { c.retryCrashed = true; return nil }
 }
@@ -117,46 +120,74 @@ var (
 	ErrSlotBusy = errors.New("fencelock: another run of the job holds its lease")
 )
 
+// errUnclaimed marks an error of RunSlot before its claim of the slot committed: the slot was
+// not run, and Every tries it again.
+type errUnclaimed struct{ err error }
+
+func (e *errUnclaimed) Error() string { return e.err.Error() }
+func (e *errUnclaimed) Unwrap() error { return e.err }
+
 // RunSlot runs fn for slot unless the slot has run: it takes the job's lease (waiting with
 // [WithOverlapWait], else trying once), claims the slot in the ledger, runs fn under the
-// lease's context, records its outcome, and releases the lease (after [WithMinHold], if set).
+// lease's context, records its outcome, and releases the lease (after [WithMinHold], if set
+// and fn ran). A slot the ledger has settled (run, running, or not to be run again) is found so
+// with one read, without the lease. slot is truncated to microseconds, as the database keeps it.
+//
+// Outcomes: fn's nil is recorded as succeeded and fn's error as failed, while the lease is held
+// to the end. A run that lost its lease before it returned is not recorded, nor is one whose
+// ctx ended (a replica shutting down): its slot reads crashed, as if its replica had died.
 //
 // Errors: [ErrSlotBusy] when the lease is held and the policy is to skip; [ErrSlotDone] when
-// the ledger has the slot (fn is not called in either case); fn's error, as is, after it was
-// recorded as the run's failure; a [*LeaseLostError] when fn returned nil but the lease was lost
-// before its outcome was recorded (the slot then reads crashed: the run may not have finished
-// under the lease); ctx's error, wrapped, when ctx ends while waiting; otherwise pgx's error,
-// wrapped. Safe for concurrent use.
+// the ledger has the slot (fn is not called in either case); fn's error, as is, when recorded as
+// the run's failure; when the lease was lost before fn returned (or before the claim, fn not
+// called), an error wrapping its [*LeaseLostError] (matching [ErrLeaseLost]), and fn's error too
+// if it returned one; when the outcome could not be recorded, an error saying so, joined with
+// fn's; ctx's error, wrapped, when ctx ends while waiting; otherwise pgx's error, wrapped. Safe
+// for concurrent use.
 func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
 	if fn == nil {
 		return argError("fn", "must not be nil")
 	}
+	slot = slot.Truncate(time.Microsecond)
+	what := func() string { return fmt.Sprintf("job %q, slot %v", j.name, slot) }
+	// A slot the ledger has settled needs no lease: most replicas find their slot run already,
+	// and holding the lease for that would keep the job off while a replica that died holding
+	// it lapses.
+	settled, err := j.lessor.q.JobSettled(ctx, j.lessor.pool, db.JobSettledParams{Job: j.name, Slot: slot, RetryFailed: j.cfg.retryFailed, RetryCrashed: j.cfg.retryCrashed})
+	if err != nil {
+		return &errUnclaimed{wrapPg(what()+": read the ledger", err)}
+	}
+	if settled {
+		return fmt.Errorf("%s: %w", what(), ErrSlotDone)
+	}
 	var lease *Lease
-	var err error
 	if j.cfg.wait {
 		lease, err = j.lessor.Acquire(ctx, j.name, j.ttl)
 	} else {
 		lease, err = j.lessor.TryAcquire(ctx, j.name, j.ttl)
 		if errors.Is(err, ErrNotAcquired) {
-			return fmt.Errorf("job %q, slot %v: %w", j.name, slot, ErrSlotBusy)
+			return &errUnclaimed{fmt.Errorf("%s: %w", what(), ErrSlotBusy)}
 		}
 	}
 	if err != nil {
-		return err
+		return &errUnclaimed{err}
 	}
+	ran := false
 	started := time.Now()
-	release := func() {
-		if hold := j.cfg.minHold - time.Since(started); hold > 0 {
+	defer func() {
+		if hold := j.cfg.minHold - time.Since(started); ran && hold > 0 {
+			t := time.NewTimer(hold)
 			select {
 			case <-lease.Done():
-			case <-time.After(hold):
+			case <-ctx.Done():
+			case <-t.C:
 			}
+			t.Stop()
 		}
 		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		_ = lease.Release(rctx) // after a loss, ErrNotHeld; else it expires by its TTL
 		stop()
-	}
-	defer release()
+	}()
 
 	q := j.lessor.q
 	row, err := q.JobClaim(ctx, j.lessor.pool, db.JobClaimParams{
@@ -164,62 +195,86 @@ func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
 		RetryCrashed: j.cfg.retryCrashed, RetryFailed: j.cfg.retryFailed,
 	})
 	if err != nil {
-		return wrapPg(fmt.Sprintf("job %q: claim slot %v", j.name, slot), err)
+		return &errUnclaimed{wrapPg(what()+": claim", err)}
 	}
 	if !row.Current {
 		lease.lost(errGoneOnServer)
-		return fmt.Errorf("job %q, slot %v: %w", j.name, slot, lease.Err())
+		return &errUnclaimed{fmt.Errorf("%s: %w", what(), lease.Err())}
 	}
 	if !row.Claimed {
-		return fmt.Errorf("job %q, slot %v: %w", j.name, slot, ErrSlotDone)
+		return fmt.Errorf("%s: %w", what(), ErrSlotDone)
 	}
+	ran = true
 	run := &JobRun{Slot: slot, Attempt: int(row.Attempt), Lease: lease}
 	lctx, cancel := lease.Context(ctx)
-	ferr := fn(lctx, run)
-	cancel()
-	if lost := lease.Err(); lost != nil && ferr == nil {
+	ferr := func() error { // released on a panic too (deferred above); the panic goes on
+		defer cancel()
+		return fn(lctx, run)
+	}()
+	if lost := lease.Err(); lost != nil {
 		// Not recorded: the run may have gone on without the lease; the slot reads crashed.
-		return fmt.Errorf("job %q, slot %v: %w", j.name, slot, lost)
+		if ferr == nil || errors.Is(ferr, ErrLeaseLost) {
+			return fmt.Errorf("%s: %w", what(), lost)
+		}
+		return fmt.Errorf("%s: %w (fn returned: %w)", what(), lost, ferr)
+	}
+	if ferr != nil && ctx.Err() != nil {
+		// Cut short by the caller (a replica shutting down): not a failure of the job. Not
+		// recorded either: the slot reads crashed, as for a replica that went away mid-run.
+		return ferr
 	}
 	msg := ""
 	if ferr != nil {
 		msg = ferr.Error()
 	}
 	fctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	_, err = q.JobFinish(fctx, j.lessor.pool, db.JobFinishParams{Job: j.name, Slot: slot, Token: int64(lease.token), Succeeded: ferr == nil, Error: msg})
+	n, rerr := q.JobFinish(fctx, j.lessor.pool, db.JobFinishParams{Job: j.name, Holder: j.lessor.cfg.holder, Slot: slot, Token: int64(lease.token), Succeeded: ferr == nil, Error: msg})
 	stop()
-	if ferr != nil {
-		return ferr
+	switch {
+	case rerr != nil:
+		rerr = wrapPg(what()+": record the outcome", rerr)
+	case n == 0:
+		lease.lost(errGoneOnServer)
+		rerr = fmt.Errorf("%s: outcome not recorded: %w", what(), lease.Err())
 	}
-	if err != nil {
-		return wrapPg(fmt.Sprintf("job %q: record slot %v", j.name, slot), err)
+	if rerr != nil {
+		return errors.Join(ferr, rerr)
 	}
-	return nil
+	return ferr
 }
 
-// Every runs fn once per slot of period every (a time.Duration of at least a millisecond)
-// until ctx ends: slots are counted on the database clock from the Unix epoch, so every replica
-// names the same slots whatever its own clock says; at each slot's start each replica calls
-// [Job.RunSlot], and the ledger lets one of them run it. A slot that could not run when it came
-// (the job's lease held by a run of an earlier slot, or by a replica that died holding it; or
-// this replica could not read the database clock) is tried again, late, at the next wake, as
-// long as it is no older than the job's TTL plus one period: a dead holder's lease keeps the
-// job off for at most its TTL. Older slots are given up (missed). A replica that starts runs
-// from the current slot on.
+// Every runs fn once per slot of period every (a time.Duration of at least a millisecond, a
+// whole number of microseconds) until ctx ends: slots are counted on the database clock from
+// the Unix epoch (so they are aligned to UTC: a 24-hour period starts at midnight UTC), and
+// every replica names the same slots whatever its own clock says; at each slot's start each
+// replica calls [Job.RunSlot], and the ledger lets one of them run it.
+//
+// A slot that could not be claimed when it came (the job's lease held by a run of an earlier
+// slot, or by a replica that died holding it; an error before the claim) is tried again, late,
+// at the next wake (a quarter period later at most), while it is no older than the job's TTL
+// plus one period, the horizon: a dead holder's lease keeps the job off for at most its TTL.
+// A slot that passes its horizon unclaimed is given up and recorded as missed in the ledger,
+// so every gap has its row. Late slots run in order, back to back, and a run longer than the
+// period makes the next ones late, up to the horizon. A replica that starts runs from the slot
+// after the ledger's latest one within the horizon (so a slot left unrun by replicas that died
+// is run by the ones that replace them), else from the current slot: a first deployment runs
+// no past slot. Slots may run out of order across replicas.
 //
 // Errors of a slot (fn's, the database's) do not stop it; onErr, if not nil, is told of each
 // ([ErrSlotBusy] and [ErrSlotDone] are not errors here). It returns ctx's error; an
 // [*ArgumentError] at once for a bad period or a nil fn.
 func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr func(slot time.Time, err error)) error {
-	if every < time.Millisecond {
-		return argError("every", "is %v; it must be at least 1ms", every)
+	if every < time.Millisecond || every%time.Microsecond != 0 {
+		return argError("every", "is %v; it must be at least 1ms and a whole number of microseconds", every)
 	}
 	if fn == nil {
 		return argError("fn", "must not be nil")
 	}
-	var next time.Time // the oldest slot this replica has not settled; zero: the current one
+	reach := time.Duration(int64(j.ttl+every)/int64(every)) * every // the horizon's depth, on the grid
+	var next time.Time                                              // the oldest slot this replica has not settled; zero: not read yet
 	for n := 0; ; n++ {
 		row, err := j.lessor.q.JobSlot(ctx, j.lessor.pool, every.Microseconds())
+		readAt := time.Now()
 		wait := time.Duration(row.UntilNextUs) * time.Microsecond
 		switch {
 		case ctx.Err() != nil:
@@ -234,24 +289,34 @@ func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr 
 			current := row.Slot
 			if next.IsZero() {
 				next = current
-			}
-			if horizon := current.Add(-(j.ttl + every)); next.Before(horizon) {
-				next = current.Add(-time.Duration(int64(j.ttl+every)/int64(every)) * every) // on the grid
+				last, err := j.lessor.q.JobLastSlot(ctx, j.lessor.pool, db.JobLastSlotParams{Job: j.name, Since: current.Add(-reach), Until: current})
+				if err == nil && last.After(current.Add(-reach)) {
+					next = last.Add(every)
+				}
 			}
 			for ; !next.After(current); next = next.Add(every) {
+				// The horizon moves on while earlier slots run: the database clock now.
+				if horizon := current.Add(time.Since(readAt) - reach); next.Before(horizon) {
+					j.giveUp(ctx, next, onErr)
+					continue
+				}
 				err := j.RunSlot(ctx, next, fn)
 				if ctx.Err() != nil {
 					return ctx.Err()
 				}
-				if errors.Is(err, ErrSlotBusy) {
-					break // held by another run: this slot again at the next wake
+				var unclaimed *errUnclaimed
+				if errors.As(err, &unclaimed) {
+					if !errors.Is(err, ErrSlotBusy) && onErr != nil {
+						onErr(next, err)
+					}
+					break // not claimed: this slot again at the next wake
 				}
 				if err != nil && !errors.Is(err, ErrSlotDone) && onErr != nil {
 					onErr(next, err)
 				}
 			}
 			if !next.After(current) {
-				wait = min(wait, max(every/4, time.Millisecond)) // a busy slot: look again soon
+				wait = min(wait, max(every/4, time.Millisecond)) // an unclaimed slot: look again soon
 			}
 		}
 		t := time.NewTimer(wait)
@@ -261,5 +326,12 @@ func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr 
 			return ctx.Err()
 		case <-t.C:
 		}
+	}
+}
+
+// giveUp records slot as missed, past its horizon unclaimed.
+func (j *Job) giveUp(ctx context.Context, slot time.Time, onErr func(time.Time, error)) {
+	if err := j.lessor.q.JobGiveUp(ctx, j.lessor.pool, db.JobGiveUpParams{Job: j.name, Slot: slot, Holder: j.lessor.cfg.holder}); err != nil && onErr != nil {
+		onErr(slot, wrapPg(fmt.Sprintf("job %q: record slot %v as missed", j.name, slot), err))
 	}
 }

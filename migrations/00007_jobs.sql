@@ -18,11 +18,13 @@ CREATE TABLE fencelock.job_runs (
 ) WITH (fillfactor = 70);
 
 -- The ledger, readable by SQL: each slot's run with its holder, token, attempt, times and
--- outcome: succeeded, failed, running (unfinished, its grant still current) or crashed
--- (unfinished, its grant gone).
+-- outcome: succeeded, failed, running (unfinished, its grant still current), crashed
+-- (unfinished, its grant gone: expired or taken over; a guarded transaction of the run already
+-- open may still commit), or missed (token 0: given up unrun by Job.Every, past its horizon).
 CREATE VIEW fencelock.job_ledger AS
 SELECT r.job, r.slot, r.holder, r.token, r.attempt, r.started_at, r.finished_at,
-       CASE WHEN r.finished_at IS NOT NULL AND r.succeeded THEN 'succeeded'
+       CASE WHEN r.token = 0 THEN 'missed'
+            WHEN r.finished_at IS NOT NULL AND r.succeeded THEN 'succeeded'
             WHEN r.finished_at IS NOT NULL THEN 'failed'
             WHEN EXISTS (SELECT 1 FROM fencelock.leases AS l
                          WHERE l.name = r.job AND l.token = r.token AND l.expires_at > clock_timestamp()) THEN 'running'

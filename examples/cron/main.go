@@ -12,8 +12,12 @@
 //	cron: slots=N runs=R duplicate_runs=D missed_slots=M
 //
 // N: the slots from the first run's to the last's; R: rows in cron_runs; D: runs beyond one per
-// slot (must be 0); M: slots with no run. It exits non-zero unless D is 0, R > 0, and every
-// missed slot is one whose run was killed (the ledger reads crashed).
+// slot (must be 0); M: slots with no run. It exits non-zero (after a line saying why, and the
+// counts as its last line) unless D is 0, every row of cron_runs was written by the run that
+// owns its slot in the ledger (fencelock.job_runs, same token), R > 0, and every missed slot is
+// explained by a kill: its run was killed (the ledger reads crashed, or running when the kill
+// came less than a TTL before the count), or the slot was given up while a killed replica held
+// the job's lease past the slot's horizon (missed). A SIGTERM lets a replica finish its run.
 //
 // Run it with an embedded PostgreSQL (local server binaries or Docker, through package pgtest):
 //
@@ -31,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -62,6 +67,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if id := os.Getenv(replicaEnv); id != "" {
+		// The parent holds our stdin open: its end (the parent died, however) ends us too.
+		ctx, cancel := context.WithCancel(ctx)
+		go func() {
+			_, _ = io.Copy(io.Discard, os.Stdin)
+			cancel()
+		}()
 		if err := replica(ctx, id, os.Getenv(urlEnv)); err != nil && !errors.Is(err, context.Canceled) {
 			fmt.Fprintln(os.Stderr, "cron replica", id+":", err)
 			os.Exit(1)
@@ -69,23 +80,24 @@ func main() {
 		return
 	}
 	sum, err := run(ctx)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "cron:", err)
-	}
-	if sum != nil {
-		fmt.Printf("cron: slots=%d runs=%d duplicate_runs=%d missed_slots=%d\n", sum.slots, sum.runs, sum.duplicates, sum.missed)
-	}
+	fail := err != nil
 	switch {
 	case err != nil:
-		os.Exit(1)
-	case sum.duplicates != 0:
-		fmt.Fprintln(os.Stderr, "cron: FAIL: a slot ran more than once")
-		os.Exit(1)
+		fmt.Println("cron: FAIL:", err)
+	case sum.duplicates != 0 || sum.foreign != 0:
+		fmt.Printf("cron: FAIL: %d slots ran more than once, %d writes by a run that does not own its slot\n", sum.duplicates, sum.foreign)
+		fail = true
 	case sum.runs == 0:
-		fmt.Fprintln(os.Stderr, "cron: FAIL: nothing ran")
-		os.Exit(1)
-	case sum.missed != sum.crashed:
-		fmt.Fprintf(os.Stderr, "cron: FAIL: %d slots missed, %d of them by a killed run\n", sum.missed, sum.crashed)
+		fmt.Println("cron: FAIL: nothing ran")
+		fail = true
+	case sum.missed != sum.killed:
+		fmt.Printf("cron: FAIL: %d slots missed, %d of them by a killed run or a killed holder of the job's lease\n", sum.missed, sum.killed)
+		fail = true
+	}
+	if sum != nil { // the last line, FAIL or not
+		fmt.Printf("cron: slots=%d runs=%d duplicate_runs=%d missed_slots=%d\n", sum.slots, sum.runs, sum.duplicates, sum.missed)
+	}
+	if fail {
 		os.Exit(1)
 	}
 }
@@ -107,11 +119,14 @@ func replica(ctx context.Context, id, url string) error {
 	}
 	return job.Every(ctx, every, func(ctx context.Context, run *fencelock.JobRun) error {
 		time.Sleep(rand.N(50 * time.Millisecond)) // the report's work; a kill may land here
-		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			if err := run.Lease.FenceTx(ctx, tx, jobName); err != nil {
+		// A SIGTERM lets the run finish (Every then stops): the write does not end with ctx.
+		// A lost lease still stops it: FenceTx checks the lease in the write's transaction.
+		wctx := context.WithoutCancel(ctx)
+		return pgx.BeginFunc(wctx, pool, func(tx pgx.Tx) error {
+			if err := run.Lease.FenceTx(wctx, tx, jobName); err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO cron_runs (slot, replica, token) VALUES ($1, $2, $3)`, run.Slot, id, int64(run.Lease.Token()))
+			_, err := tx.Exec(wctx, `INSERT INTO cron_runs (slot, replica, token) VALUES ($1, $2, $3)`, run.Slot, id, int64(run.Lease.Token()))
 			return err
 		})
 	}, func(slot time.Time, err error) {
@@ -120,7 +135,7 @@ func replica(ctx context.Context, id, url string) error {
 }
 
 type summary struct {
-	slots, runs, duplicates, missed, crashed int64
+	slots, runs, duplicates, foreign, missed, killed int64
 }
 
 // run sets up the database, runs the replicas, kills some, and counts from the database.
@@ -169,7 +184,13 @@ func run(ctx context.Context) (_ *summary, err error) {
 	}
 	var mu sync.Mutex
 	children := map[string]*exec.Cmd{}
+	var stdins []io.Closer // each child's stdin: closed (by our exit, however it comes) it ends the child
 	var wg sync.WaitGroup
+	var waits sync.Map // *exec.Cmd -> chan struct{}, closed when it has exited
+	waitDone := func(c *exec.Cmd) <-chan struct{} {
+		d, _ := waits.Load(c)
+		return d.(chan struct{})
+	}
 	n := 0
 	start := func() error {
 		n++
@@ -177,23 +198,37 @@ func run(ctx context.Context) (_ *summary, err error) {
 		cmd := exec.Command(self)
 		cmd.Env = append(os.Environ(), replicaEnv+"="+id, urlEnv+"="+url)
 		cmd.Stderr = os.Stderr
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			return err
+		}
 		if err := cmd.Start(); err != nil {
 			return err
 		}
+		stdins = append(stdins, in)
 		mu.Lock()
 		children[id] = cmd
 		mu.Unlock()
-		wg.Go(func() { _ = cmd.Wait() })
+		done := make(chan struct{})
+		waits.Store(cmd, done)
+		go func() { _ = cmd.Wait(); close(done) }()
 		return nil
 	}
-	defer func() {
+	stopAll := func() {
 		mu.Lock()
-		for _, c := range children {
+		for id, c := range children {
 			_ = c.Process.Signal(syscall.SIGTERM)
+			delete(children, id)
+			killLater := time.AfterFunc(5*time.Second, func() { _ = c.Process.Kill() }) // no grace beyond
+			wg.Go(func() { <-waitDone(c); killLater.Stop() })
 		}
 		mu.Unlock()
 		wg.Wait()
-	}()
+		for _, in := range stdins {
+			_ = in.Close()
+		}
+	}
+	defer stopAll()
 	for range replicas {
 		if err := start(); err != nil {
 			return nil, err
@@ -225,16 +260,13 @@ loop:
 			}
 		}
 	}
-	mu.Lock()
-	for id, c := range children {
-		_ = c.Process.Signal(syscall.SIGTERM)
-		delete(children, id)
-	}
-	mu.Unlock()
-	wg.Wait()
+	stopAll()
 	fmt.Printf("killed %d replicas with SIGKILL\n", killed)
 
 	var s summary
+	// Every replica has exited: a run the ledger reads running lost its replica to a SIGKILL
+	// less than a TTL ago. A killed run (crashed, running) and a slot given up while a killed
+	// replica held the job's lease (missed) explain a missed slot; nothing else does.
 	err = pool.QueryRow(ctx, `
 		WITH span AS (
 			SELECT min(slot) AS first, max(slot) AS last FROM fencelock.job_ledger WHERE job = $1
@@ -244,12 +276,36 @@ loop:
 		SELECT (SELECT count(*) FROM grid),
 		       (SELECT count(*) FROM cron_runs),
 		       (SELECT count(*) - count(DISTINCT slot) FROM cron_runs),
+		       (SELECT count(*) FROM cron_runs AS r
+		         WHERE NOT EXISTS (SELECT 1 FROM fencelock.job_runs AS j WHERE j.job = $1 AND j.slot = r.slot AND j.token = r.token)),
 		       (SELECT count(*) FROM grid WHERE NOT EXISTS (SELECT 1 FROM cron_runs AS r WHERE r.slot = grid.slot)),
 		       (SELECT count(*) FROM grid JOIN fencelock.job_ledger AS l ON l.job = $1 AND l.slot = grid.slot
-		         WHERE l.outcome = 'crashed' AND NOT EXISTS (SELECT 1 FROM cron_runs AS r WHERE r.slot = grid.slot))`,
-		jobName, every.String()).Scan(&s.slots, &s.runs, &s.duplicates, &s.missed, &s.crashed)
+		         WHERE l.outcome IN ('crashed', 'running', 'missed') AND NOT EXISTS (SELECT 1 FROM cron_runs AS r WHERE r.slot = grid.slot))`,
+		jobName, every.String()).Scan(&s.slots, &s.runs, &s.duplicates, &s.foreign, &s.missed, &s.killed)
 	if err != nil {
 		return nil, fmt.Errorf("count: %w", err)
 	}
-	return &s, nil
+	// Each missed slot, with what the ledger says of it.
+	rows, err := pool.Query(ctx, `
+		WITH span AS (
+			SELECT min(slot) AS first, max(slot) AS last FROM fencelock.job_ledger WHERE job = $1
+		)
+		SELECT g, coalesce(l.outcome, 'no run'), coalesce(l.holder, '')
+		FROM span, generate_series(span.first, span.last, $2::interval) AS g
+		LEFT JOIN fencelock.job_ledger AS l ON l.job = $1 AND l.slot = g
+		WHERE NOT EXISTS (SELECT 1 FROM cron_runs AS r WHERE r.slot = g)
+		ORDER BY g`, jobName, every.String())
+	if err != nil {
+		return nil, fmt.Errorf("missed slots: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var slot time.Time
+		var outcome, holder string
+		if err := rows.Scan(&slot, &outcome, &holder); err != nil {
+			return nil, err
+		}
+		fmt.Printf("missed slot %s: %s %s\n", slot.UTC().Format("15:04:05.000"), outcome, holder)
+	}
+	return &s, rows.Err()
 }

@@ -26,7 +26,7 @@ WITH cfg AS MATERIALIZED (
             started_at = excluded.started_at, finished_at = NULL, succeeded = NULL, error = NULL
         WHERE r.token < excluded.token
           AND ((r.finished_at IS NULL AND $5::boolean)
-               OR (r.finished_at IS NOT NULL AND NOT r.succeeded AND $6::boolean))
+               OR (r.finished_at IS NOT NULL AND NOT r.succeeded AND r.token > 0 AND $6::boolean))
     RETURNING r.attempt
 )
 SELECT EXISTS (SELECT 1 FROM claim) AS claimed,
@@ -74,7 +74,11 @@ const jobFinish = `-- name: JobFinish :execrows
 UPDATE fencelock.job_runs AS r
 SET finished_at = clock_timestamp(), succeeded = $1::boolean,
     error = nullif($2::text, '')
-FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit) AS cfg
+FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit) AS cfg,
+     (SELECT l.name FROM fencelock.leases AS l
+      WHERE l.name = $3::text AND l.holder = $6::text
+        AND l.token = $5::bigint AND l.expires_at > clock_timestamp()
+      FOR KEY SHARE) AS cur
 WHERE r.job = $3::text AND r.slot = $4::timestamptz AND r.token = $5::bigint
 `
 
@@ -84,10 +88,13 @@ type JobFinishParams struct {
 	Job       string
 	Slot      time.Time
 	Token     int64
+	Holder    string
 }
 
 // Records the end of the run of slot @slot claimed by @token: succeeded, or failed with @error.
-// Scoped to the claim's token, so a run whose slot was claimed again records nothing.
+// Scoped to the claim's token, and only while that grant (@job, @holder, @token) is the job
+// lease's current, unexpired one (locked FOR KEY SHARE, as a guard): a run that lost its lease,
+// or was paused past it, records nothing, and its slot reads crashed.
 func (q *Queries) JobFinish(ctx context.Context, db DBTX, arg JobFinishParams) (int64, error) {
 	result, err := db.Exec(ctx, jobFinish,
 		arg.Succeeded,
@@ -95,11 +102,84 @@ func (q *Queries) JobFinish(ctx context.Context, db DBTX, arg JobFinishParams) (
 		arg.Job,
 		arg.Slot,
 		arg.Token,
+		arg.Holder,
 	)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const jobGiveUp = `-- name: JobGiveUp :exec
+INSERT INTO fencelock.job_runs (job, slot, holder, token, attempt, started_at, finished_at, succeeded, error)
+VALUES ($1::text, $2::timestamptz, $3::text, 0, 0, clock_timestamp(), clock_timestamp(), false,
+        'missed: the job''s lease was held past the slot''s horizon')
+ON CONFLICT (job, slot) DO NOTHING
+`
+
+type JobGiveUpParams struct {
+	Job    string
+	Slot   time.Time
+	Holder string
+}
+
+// Records slot @slot of job @job as missed (token 0, attempt 0): Job.Every gave it up, older than
+// its horizon, unrun. Only where the ledger has no run of it: a claim that got there first wins.
+func (q *Queries) JobGiveUp(ctx context.Context, db DBTX, arg JobGiveUpParams) error {
+	_, err := db.Exec(ctx, jobGiveUp, arg.Job, arg.Slot, arg.Holder)
+	return err
+}
+
+const jobLastSlot = `-- name: JobLastSlot :one
+SELECT coalesce(max(r.slot), 'epoch'::timestamptz)::timestamptz AS slot
+FROM fencelock.job_runs AS r
+WHERE r.job = $1::text AND r.slot >= $2::timestamptz AND r.slot <= $3::timestamptz
+`
+
+type JobLastSlotParams struct {
+	Job   string
+	Since time.Time
+	Until time.Time
+}
+
+// The latest slot of job @job in the ledger between @since and @until; the Unix epoch when none.
+func (q *Queries) JobLastSlot(ctx context.Context, db DBTX, arg JobLastSlotParams) (time.Time, error) {
+	row := db.QueryRow(ctx, jobLastSlot, arg.Job, arg.Since, arg.Until)
+	var slot time.Time
+	err := row.Scan(&slot)
+	return slot, err
+}
+
+const jobSettled = `-- name: JobSettled :one
+SELECT EXISTS (
+    SELECT 1 FROM fencelock.job_runs AS r
+    WHERE r.job = $1::text AND r.slot = $2::timestamptz
+      AND (r.token = 0
+           OR (r.finished_at IS NOT NULL AND (r.succeeded OR NOT $3::boolean))
+           OR (r.finished_at IS NULL AND NOT $4::boolean))
+) AS settled
+`
+
+type JobSettledParams struct {
+	Job          string
+	Slot         time.Time
+	RetryFailed  bool
+	RetryCrashed bool
+}
+
+// Whether slot @slot of job @job is settled without taking the job's lease: run, or running,
+// or (by its policy) not to be run again. Only a slot this says is unsettled needs the lease;
+// the claim under the lease decides (JobClaim).
+func (q *Queries) JobSettled(ctx context.Context, db DBTX, arg JobSettledParams) (bool, error) {
+	row := db.QueryRow(ctx, jobSettled,
+		arg.Job,
+		arg.Slot,
+		arg.RetryFailed,
+		arg.RetryCrashed,
+	)
+	var settled bool
+	err := row.Scan(&settled)
+	return settled, err
 }
 
 const jobSlot = `-- name: JobSlot :one

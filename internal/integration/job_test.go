@@ -174,3 +174,81 @@ func TestJobBadInput(t *testing.T) {
 	require.ErrorIs(t, j.RunSlot(b.ctx, time.Now(), nil), fencelock.ErrInvalidArgument)
 	require.ErrorIs(t, j.Every(b.ctx, 0, func(context.Context, *fencelock.JobRun) error { return nil }, nil), fencelock.ErrInvalidArgument)
 }
+
+// A run whose lease is lost reads crashed whatever fn returns (ctx's error, as usual, or nil),
+// and so does one cut short by its caller (a replica shutting down): neither is a failure, and
+// WithRetryCrashed runs the slot again.
+func TestJobInterruptedRunsReadCrashed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slot := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
+	lost := newJob(t, b, "lost", "job:lost", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()})
+	err := lost.RunSlot(b.ctx, slot, func(ctx context.Context, _ *fencelock.JobRun) error {
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
+	outcome, _ := ledger(t, b, "job:lost", slot)
+	require.Equal(t, "crashed", outcome)
+	retry := newJob(t, b, "lost-retry", "job:lost", 5*time.Second, nil, fencelock.WithRetryCrashed())
+	require.NoError(t, retry.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }))
+
+	ctx, cancel := context.WithCancel(b.ctx)
+	shut := newJob(t, b, "shut", "job:shut", 5*time.Second, nil)
+	err = shut.RunSlot(ctx, slot, func(ctx context.Context, _ *fencelock.JobRun) error {
+		cancel() // the replica shuts down mid-run
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	outcome, _ = ledger(t, b, "job:shut", slot)
+	require.Equal(t, "crashed", outcome, "a run cut short by its caller is not a failure")
+}
+
+// WithMinHold holds the job's lease after a run, not when the slot was done already; a period
+// that is not a whole number of microseconds is refused.
+func TestJobMinHold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	slot := time.Date(2026, 11, 23, 13, 0, 0, 0, time.UTC)
+	const hold = 400 * time.Millisecond
+	j := newJob(t, b, "hold", "job:hold", 5*time.Second, nil, fencelock.WithMinHold(hold))
+	start := time.Now()
+	require.NoError(t, j.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }))
+	require.GreaterOrEqual(t, time.Since(start), hold, "returned before the hold")
+	start = time.Now()
+	require.ErrorIs(t, j.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }), fencelock.ErrSlotDone)
+	require.Less(t, time.Since(start), hold, "held the lease for a slot that was done")
+	require.ErrorIs(t, j.Every(b.ctx, time.Second/3, func(context.Context, *fencelock.JobRun) error { return nil }, nil), fencelock.ErrInvalidArgument)
+}
+
+// Slots that stay unclaimed past their horizon (the job's lease held by someone who never
+// releases it) are given up and recorded as missed; the slots after the lease frees run.
+func TestJobEveryGivesUpPastHorizon(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const every = 100 * time.Millisecond
+	const ttl = 300 * time.Millisecond // horizon: 400 ms
+	blocker, err := newLessor(t, b.pool, "blocker").TryAcquire(b.ctx, "job:horizon", 5*time.Second)
+	require.NoError(t, err)
+	j := newJob(t, b, "every-h", "job:horizon", ttl, nil)
+	ctx, cancel := context.WithCancel(b.ctx)
+	done := make(chan error, 1)
+	var ran atomic.Int32
+	go func() {
+		done <- j.Every(ctx, every, func(context.Context, *fencelock.JobRun) error { ran.Add(1); return nil }, nil)
+	}()
+	waitFor(t, b, "slots given up while the lease is held", func() bool {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.job_ledger WHERE job = 'job:horizon' AND outcome = 'missed'`).Scan(&n))
+		return n >= 3
+	})
+	require.Zero(t, ran.Load(), "ran while the lease was held")
+	require.NoError(t, blocker.Release(b.ctx))
+	waitFor(t, b, "slots run once the lease is free", func() bool { return ran.Load() >= 2 })
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+	var dup int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) - count(DISTINCT slot) FROM fencelock.job_runs WHERE job = 'job:horizon'`).Scan(&dup))
+	require.Zero(t, dup)
+}

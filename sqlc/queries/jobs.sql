@@ -21,7 +21,7 @@ WITH cfg AS MATERIALIZED (
             started_at = excluded.started_at, finished_at = NULL, succeeded = NULL, error = NULL
         WHERE r.token < excluded.token
           AND ((r.finished_at IS NULL AND sqlc.arg(retry_crashed)::boolean)
-               OR (r.finished_at IS NOT NULL AND NOT r.succeeded AND sqlc.arg(retry_failed)::boolean))
+               OR (r.finished_at IS NOT NULL AND NOT r.succeeded AND r.token > 0 AND sqlc.arg(retry_failed)::boolean))
     RETURNING r.attempt
 )
 SELECT EXISTS (SELECT 1 FROM claim) AS claimed,
@@ -30,11 +30,17 @@ SELECT EXISTS (SELECT 1 FROM claim) AS claimed,
 
 -- name: JobFinish :execrows
 -- Records the end of the run of slot @slot claimed by @token: succeeded, or failed with @error.
--- Scoped to the claim's token, so a run whose slot was claimed again records nothing.
+-- Scoped to the claim's token, and only while that grant (@job, @holder, @token) is the job
+-- lease's current, unexpired one (locked FOR KEY SHARE, as a guard): a run that lost its lease,
+-- or was paused past it, records nothing, and its slot reads crashed.
 UPDATE fencelock.job_runs AS r
 SET finished_at = clock_timestamp(), succeeded = sqlc.arg(succeeded)::boolean,
     error = nullif(sqlc.arg(error)::text, '')
-FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit) AS cfg
+FROM (SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit) AS cfg,
+     (SELECT l.name FROM fencelock.leases AS l
+      WHERE l.name = sqlc.arg(job)::text AND l.holder = sqlc.arg(holder)::text
+        AND l.token = sqlc.arg(token)::bigint AND l.expires_at > clock_timestamp()
+      FOR KEY SHARE) AS cur
 WHERE r.job = sqlc.arg(job)::text AND r.slot = sqlc.arg(slot)::timestamptz AND r.token = sqlc.arg(token)::bigint;
 
 -- name: JobSlot :one
@@ -43,3 +49,29 @@ WHERE r.job = sqlc.arg(job)::text AND r.slot = sqlc.arg(slot)::timestamptz AND r
 SELECT ('epoch'::timestamptz + (floor(extract(epoch FROM n.now) * 1000000)::bigint / sqlc.arg(every_us)::bigint * sqlc.arg(every_us)::bigint) * interval '1 microsecond')::timestamptz AS slot,
        (sqlc.arg(every_us)::bigint - floor(extract(epoch FROM n.now) * 1000000)::bigint % sqlc.arg(every_us)::bigint)::bigint AS until_next_us
 FROM (SELECT clock_timestamp() AS now) AS n;
+
+-- name: JobSettled :one
+-- Whether slot @slot of job @job is settled without taking the job's lease: run, or running,
+-- or (by its policy) not to be run again. Only a slot this says is unsettled needs the lease;
+-- the claim under the lease decides (JobClaim).
+SELECT EXISTS (
+    SELECT 1 FROM fencelock.job_runs AS r
+    WHERE r.job = sqlc.arg(job)::text AND r.slot = sqlc.arg(slot)::timestamptz
+      AND (r.token = 0
+           OR (r.finished_at IS NOT NULL AND (r.succeeded OR NOT sqlc.arg(retry_failed)::boolean))
+           OR (r.finished_at IS NULL AND NOT sqlc.arg(retry_crashed)::boolean))
+) AS settled;
+
+-- name: JobLastSlot :one
+-- The latest slot of job @job in the ledger between @since and @until; the Unix epoch when none.
+SELECT coalesce(max(r.slot), 'epoch'::timestamptz)::timestamptz AS slot
+FROM fencelock.job_runs AS r
+WHERE r.job = sqlc.arg(job)::text AND r.slot >= sqlc.arg(since)::timestamptz AND r.slot <= sqlc.arg(until)::timestamptz;
+
+-- name: JobGiveUp :exec
+-- Records slot @slot of job @job as missed (token 0, attempt 0): Job.Every gave it up, older than
+-- its horizon, unrun. Only where the ledger has no run of it: a claim that got there first wins.
+INSERT INTO fencelock.job_runs (job, slot, holder, token, attempt, started_at, finished_at, succeeded, error)
+VALUES (sqlc.arg(job)::text, sqlc.arg(slot)::timestamptz, sqlc.arg(holder)::text, 0, 0, clock_timestamp(), clock_timestamp(), false,
+        'missed: the job''s lease was held past the slot''s horizon')
+ON CONFLICT (job, slot) DO NOTHING;
