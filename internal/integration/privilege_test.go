@@ -197,6 +197,23 @@ func TestLeastPrivilege(t *testing.T) {
 	require.Error(t, again.Renew(ctx), "the forced release ended the grant")
 	_, err = fencelock.SweepLeases(ctx, app, fencelock.DefaultSweepGrace)
 	require.NoError(t, err)
+	// Elections and jobs (migrations 00006, 00007): campaign, proclaim, read, resign; a job's
+	// slot claimed, run and recorded, and its ledger read.
+	el, err := fencelock.NewElection(la, "election/app", 10*time.Second)
+	require.NoError(t, err)
+	term, err := el.Campaign(ctx, "10.0.0.1")
+	require.NoError(t, err)
+	leader, err := el.Leader(ctx)
+	require.NoError(t, err)
+	require.Equal(t, "10.0.0.1", leader.Value)
+	require.NoError(t, term.Resign(ctx))
+	job, err := fencelock.NewJob(la, "job/app", 10*time.Second)
+	require.NoError(t, err)
+	slot := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
+	require.NoError(t, job.RunSlot(ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }))
+	var outcome string
+	require.NoError(t, app.QueryRow(ctx, `SELECT outcome FROM fencelock.job_ledger WHERE job = 'job/app'`).Scan(&outcome))
+	require.Equal(t, "succeeded", outcome)
 	// After a logical copy the runtime role could rebase the epoch itself (UPDATE and INSERT
 	// on fencelock.token_epoch); it never lowers the epoch, so this changes nothing here.
 	epoch, err := fencelock.RebaseTokenEpoch(ctx, app, 0)
