@@ -80,29 +80,11 @@ func (e *Election) observe(ctx context.Context, ch chan<- LeaderInfo) {
 // reaches its own server session, else polling. read says whether a read of the leader
 // succeeded on it (the reconnect's backoff starts over only then).
 func (o *observer) session(ctx context.Context) (read bool, err error) {
-	octx, cancel := context.WithTimeout(ctx, listenOpenTimeout)
-	defer cancel()
-	pc, err := o.e.lessor.pool.Acquire(octx)
+	conn, pooled, err := openListening(ctx, o.e.lessor.pool, electionChannel)
 	if err != nil {
 		return false, err
 	}
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	var pid int32
-	if err := conn.QueryRow(octx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		return false, err
-	}
-	pooled := uint32(pid) != conn.PgConn().PID()
-	if !pooled {
-		_, _ = conn.Exec(octx, "SET idle_session_timeout = 0") // PostgreSQL 14+; moot before
-		if _, err := conn.Exec(octx, "LISTEN "+pgx.Identifier{electionChannel}.Sanitize()); err != nil {
-			return false, err
-		}
-	}
+	defer closeListening(conn)
 	poll := min(observePoll, o.e.ttl/4)
 	for {
 		// Read after LISTEN: a change committed from here on is both read or notified.

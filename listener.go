@@ -207,30 +207,13 @@ func (ls *listener) run(ctx context.Context) {
 // session opens one listening session and dispatches its notifications until it fails or ctx
 // ends.
 func (ls *listener) session(ctx context.Context) (listened bool, err error) {
-	octx, cancel := context.WithTimeout(ctx, listenOpenTimeout)
-	defer cancel()
-	pc, err := ls.pool.Acquire(octx)
+	conn, pooled, err := openListening(ctx, ls.pool, ls.channel)
 	if err != nil {
 		return false, err
 	}
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	var pid int32
-	if err := conn.QueryRow(octx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-		return false, err
-	}
-	if uint32(pid) != conn.PgConn().PID() {
+	defer closeListening(conn)
+	if pooled {
 		return false, errPooled
-	}
-	// The session idles by design: a server or role idle_session_timeout must not end it
-	// (PostgreSQL 14+; an older server refuses the setting, which is then moot).
-	_, _ = conn.Exec(octx, "SET idle_session_timeout = 0")
-	if _, err := conn.Exec(octx, "LISTEN "+pgx.Identifier{ls.channel}.Sanitize()); err != nil {
-		return false, err
 	}
 	ls.setReady(ctx, true)
 	for {
@@ -294,4 +277,40 @@ func parseWake(payload string) (wakeup, error) {
 	}
 	return wakeup{holder: f[4][:n], name: f[4][n:], waitID: waitID,
 		handoff: handoff{token: Token(token), expiresAt: time.UnixMicro(us)}}, nil
+}
+
+// openListening takes a connection of pool out of it (hijacked: it never goes back) and, unless
+// a pooler answers for the server (pooled: the backend pid differs from the startup pid, and
+// LISTEN cannot be trusted), LISTENs on channel, with idle_session_timeout off (the session
+// idles by design; PostgreSQL 14+, an older server refuses the setting, which is then moot).
+// The caller closes the connection with closeListening. Bounded by listenOpenTimeout.
+func openListening(ctx context.Context, pool *pgxpool.Pool, channel string) (conn *pgx.Conn, pooled bool, err error) {
+	octx, cancel := context.WithTimeout(ctx, listenOpenTimeout)
+	defer cancel()
+	pc, err := pool.Acquire(octx)
+	if err != nil {
+		return nil, false, err
+	}
+	conn = pc.Hijack()
+	var pid int32
+	if err := conn.QueryRow(octx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		closeListening(conn)
+		return nil, false, err
+	}
+	if uint32(pid) != conn.PgConn().PID() {
+		return conn, true, nil
+	}
+	_, _ = conn.Exec(octx, "SET idle_session_timeout = 0")
+	if _, err := conn.Exec(octx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		closeListening(conn)
+		return nil, false, err
+	}
+	return conn, false, nil
+}
+
+// closeListening closes a connection of openListening, bounded by closeTimeout.
+func closeListening(conn *pgx.Conn) {
+	cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = conn.Close(cctx)
 }

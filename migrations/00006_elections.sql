@@ -23,9 +23,14 @@ FROM fencelock.election_values AS v
 JOIN fencelock.leases AS l ON l.name = v.name
 WHERE l.token > 0 AND l.expires_at > clock_timestamp();
 
--- Roles that take leases may campaign.
+-- fencelock.grant_to_lease_roles(privileges, objects) grants privileges on objects to every
+-- role that may insert into fencelock.leases (and to PUBLIC where PUBLIC may), as migrations
+-- 00004 and 00005 did inline: roles that take leases may use what a migration adds. For
+-- migrations only (EXECUTE revoked from PUBLIC).
 -- +goose StatementBegin
-DO $$
+CREATE FUNCTION fencelock.grant_to_lease_roles(privileges text, objects text) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
 DECLARE
     r regrole;
 BEGIN
@@ -36,19 +41,23 @@ BEGIN
           AND a.privilege_type = 'INSERT' AND a.grantee <> 0
           AND a.grantee <> c.relowner
     LOOP
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.election_values TO %s', r);
-        EXECUTE format('GRANT SELECT ON fencelock.leaders TO %s', r);
+        EXECUTE format('GRANT %s ON %s TO %s', privileges, objects, r);
     END LOOP;
     IF EXISTS (SELECT FROM pg_catalog.pg_class AS c, LATERAL pg_catalog.aclexplode(c.relacl) AS a
                WHERE c.oid = 'fencelock.leases'::regclass
                  AND a.privilege_type = 'INSERT' AND a.grantee = 0) THEN
-        GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.election_values TO PUBLIC;
-        GRANT SELECT ON fencelock.leaders TO PUBLIC;
+        EXECUTE format('GRANT %s ON %s TO PUBLIC', privileges, objects);
     END IF;
 END
 $$;
 -- +goose StatementEnd
+REVOKE EXECUTE ON FUNCTION fencelock.grant_to_lease_roles(text, text) FROM PUBLIC;
+
+-- Roles that take leases may campaign.
+SELECT fencelock.grant_to_lease_roles('SELECT, INSERT, UPDATE, DELETE', 'fencelock.election_values');
+SELECT fencelock.grant_to_lease_roles('SELECT', 'fencelock.leaders');
 
 -- +goose Down
+DROP FUNCTION fencelock.grant_to_lease_roles(text, text);
 DROP VIEW fencelock.leaders;
 DROP TABLE fencelock.election_values;

@@ -32,31 +32,9 @@ SELECT r.job, r.slot, r.holder, r.token, r.attempt, r.started_at, r.finished_at,
        r.error
 FROM fencelock.job_runs AS r;
 
--- Roles that take leases may run jobs.
--- +goose StatementBegin
-DO $$
-DECLARE
-    r regrole;
-BEGIN
-    FOR r IN
-        SELECT DISTINCT a.grantee::regrole
-        FROM pg_catalog.pg_class AS c, LATERAL pg_catalog.aclexplode(c.relacl) AS a
-        WHERE c.oid = 'fencelock.leases'::regclass
-          AND a.privilege_type = 'INSERT' AND a.grantee <> 0
-          AND a.grantee <> c.relowner
-    LOOP
-        EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.job_runs TO %s', r);
-        EXECUTE format('GRANT SELECT ON fencelock.job_ledger TO %s', r);
-    END LOOP;
-    IF EXISTS (SELECT FROM pg_catalog.pg_class AS c, LATERAL pg_catalog.aclexplode(c.relacl) AS a
-               WHERE c.oid = 'fencelock.leases'::regclass
-                 AND a.privilege_type = 'INSERT' AND a.grantee = 0) THEN
-        GRANT SELECT, INSERT, UPDATE, DELETE ON fencelock.job_runs TO PUBLIC;
-        GRANT SELECT ON fencelock.job_ledger TO PUBLIC;
-    END IF;
-END
-$$;
--- +goose StatementEnd
+-- Roles that take leases may run jobs (fencelock.grant_to_lease_roles: migration 00006).
+SELECT fencelock.grant_to_lease_roles('SELECT, INSERT, UPDATE, DELETE', 'fencelock.job_runs');
+SELECT fencelock.grant_to_lease_roles('SELECT', 'fencelock.job_ledger');
 
 -- +goose Down
 DROP VIEW fencelock.job_ledger;
