@@ -104,7 +104,7 @@ func (o *observer) session(ctx context.Context) (read bool, err error) {
 }
 
 // read reads the leader on conn, delivers it if it changed, and returns how long until the
-// current term lapses (a day when nobody leads: only a notification changes that).
+// current term lapses (a day when nobody leads; the caller caps every wait at the TTL).
 func (o *observer) read(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
 	rctx, cancel := context.WithTimeout(ctx, max(o.e.ttl, 5*time.Second))
 	row, err := o.e.lessor.q.ElectionLeader(rctx, conn, o.e.name)

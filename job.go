@@ -249,6 +249,10 @@ func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
 // every replica names the same slots whatever its own clock says; at each slot's start each
 // replica calls [Job.RunSlot], and the ledger lets one of them run it.
 //
+// With [WithRetryCrashed] (or [WithRetryFailed]), Every runs again a crashed (failed) slot
+// within the horizon below: one whose run crashed within about a TTL plus a period of the
+// slot's start, including by a replica that starts after the crash. Older ones stay as they are.
+//
 // A slot that could not be claimed when it came (the job's lease held by a run of an earlier
 // slot, or by a replica that died holding it; an error before the claim) is tried again, late,
 // at the next wake (a quarter period later at most), while it is no older than the job's TTL
@@ -288,16 +292,15 @@ func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr 
 			n = -1
 			current := row.Slot
 			if next.IsZero() {
-				next = current
-				last, err := j.lessor.q.JobLastSlot(ctx, j.lessor.pool, db.JobLastSlotParams{Job: j.name, Since: current.Add(-reach), Until: current})
-				if err == nil && last.After(current.Add(-reach)) {
-					next = last.Add(every)
-				}
+				next = j.startSlot(ctx, current, every, reach)
 			}
 			for ; !next.After(current); next = next.Add(every) {
 				// The horizon moves on while earlier slots run: the database clock now.
 				if horizon := current.Add(time.Since(readAt) - reach); next.Before(horizon) {
 					j.giveUp(ctx, next, onErr)
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
 					continue
 				}
 				err := j.RunSlot(ctx, next, fn)
@@ -327,6 +330,34 @@ func (j *Job) Every(ctx context.Context, every time.Duration, fn JobFunc, onErr 
 		case <-t.C:
 		}
 	}
+}
+
+// startSlot is where a replica that starts picks up: the oldest slot within the horizon that its
+// retry policy runs again, else the first slot of the grid after the ledger's latest one within
+// the horizon (a row off the grid, from a RunSlot of another instant or another period, is
+// rounded up onto it), else current (a first deployment runs no past slot).
+func (j *Job) startSlot(ctx context.Context, current time.Time, every, reach time.Duration) time.Time {
+	since := current.Add(-reach)
+	row, err := j.lessor.q.JobLastSlot(ctx, j.lessor.pool, db.JobLastSlotParams{
+		Job: j.name, Since: since, Until: current, RetryCrashed: j.cfg.retryCrashed, RetryFailed: j.cfg.retryFailed,
+	})
+	if err != nil || !row.Last.After(since.Add(-time.Microsecond)) {
+		return current
+	}
+	// The first grid slot after last: current minus whole periods, not before last.
+	next := current.Add(-current.Sub(row.Last) / every * every)
+	if !next.After(row.Last) {
+		next = next.Add(every)
+	}
+	if !row.OldestRetry.Before(since) && row.OldestRetry.Before(next) {
+		// The grid slot at or before it (a slot off the grid is not Every's to run again).
+		retry := current.Add(-((current.Sub(row.OldestRetry) + every - 1) / every * every))
+		if retry.Before(since) {
+			retry = since
+		}
+		next = retry
+	}
+	return next
 }
 
 // giveUp records slot as missed, past its horizon unclaimed.

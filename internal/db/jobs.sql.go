@@ -131,23 +131,44 @@ func (q *Queries) JobGiveUp(ctx context.Context, db DBTX, arg JobGiveUpParams) e
 }
 
 const jobLastSlot = `-- name: JobLastSlot :one
-SELECT coalesce(max(r.slot), 'epoch'::timestamptz)::timestamptz AS slot
+SELECT coalesce(max(r.slot), 'epoch'::timestamptz)::timestamptz AS last,
+       coalesce(min(r.slot) FILTER (WHERE r.token > 0 AND (
+           (r.finished_at IS NULL AND $1::boolean
+            AND NOT EXISTS (SELECT 1 FROM fencelock.leases AS l
+                            WHERE l.name = r.job AND l.token = r.token AND l.expires_at > clock_timestamp()))
+           OR (r.finished_at IS NOT NULL AND NOT r.succeeded AND $2::boolean))),
+                'epoch'::timestamptz)::timestamptz AS oldest_retry
 FROM fencelock.job_runs AS r
-WHERE r.job = $1::text AND r.slot >= $2::timestamptz AND r.slot <= $3::timestamptz
+WHERE r.job = $3::text AND r.slot >= $4::timestamptz AND r.slot <= $5::timestamptz
 `
 
 type JobLastSlotParams struct {
-	Job   string
-	Since time.Time
-	Until time.Time
+	RetryCrashed bool
+	RetryFailed  bool
+	Job          string
+	Since        time.Time
+	Until        time.Time
 }
 
-// The latest slot of job @job in the ledger between @since and @until; the Unix epoch when none.
-func (q *Queries) JobLastSlot(ctx context.Context, db DBTX, arg JobLastSlotParams) (time.Time, error) {
-	row := db.QueryRow(ctx, jobLastSlot, arg.Job, arg.Since, arg.Until)
-	var slot time.Time
-	err := row.Scan(&slot)
-	return slot, err
+type JobLastSlotRow struct {
+	Last        time.Time
+	OldestRetry time.Time
+}
+
+// Where a replica of job @job that starts picks up, from the ledger between @since and @until:
+// the latest slot there, and the oldest one its policy would run again (@retry_crashed: an
+// unfinished run whose grant is gone; @retry_failed: a failed run); the Unix epoch for none.
+func (q *Queries) JobLastSlot(ctx context.Context, db DBTX, arg JobLastSlotParams) (JobLastSlotRow, error) {
+	row := db.QueryRow(ctx, jobLastSlot,
+		arg.RetryCrashed,
+		arg.RetryFailed,
+		arg.Job,
+		arg.Since,
+		arg.Until,
+	)
+	var i JobLastSlotRow
+	err := row.Scan(&i.Last, &i.OldestRetry)
+	return i, err
 }
 
 const jobSettled = `-- name: JobSettled :one

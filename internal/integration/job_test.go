@@ -252,3 +252,72 @@ func TestJobEveryGivesUpPastHorizon(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) - count(DISTINCT slot) FROM fencelock.job_runs WHERE job = 'job:horizon'`).Scan(&dup))
 	require.Zero(t, dup)
 }
+
+// gridSlot returns the slot of period every that the database clock is in, as Every names it.
+func gridSlot(t *testing.T, b *bundle, every time.Duration) time.Time {
+	t.Helper()
+	var slot time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT 'epoch'::timestamptz + (floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint / $1 * $1) * interval '1 microsecond'`,
+		every.Microseconds()).Scan(&slot))
+	return slot
+}
+
+// A replica that starts after a slot off the grid was run (RunSlot of another instant) rounds
+// up onto the grid: no period runs twice.
+func TestJobEveryStartsOnTheGrid(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const every = 100 * time.Millisecond
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	run := func(holder string) {
+		j := newJob(t, b, holder, "job:grid", 5*time.Second, nil)
+		wg.Go(func() { _ = j.Every(ctx, every, func(context.Context, *fencelock.JobRun) error { return nil }, nil) })
+	}
+	run("grid-a")
+	off := newJob(t, b, "grid-off", "job:grid", 5*time.Second, nil, fencelock.WithOverlapWait()) // grid-a may hold the lease
+	require.NoError(t, off.RunSlot(b.ctx, gridSlot(t, b, every).Add(37*time.Millisecond), func(context.Context, *fencelock.JobRun) error { return nil }))
+	run("grid-b")
+	time.Sleep(800 * time.Millisecond) // eight periods of both replicas
+	cancel()
+	wg.Wait()
+	var twice int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM (
+		SELECT floor(extract(epoch FROM slot) * 10) AS period FROM fencelock.job_runs WHERE job = 'job:grid' AND token > 0
+		GROUP BY 1 HAVING count(*) > 1) AS p`).Scan(&twice))
+	require.LessOrEqual(t, twice, 1, "periods run twice (one may be the off-grid RunSlot's own period)")
+}
+
+// A replica that starts after another crashed mid-run runs the crashed slot again when the job
+// retries crashed runs.
+func TestJobEveryRetriesCrashedSlotOnStart(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const every = 500 * time.Millisecond
+	slot := gridSlot(t, b, every)
+	dead := newJob(t, b, "crashing", "job:restart", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()}, fencelock.WithRetryCrashed())
+	err := dead.RunSlot(b.ctx, slot, func(ctx context.Context, _ *fencelock.JobRun) error { <-ctx.Done(); return ctx.Err() })
+	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
+	outcome, _ := ledger(t, b, "job:restart", slot)
+	require.Equal(t, "crashed", outcome)
+
+	ctx, cancel := context.WithCancel(b.ctx)
+	defer cancel()
+	replacement := newJob(t, b, "replacement", "job:restart", time.Second, nil, fencelock.WithRetryCrashed())
+	retried := make(chan int, 1)
+	go func() {
+		_ = replacement.Every(ctx, every, func(_ context.Context, run *fencelock.JobRun) error {
+			if run.Slot.Equal(slot) {
+				retried <- run.Attempt
+			}
+			return nil
+		}, nil)
+	}()
+	select {
+	case attempt := <-retried:
+		require.Equal(t, 2, attempt)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the crashed slot was not run again by the replica that started after the crash")
+	}
+}

@@ -63,8 +63,16 @@ SELECT EXISTS (
 ) AS settled;
 
 -- name: JobLastSlot :one
--- The latest slot of job @job in the ledger between @since and @until; the Unix epoch when none.
-SELECT coalesce(max(r.slot), 'epoch'::timestamptz)::timestamptz AS slot
+-- Where a replica of job @job that starts picks up, from the ledger between @since and @until:
+-- the latest slot there, and the oldest one its policy would run again (@retry_crashed: an
+-- unfinished run whose grant is gone; @retry_failed: a failed run); the Unix epoch for none.
+SELECT coalesce(max(r.slot), 'epoch'::timestamptz)::timestamptz AS last,
+       coalesce(min(r.slot) FILTER (WHERE r.token > 0 AND (
+           (r.finished_at IS NULL AND sqlc.arg(retry_crashed)::boolean
+            AND NOT EXISTS (SELECT 1 FROM fencelock.leases AS l
+                            WHERE l.name = r.job AND l.token = r.token AND l.expires_at > clock_timestamp()))
+           OR (r.finished_at IS NOT NULL AND NOT r.succeeded AND sqlc.arg(retry_failed)::boolean))),
+                'epoch'::timestamptz)::timestamptz AS oldest_retry
 FROM fencelock.job_runs AS r
 WHERE r.job = sqlc.arg(job)::text AND r.slot >= sqlc.arg(since)::timestamptz AND r.slot <= sqlc.arg(until)::timestamptz;
 
