@@ -22,21 +22,36 @@ import (
 func TestScenarioSIGSTOP(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{scenario: "1-sigstop-holder"})
-	ctx, db, report := e.ctx, e.db, e.report
+	stale, resumeDetect := sigstopRuns(t, e, 3, "sigstop", false)
+	// Detection here: from SIGCONT to the resumed holder's Done closing (it slept through
+	// the whole trust window).
+	e.report.AddDetect(resumeDetect...)
+	t.Logf("chaos: scenario=1-sigstop-holder stale_rejected=%d", stale)
+	require.Positive(t, stale, "the resumed child's writes must have been rejected as stale")
+	logReport(t, e.report)
+}
+
+// sigstopRuns makes n runs of scenario 1 (election false) or 12 (true, every holder a
+// candidate of an election of the name), each on a name of its own (prefix:run): a holder child
+// (TTL 1 s, writing every 20 ms) stopped with SIGSTOP for TTL + U(100 ms, 1 s) while two
+// in-process workers take the lease (the term) over and write, then resumed. It checks each
+// run's history and returns how many of the child's writes were rejected as stale, and, for
+// each run, the time from SIGCONT to the child's Done closing.
+func sigstopRuns(t *testing.T, e *env, n int, prefix string, election bool) (stale int, resumeDetect []time.Duration) {
+	t.Helper()
+	ctx, db := e.ctx, e.db
 	const ttl = time.Second
-	stale := 0
-	var resumeDetect []time.Duration
-	for run := range runs(3) {
-		name := fmt.Sprintf("sigstop:%d", run)
+	for run := range runs(n) {
+		name := fmt.Sprintf("%s:%d", prefix, run)
 		require.NoError(t, SetupRegister(ctx, db.Pool, name))
 		rec := newRecorder(t, ctx, db.Pool)
-		c := startChild(t, childConfig{URL: db.URL, Worker: "child", Name: name, TTL: ttl, Interval: 20 * time.Millisecond}, rec)
+		c := startChild(t, childConfig{URL: db.URL, Worker: "child", Name: name, TTL: ttl, Interval: 20 * time.Millisecond, Election: election}, rec)
 		c.waitGrant(ctx)
 
 		wctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for i := range 2 {
-			w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 3, gap: 10 * time.Millisecond,
+			w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 3, gap: 10 * time.Millisecond, election: election,
 				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))}}
 			wg.Go(func() { w.run(wctx) })
 		}
@@ -52,7 +67,7 @@ func TestScenarioSIGSTOP(t *testing.T) {
 		stop()
 		wg.Wait()
 
-		h := finalCheck(t, ctx, db.Pool, rec, report, name)
+		h := finalCheck(t, ctx, db.Pool, rec, e.report, name)
 		stale += staleCount(h, "child")
 		for _, op := range h {
 			if op.Kind == KindDone && op.Worker == "child" && op.Invoke >= resumed {
@@ -60,12 +75,7 @@ func TestScenarioSIGSTOP(t *testing.T) {
 			}
 		}
 	}
-	// Detection here: from SIGCONT to the resumed holder's Done closing (it slept through
-	// the whole trust window).
-	report.AddDetect(resumeDetect...)
-	t.Logf("chaos: scenario=1-sigstop-holder stale_rejected=%d", stale)
-	require.Positive(t, stale, "the resumed child's writes must have been rejected as stale")
-	logReport(t, report)
+	return stale, resumeDetect
 }
 
 // A holder process really paused with SIGSTOP past its TTL, step by step (scenario 1 with its
