@@ -266,7 +266,7 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		destroySession(ctx, conn, wait)
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) {
-			cctx, stop := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+			cctx, stop := detached(ctx, closeTimeout)
 			if werr := awaitBackendExit(cctx, a.pool, startupPID); werr != nil {
 				err = fmt.Errorf("%w (and its session, which may hold the lock, did not end: %w)", err, werr)
 			}

@@ -45,6 +45,12 @@ func awaitBackendExit(ctx context.Context, pool *pgxpool.Pool, pid uint32) error
 	}
 }
 
+// detached returns a context for cleanup after ctx may have ended (a release, a close, the end
+// of a grant left behind): ctx's values without its cancellation, bounded by d.
+func detached(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
+}
+
 // closeTimeout bounds the cancel request and the close of a connection fencelock destroys
 // because it cannot tell what its session holds.
 const closeTimeout = 5 * time.Second
@@ -54,7 +60,7 @@ const closeTimeout = 5 * time.Second
 // wait), so the session ends promptly rather than when it next writes to the closed socket.
 func destroySession(ctx context.Context, conn *pgxpool.Conn, cancel bool) {
 	c := conn.Hijack()
-	cctx, stop := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	cctx, stop := detached(ctx, closeTimeout)
 	defer stop()
 	if cancel {
 		_ = c.PgConn().CancelRequest(cctx) // best effort: closing ends the session anyway

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -79,7 +77,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Term, error) {
 	}
 	t := &Term{election: e, lease: lease}
 	if err := t.Proclaim(ctx, value); err != nil {
-		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rctx, stop := detached(ctx, cleanupTimeout)
 		_ = lease.Release(rctx)
 		stop()
 		return nil, fmt.Errorf("campaign %q: %w", e.name, err)
@@ -183,14 +181,4 @@ func (t *Term) Resign(ctx context.Context) error {
 
 // validateLeaderValue checks a value a leader proclaims: valid UTF-8 without NUL (PostgreSQL's
 // text refuses both), at most MaxLeaderValue bytes.
-func validateLeaderValue(value string) error {
-	switch {
-	case len(value) > MaxLeaderValue:
-		return argError("value", "is %d bytes; at most %d", len(value), MaxLeaderValue)
-	case !utf8.ValidString(value):
-		return argError("value", "is not valid UTF-8")
-	case strings.IndexByte(value, 0) >= 0:
-		return argError("value", "contains NUL")
-	}
-	return nil
-}
+func validateLeaderValue(value string) error { return validateText("value", value, MaxLeaderValue) }

@@ -90,7 +90,7 @@ func (e *Election) lead(ctx context.Context, term *Term, cb ElectionCallbacks) {
 	tctx, cancel := term.Context(ctx)
 	defer func() {
 		cancel()
-		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rctx, stop := detached(ctx, cleanupTimeout)
 		_ = term.Resign(rctx) // ErrNotHeld after a loss; else expires by its TTL
 		stop()
 		if cb.OnStoppedLeading != nil {

@@ -144,6 +144,15 @@ var errGoneOnServer = errors.New("the database no longer has this grant (expired
 // wrapPg wraps err from a statement with what, mapping the server's read-only refusal to
 // [ErrReadOnly] and fencelock.next_token's refusals to [ErrTokenSequence], [ErrTokenBudget]
 // and [ErrTokenEpochBehind].
+// pgCode returns the SQLSTATE of the Postgres error in err's chain, "" when there is none.
+func pgCode(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
 func wrapPg(what string, err error) error {
 	var pgErr *pgconn.PgError
 	switch {

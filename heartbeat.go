@@ -80,8 +80,9 @@ func (l *Lessor) enqueueLocked(lease *Lease) bool {
 
 // forget unregisters lease: no longer held, no longer renewed. O(log n). With the last lease
 // gone and no renewal in flight it stops the loop (a renewal in flight wakes it when it
-// returns, and the round then stops it).
-func (l *Lessor) forget(lease *Lease) {
+// returns, and the round then stops it). It reports whether lease was ever given to its caller
+// (add), which is when its end is counted (metrics.go).
+func (l *Lessor) forget(lease *Lease) (added bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.active[lease.name] == lease {
@@ -93,6 +94,7 @@ func (l *Lessor) forget(lease *Lease) {
 		l.heartbeat.stopLocked()
 	}
 	l.idleCheckLocked()
+	return lease.added
 }
 
 // heartbeatRound is the heartbeat loop's step: it starts a renewal goroutine for each batch

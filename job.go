@@ -184,7 +184,7 @@ func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
 			}
 			t.Stop()
 		}
-		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rctx, stop := detached(ctx, cleanupTimeout)
 		_ = lease.Release(rctx) // after a loss, ErrNotHeld; else it expires by its TTL
 		stop()
 	}()
@@ -227,7 +227,7 @@ func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
 	if ferr != nil {
 		msg = ferr.Error()
 	}
-	fctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	fctx, stop := detached(ctx, cleanupTimeout)
 	n, rerr := q.JobFinish(fctx, j.lessor.pool, db.JobFinishParams{Job: j.name, Holder: j.lessor.cfg.holder, Slot: slot, Token: int64(lease.token), Succeeded: ferr == nil, Error: msg})
 	stop()
 	switch {

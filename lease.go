@@ -88,10 +88,7 @@ func (lease *Lease) retryAfter(now time.Time, err error) {
 // no more trust watch; the lessor may grant the name again), then closes Done with err, once;
 // later calls change nothing. It reports whether this call ended the lease.
 func (lease *Lease) end(err error) bool {
-	lease.lessor.forget(lease)
-	lease.lessor.mu.Lock()
-	added := lease.added
-	lease.lessor.mu.Unlock()
+	added := lease.lessor.forget(lease)
 	lease.mu.Lock() // so that a renewal's outcome is applied wholly before the end or not at all
 	defer lease.mu.Unlock()
 	return lease.ending.finishWith(err, func() {

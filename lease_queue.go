@@ -82,7 +82,7 @@ func (l *Lessor) joinWait(name string) *wait {
 // it), and hands on every grant handed to the wait that no Acquire claimed. It runs detached
 // from ctx: a cancelled wait must not stay in the queue.
 func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bool) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	cctx, cancel := detached(ctx, cleanupTimeout)
 	defer cancel()
 	// The name's gate first, then out of the lessor's waits: a new wait of this lessor on the
 	// name (a new id) then makes its first statement only after this one has left the queue,
@@ -225,7 +225,7 @@ func (l *Lessor) releaseUnclaimedLocked(ctx context.Context, name string, token 
 // releaseToken ends the grant (name, this holder, token) with LeaseRelease, detached from
 // ctx's cancellation: a grant nobody will use must not stay held for a TTL. Errors are logged.
 func (l *Lessor) releaseToken(ctx context.Context, name string, token Token) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	rctx, cancel := detached(ctx, cleanupTimeout)
 	defer cancel()
 	if _, err := l.releaseStatement(rctx, name, token); err != nil {
 		l.cfg.common.logger.Error("fencelock: could not end a grant nobody uses; it expires by its TTL",

@@ -12,10 +12,6 @@ import (
 // lost; lease gives the fencing token for the writes ([Lease.FenceTx], [Lease.Token]).
 type LeaseFunc func(ctx context.Context, lease *Lease) error
 
-// releaseTimeout bounds the release that ends a RunLeased, detached from the caller's ctx (which
-// may have ended: the lease must not stay held for a TTL because of it).
-const releaseTimeout = 5 * time.Second
-
 // RunLeased acquires the lease name for ttl with [Lessor.Acquire] (waiting in the name's queue
 // until granted or ctx ends), runs fn under the lease's context ([Lease.Context], derived from
 // ctx: cancelled, with the lease's error as cause, the moment the lease is lost), and releases
@@ -64,7 +60,7 @@ func runLeased(ctx context.Context, lease *Lease, fn LeaseFunc) (err error) {
 	var lost error
 	defer func() {
 		cancel()
-		rctx, stop := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		rctx, stop := detached(ctx, cleanupTimeout)
 		_ = lease.Release(rctx) // ErrNotHeld after a loss; any other failure: expires by its TTL
 		stop()
 	}()

@@ -2,10 +2,8 @@ package fencelock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -105,7 +103,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		// that a migration missing below the highest applied one is an error here as in Up.
 		pending, err := p.HasPending(ctx)
 		if err != nil {
-			if isInsufficientPrivilege(err) {
+			if pgCode(err) == "42501" {
 				// Falling through to the DDL would fail too (Up reads the same table), with a
 				// less telling error, or take the lock for nothing.
 				return fmt.Errorf("fencelock: migrate: the role cannot read %s: grant it USAGE on schema fencelock and SELECT on %s, or run Migrate as the owner of schema fencelock: %w",
@@ -124,11 +122,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		// concurrent twin: the loser can fail with unique_violation (23505) or duplicate_schema
 		// (42P06). The schema then exists.
 		if _, err := pool.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS fencelock`); err != nil {
-			var pgErr *pgconn.PgError
-			switch {
-			case isInsufficientPrivilege(err):
+			switch code := pgCode(err); {
+			case code == "42501": // insufficient_privilege
 				return fmt.Errorf("fencelock: migrate: migrations are pending and the role may not create schema fencelock (CREATE on the database): run Migrate as the owner of schema fencelock: %w", err)
-			case !errors.As(err, &pgErr) || (pgErr.Code != "23505" && pgErr.Code != "42P06"):
+			case code != "23505" && code != "42P06":
 				return wrapPg("fencelock: create schema", err)
 			}
 		}
@@ -150,23 +147,10 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	switch {
 	case err == nil:
 		return nil
-	case isInsufficientPrivilege(err):
+	case pgCode(err) == "42501":
 		return fmt.Errorf("fencelock: migrate: migrations are pending and the role may not apply them: run Migrate as the owner of schema fencelock: %w", err)
-	case isReadOnly(err):
+	case pgCode(err) == "25006":
 		return fmt.Errorf("fencelock: migrate: migrations are pending and the server is read-only (a hot standby?): run Migrate on the primary: %w: %w", ErrReadOnly, err)
 	}
 	return wrapPg("fencelock: migrate", err)
-}
-
-// isReadOnly reports whether err is Postgres's read_only_sql_transaction (25006).
-func isReadOnly(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "25006"
-}
-
-// isInsufficientPrivilege reports whether err is Postgres's insufficient_privilege (42501):
-// "permission denied for ...", "must be owner of ...".
-func isInsufficientPrivilege(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }

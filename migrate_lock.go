@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/pressly/goose/v3/lock"
 )
 
@@ -90,7 +89,7 @@ func (l *migrateLocker) Lock(ctx context.Context, db *sql.DB) (err error) {
 			err = fmt.Errorf("migration lock: %w: %w", ctx.Err(), err)
 		case ctx.Err() != nil:
 			err = fmt.Errorf("migration lock: %w", err)
-		case wait.Err() != nil || isLockTimeout(err):
+		case wait.Err() != nil || pgCode(err) == "55P03":
 			err = fmt.Errorf("migration lock: not granted within %v: another Migrate is applying migrations (or a session holds advisory lock %d): %w",
 				migrateLockWait, migrateLockID, err)
 		default:
@@ -163,11 +162,4 @@ func (l *migrateLocker) Unlock(_ context.Context, _ *sql.DB) error {
 func deadlineOf(ctx context.Context) time.Time {
 	d, _ := ctx.Deadline()
 	return d
-}
-
-// isLockTimeout reports whether err is Postgres's lock_not_available (55P03), which
-// lock_timeout raises.
-func isLockTimeout(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }

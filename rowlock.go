@@ -384,7 +384,7 @@ func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, aband
 		keep = append(keep, int64(token))
 	}
 	l.mu.Unlock()
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	cctx, cancel := detached(ctx, cleanupTimeout)
 	defer cancel()
 	cerr := awaitBackendExit(cctx, l.pool, pid)
 	if cerr == nil {

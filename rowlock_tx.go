@@ -175,7 +175,7 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 // most cleanupTimeout, detached from ctx. When no backend with pid runs a grant in this
 // database (it has exited, or pid is a pooler's), there is nothing to cancel or await.
 func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	cctx, cancel := detached(ctx, cleanupTimeout)
 	defer cancel()
 	var cancelled int64
 	if err := l.pool.QueryRow(cctx, cancelGrantSQL, int32(pid)).Scan(&cancelled); err != nil {

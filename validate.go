@@ -20,14 +20,21 @@ const (
 // validateName checks a lease name or fence resource: 1 to MaxNameLength bytes of valid
 // UTF-8 without NUL (Postgres text cannot hold NUL).
 func validateName(arg, name string) error {
-	switch {
-	case name == "":
+	if name == "" {
 		return argError(arg, "must not be empty")
-	case len(name) > MaxNameLength:
-		return argError(arg, "is %d bytes long; the limit is %d", len(name), MaxNameLength)
-	case !utf8.ValidString(name):
+	}
+	return validateText(arg, name, MaxNameLength)
+}
+
+// validateText checks text bound for a Postgres text column: at most limit bytes of valid UTF-8
+// without NUL.
+func validateText(arg, s string, limit int) error {
+	switch {
+	case len(s) > limit:
+		return argError(arg, "is %d bytes long; the limit is %d", len(s), limit)
+	case !utf8.ValidString(s):
 		return argError(arg, "is not valid UTF-8")
-	case strings.IndexByte(name, 0) >= 0:
+	case strings.IndexByte(s, 0) >= 0:
 		return argError(arg, "contains a NUL byte")
 	}
 	return nil
