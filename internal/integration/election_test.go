@@ -278,3 +278,23 @@ func TestElectionObserveBehindPgBouncer(t *testing.T) {
 	require.NoError(t, term.Resign(b.ctx))
 	require.Equal(t, fencelock.LeaderInfo{}, nextWhere(t, states, term.Token(), func(i fencelock.LeaderInfo) bool { return i.Token == 0 }))
 }
+
+// A term that no Campaign, Proclaim or Resign announces (here the election's lease taken as a
+// plain lease, which notifies nobody) still reaches an observer: it reads at least once per TTL.
+func TestElectionObserveUnannouncedTerm(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const name = "election:quiet"
+	const ttl = time.Second
+	watcher := newElection(t, b, "quiet-watcher", name, ttl)
+	states := watcher.Observe(b.ctx)
+	require.Equal(t, fencelock.LeaderInfo{}, next(t, states))
+	lease, err := newLessor(t, b.pool, "quiet-holder").TryAcquire(b.ctx, name, 5*time.Second)
+	require.NoError(t, err)
+	took := time.Now()
+	got := next(t, states)
+	require.Equal(t, "quiet-holder", got.Holder)
+	require.Equal(t, lease.Token(), got.Token)
+	require.Less(t, time.Since(took), ttl+500*time.Millisecond, "not read within a TTL")
+	require.NoError(t, lease.Release(b.ctx))
+}

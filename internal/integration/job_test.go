@@ -130,6 +130,7 @@ func TestJobEvery(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const every = 200 * time.Millisecond
+	first := gridSlot(t, b, every) // a first deployment runs no past slot
 	ctx, cancel := context.WithTimeout(b.ctx, 1500*time.Millisecond)
 	defer cancel()
 	var mu sync.Mutex
@@ -153,6 +154,7 @@ func TestJobEvery(t *testing.T) {
 	require.GreaterOrEqual(t, len(runs), 6, "slots run in 1.5 s of 200 ms slots")
 	for slot, n := range runs {
 		require.Equal(t, 1, n, "slot %v ran %d times", slot, n)
+		require.False(t, slot.Before(first), "slot %v is before the replicas started (%v)", slot, first)
 		require.True(t, slot.Equal(slot.Truncate(every)), "slot %v is not on the 200 ms grid", slot)
 	}
 	var ledgerRows int
