@@ -90,10 +90,23 @@ func watchQueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name stri
 // migrators, each with its own lessor (holder id), its own pool on url and its own *sql.DB,
 // run Up at once; exactly one applies the three migrations, the others wait for the lease
 // and then find nothing pending. The migrators did overlap (some waited in the lease's queue),
-// and each released its lease.
+// and each released its lease. To make sure they overlap, whatever the machine's load, an
+// outside holder keeps the lease until two of them wait in its queue.
 func providerLocking(t *testing.T, b *bundle, url string, execMode bool) {
 	const name = "goose:app"
 	var lockers []*fencelock.GooseLocker
+	blocker, err := newLessor(t, b.pool, "blocker").TryAcquire(b.ctx, name, 10*time.Second)
+	require.NoError(t, err)
+	go func() {
+		defer func() { _ = blocker.Release(context.WithoutCancel(b.ctx)) }()
+		for b.ctx.Err() == nil {
+			var n int
+			if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.lease_queue WHERE name = $1`, name).Scan(&n); err != nil || n >= 2 {
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // polling the queue in SQL: there is no event to await
+		}
+	}()
 	stop := watchQueue(t, b.ctx, b.pool, name)
 	locktesting.TestProviderLocking(t, func(t *testing.T) *goose.Provider {
 		pool := goosePool(t, b.ctx, url, execMode)
