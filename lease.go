@@ -29,6 +29,7 @@ import (
 type Lease struct {
 	lessor *Lessor
 	name   string
+	sem    string // the semaphore whose permit this is ("": a lease); semaphore.go
 	token  Token
 	times  leaseTimes
 	ending grantEnd
@@ -236,7 +237,13 @@ func (lease *Lease) Release(ctx context.Context) error {
 	if exit, err := l.enter(ctx, lease.name); err == nil {
 		defer exit()
 	}
-	released, err := l.releaseStatement(ctx, lease.name, lease.token)
+	var released bool
+	var err error
+	if lease.sem != "" {
+		released, err = l.releasePermit(ctx, lease.sem, lease.name, lease.token)
+	} else {
+		released, err = l.releaseStatement(ctx, lease.name, lease.token)
+	}
 	if err != nil {
 		return err
 	}

@@ -133,6 +133,13 @@ func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bo
 func (l *Lessor) notified(wk wakeup) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if ch := l.semWaits[wk.waitID]; ch != nil { // a Semaphore.Acquire (wait ids are unique)
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+		return
+	}
 	w := l.waits[wk.name]
 	if w == nil || w.id != wk.waitID {
 		return

@@ -99,7 +99,7 @@ func (l *Lessor) attachListenerLocked() {
 // idleCheckLocked arms l's detach from the listener when l has neither a wait nor a held
 // lease. l.mu must be held.
 func (l *Lessor) idleCheckLocked() {
-	if l.listener == nil || len(l.waits) > 0 || len(l.active) > 0 {
+	if l.listener == nil || len(l.waits) > 0 || len(l.semWaits) > 0 || len(l.active) > 0 {
 		return
 	}
 	if l.lingering == nil {
@@ -115,7 +115,7 @@ func (l *Lessor) detachIfIdle() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	ls := l.listener
-	if ls == nil || len(l.waits) > 0 || len(l.active) > 0 {
+	if ls == nil || len(l.waits) > 0 || len(l.semWaits) > 0 || len(l.active) > 0 {
 		return
 	}
 	l.listener = nil
@@ -169,6 +169,12 @@ func (ls *listener) setReady(ctx context.Context, ready bool) {
 		l.mu.Lock()
 		for _, w := range l.waits {
 			w.signalLocked()
+		}
+		for _, ch := range l.semWaits {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 		}
 		l.mu.Unlock()
 	}

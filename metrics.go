@@ -25,7 +25,7 @@ const meterName = "github.com/fencelock/fencelock"
 
 // Attribute keys.
 const (
-	attrMethod  = attribute.Key("fencelock.method")  // try_acquire, acquire, try_run_locked, run_locked, try_lock, lock, ...
+	attrMethod  = attribute.Key("fencelock.method")  // try_acquire, acquire, try_run_locked, run_locked, try_lock, lock, semaphore_acquire, acquire_all, ...
 	attrOutcome = attribute.Key("fencelock.outcome") // granted, refused, canceled, error; renewed, locked, lost, failed
 	attrCause   = attribute.Key("fencelock.cause")   // trust_window_expired, gone_on_server; released, lost
 )
@@ -46,10 +46,14 @@ const (
 	mFenceTx
 	mLeaseFenceTx
 	mUpdateFencedTx
+	mSemaphoreTry     // Semaphore.TryAcquire
+	mSemaphoreAcquire // Semaphore.Acquire
+	mTryAcquireAll    // Lessor.TryAcquireAll
+	mAcquireAll       // Lessor.AcquireAll
 	numMethods
 )
 
-var methodNames = [numMethods]string{"try_acquire", "acquire", "try_run_locked", "run_locked", "try_lock", "lock", "fence_tx", "lease_fence_tx", "update_fenced_tx"}
+var methodNames = [numMethods]string{"try_acquire", "acquire", "try_run_locked", "run_locked", "try_lock", "lock", "fence_tx", "lease_fence_tx", "update_fenced_tx", "semaphore_try_acquire", "semaphore_acquire", "try_acquire_all", "acquire_all"}
 
 const (
 	oGranted outcome = iota

@@ -52,16 +52,17 @@ type Lessor struct {
 	heartbeat *loop // heartbeat.go; armed while a lease is held or a renewal is in flight
 
 	mu         sync.Mutex
-	active     map[string]*Lease // held leases by name (at most one each: no re-entry)
-	queue      leaseHeap         // held leases with a heartbeat, not in flight, by renewal time
-	trust      leaseHeap         // held leases by the end of their trust window (trustwatch.go)
-	trustTimer timer             // fires at the trust watch's head; nil until the first lease
-	inFlight   int               // renewal statements in flight
-	gates      map[string]*gate  // per-name serialisation of attempts, claims and releases
-	waits      map[string]*wait  // Acquires in a queue, by name (lease_queue.go)
-	releasing  map[Token]int     // grants whose Lease.Release is in progress
-	listener   *listener         // the pool's listening connection, while attached (listener.go)
-	lingering  timer             // detaches from it once idle; nil until first armed
+	active     map[string]*Lease       // held leases by name (at most one each: no re-entry)
+	queue      leaseHeap               // held leases with a heartbeat, not in flight, by renewal time
+	trust      leaseHeap               // held leases by the end of their trust window (trustwatch.go)
+	trustTimer timer                   // fires at the trust watch's head; nil until the first lease
+	inFlight   int                     // renewal statements in flight
+	gates      map[string]*gate        // per-name serialisation of attempts, claims and releases
+	waits      map[string]*wait        // Acquires in a queue, by name (lease_queue.go)
+	semWaits   map[int64]chan struct{} // Semaphore.Acquires in a queue, by wait id (semaphore.go)
+	releasing  map[Token]int           // grants whose Lease.Release is in progress
+	listener   *listener               // the pool's listening connection, while attached (listener.go)
+	lingering  timer                   // detaches from it once idle; nil until first armed
 
 	afterGrant func() // tests only: runs after each grant statement returns
 }
@@ -102,6 +103,7 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 		trust:     leaseHeap{which: trustHeap},
 		gates:     make(map[string]*gate),
 		waits:     make(map[string]*wait),
+		semWaits:  make(map[int64]chan struct{}),
 		releasing: make(map[Token]int),
 	}
 	l.cfg.common.resolve()
@@ -324,9 +326,26 @@ func (l *Lessor) enterFree(ctx context.Context, name string) (exit func(), err e
 // was sent. A failure other than pgx.ErrNoRows goes through grantFailed; abandoned reports
 // that pgx gave the statement up mid-flight (its outcome unknown; grantFailed then cleaned up).
 func (l *Lessor) grantStatement(ctx context.Context, name string, run func(*pgxpool.Conn) error) (sent time.Time, abandoned bool, err error) {
+	return l.runGrant(ctx, fmt.Sprintf("acquire lease %q", name), run, func(cctx context.Context) error {
+		keep := []int64{}
+		l.mu.Lock()
+		if lease := l.active[name]; lease != nil {
+			keep = append(keep, int64(lease.token))
+		}
+		keep = l.releasingLocked(keep)
+		l.mu.Unlock()
+		_, err := l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.cfg.holder, KeepTokens: keep})
+		return err
+	})
+}
+
+// runGrant is grantStatement for any grant statement (what names it in errors): unknown ends
+// every grant the statement may have made, sparing the lessor's own current ones, after an
+// outcome left unknown (grantFailed).
+func (l *Lessor) runGrant(ctx context.Context, what string, run func(*pgxpool.Conn) error, unknown func(context.Context) error) (sent time.Time, abandoned bool, err error) {
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
-		return time.Time{}, false, wrapPg(fmt.Sprintf("acquire lease %q", name), err)
+		return time.Time{}, false, wrapPg(what, err)
 	}
 	pid := conn.Conn().PgConn().PID()
 	sent = l.cfg.clock.Now()
@@ -341,7 +360,16 @@ func (l *Lessor) grantStatement(ctx context.Context, name string, run func(*pgxp
 	if err == nil || errors.Is(err, pgx.ErrNoRows) {
 		return sent, false, err
 	}
-	return sent, abandoned, l.grantFailed(ctx, name, pid, abandoned, err)
+	return sent, abandoned, l.grantFailed(ctx, what, pid, abandoned, err, unknown)
+}
+
+// releasingLocked appends the tokens whose Lease.Release is in progress to keep: their
+// release ends them, and must find them current. l.mu must be held.
+func (l *Lessor) releasingLocked(keep []int64) []int64 {
+	for token := range l.releasing {
+		keep = append(keep, int64(token))
+	}
+	return keep
 }
 
 // granted makes a lease of a grant sent at sent, unless its reply came after its trust window.
@@ -370,32 +398,23 @@ func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token 
 // to this holder and sparing the lessor's own current grant of the name. Behind a pooler the pid is
 // not the backend's and the wait ends at once: the cleanup is then best effort, and a late grant
 // expires by its TTL.
-func (l *Lessor) grantFailed(ctx context.Context, name string, pid uint32, abandoned bool, err error) error {
+func (l *Lessor) grantFailed(ctx context.Context, what string, pid uint32, abandoned bool, err error, unknown func(context.Context) error) error {
 	var pgErr *pgconn.PgError
 	if !abandoned || errors.As(err, &pgErr) {
-		return wrapPg(fmt.Sprintf("acquire lease %q", name), err)
+		return wrapPg(what, err)
 	}
-	keep := []int64{}
-	l.mu.Lock()
-	if lease := l.active[name]; lease != nil {
-		keep = append(keep, int64(lease.token))
-	}
-	for token := range l.releasing { // its Release ends it, and must find it current
-		keep = append(keep, int64(token))
-	}
-	l.mu.Unlock()
 	cctx, cancel := detached(ctx, cleanupTimeout)
 	defer cancel()
 	cerr := awaitBackendExit(cctx, l.pool, pid)
 	if cerr == nil {
-		_, cerr = l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.cfg.holder, KeepTokens: keep})
+		cerr = unknown(cctx)
 	}
 	if cerr != nil {
 		l.cfg.common.logger.Error("fencelock: could not end a grant of unknown outcome; it expires by its TTL",
-			"lease", name, "holder", l.cfg.holder, "error", cerr)
-		return fmt.Errorf("acquire lease %q: %w (ending the possible grant failed too, it expires by its TTL: %w)", name, err, cerr)
+			"what", what, "holder", l.cfg.holder, "error", cerr)
+		return fmt.Errorf("%s: %w (ending the possible grant failed too, it expires by its TTL: %w)", what, err, cerr)
 	}
-	return fmt.Errorf("acquire lease %q: %w", name, err)
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 // holds reports whether this lessor holds a lease of name it still trusts.

@@ -43,7 +43,8 @@ const MinSweepGrace = time.Minute
 // tries again), a RunLocked waits for that one statement (milliseconds; see
 // docs/PERFORMANCE.md). It also deletes the rows of fencelock.token_flushes left by exited
 // backends, and the rows of fencelock.lease_waiters that left their queue (expired, or handed a
-// grant) more than grace ago; the count returned is of lease rows only.
+// grant) and of fencelock.semaphore_waiters that expired, more than grace ago; the count
+// returned is of lease rows only (semaphore permits included).
 //
 // Fence rows (fencelock.fences) are not swept, and must not be on a timer: a fence row
 // dropped while a paused holder still carries an old token would let that token through. Drop
@@ -78,6 +79,9 @@ func SweepLeases(ctx context.Context, pool *pgxpool.Pool, grace time.Duration) (
 	}
 	if _, err := q.LeaseWaitersSweep(ctx, pool, grace.Microseconds()); err != nil {
 		return deleted, wrapPg("sweep lease queues", err)
+	}
+	if _, err := q.SemaphoreWaitersSweep(ctx, pool, grace.Microseconds()); err != nil {
+		return deleted, wrapPg("sweep semaphore queues", err)
 	}
 	return deleted, nil
 }

@@ -130,6 +130,36 @@ type FencelockLeaseWaiter struct {
 	GrantedExpiresAt pgtype.Timestamptz
 }
 
+type FencelockRateLimit struct {
+	Key     string
+	Tat     time.Time
+	Allowed bool
+}
+
+type FencelockSemaphore struct {
+	Name        string
+	PermitLimit int32
+	Slots       int32
+	UpdatedAt   time.Time
+}
+
+type FencelockSemaphoreState struct {
+	Name        string
+	PermitLimit int32
+	Held        int64
+	Waiting     int64
+}
+
+type FencelockSemaphoreWaiter struct {
+	Semaphore string
+	WaitID    int64
+	Holder    string
+	Seq       int64
+	Channel   pgtype.Text
+	Since     time.Time
+	ExpiresAt time.Time
+}
+
 type FencelockTokenEpoch struct {
 	ID          bool
 	EpochOffset int32

@@ -1,0 +1,199 @@
+package fencelock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// MaxRateBurst is the largest burst a [RateLimit] takes.
+const MaxRateBurst = 1_000_000
+
+// RateLimit is what a [RateLimiter] allows per key: Rate requests per Per at the steady rate,
+// and up to Burst at once after the key has been idle. In any window of length w on the
+// database clock, a key allows at most Burst + Rate*w/Per requests (counting a request of cost
+// n as n).
+type RateLimit struct {
+	Rate  int           // requests per Per, >= 1
+	Per   time.Duration // the period, >= 1µs; Per/Rate is rounded up to a whole microsecond
+	Burst int           // requests allowed at once, 1 to MaxRateBurst
+}
+
+// PerSecond is a RateLimit of rate requests a second with a burst of rate.
+func PerSecond(rate int) RateLimit { return RateLimit{Rate: rate, Per: time.Second, Burst: rate} }
+
+// PerMinute is a RateLimit of rate requests a minute with a burst of rate.
+func PerMinute(rate int) RateLimit { return RateLimit{Rate: rate, Per: time.Minute, Burst: rate} }
+
+// emission returns the interval between requests at the steady rate, rounded up to a whole
+// microsecond (the database clock's resolution), so the rate enforced is never above Rate/Per.
+func (r RateLimit) emission() time.Duration {
+	e := (r.Per + time.Duration(r.Rate) - 1) / time.Duration(r.Rate)
+	return (e + time.Microsecond - 1).Truncate(time.Microsecond)
+}
+
+func (r RateLimit) validate() error {
+	switch {
+	case r.Rate < 1:
+		return argError("limit.Rate", "is %d; it must be at least 1", r.Rate)
+	case r.Per < time.Microsecond:
+		return argError("limit.Per", "is %v; it must be at least 1µs", r.Per)
+	case r.Burst < 1 || r.Burst > MaxRateBurst:
+		return argError("limit.Burst", "is %d; it must be between 1 and %d", r.Burst, MaxRateBurst)
+	case r.emission() > MaxTTL || time.Duration(r.Burst) > MaxTTL/r.emission():
+		return argError("limit", "%d per %v with a burst of %d takes longer than MaxTTL (%v) to refill", r.Rate, r.Per, r.Burst, MaxTTL)
+	}
+	return nil
+}
+
+// RateLimiter allows requests per key at a [RateLimit], with the state in the database: one row
+// of fencelock.rate_limits per key, created by the key's first request, and one statement per
+// request, decided on the database clock, so every process that shares the database shares
+// the limit. The algorithm is GCRA, the generic cell rate algorithm (ITU-T I.371), as in
+// go-redis/redis_rate and Brandur Leach's throttled: the row keeps the theoretical arrival time
+// of the next request, and a request is allowed when it is not too early for it by more than
+// the burst allows. Concurrent requests for a key are decided one after the other under its
+// row lock; the decision and the row's update are the same statement, durable when it returns.
+//
+// Idle keys are rows nobody needs (an idle key's bucket is full, the same as no row): delete
+// them with [SweepRateLimits]. A RateLimiter is safe for concurrent use; it holds no
+// connection between calls.
+type RateLimiter struct {
+	pool  *pgxpool.Pool
+	q     *db.Queries
+	limit RateLimit
+	e     time.Duration
+}
+
+// RateResult is the decision on one request.
+type RateResult struct {
+	// Allowed is the request's cost when it was allowed, else 0.
+	Allowed int
+	// Remaining is how many more requests of cost 1 would be allowed right now.
+	Remaining int
+	// RetryAfter is how long until the request would be allowed, when refused (0 when allowed;
+	// other requests may take the room first).
+	RetryAfter time.Duration
+	// ResetAfter is how long until the key is idle again (its bucket full).
+	ResetAfter time.Duration
+	// At is the decision's time on the database clock (the statement's now()).
+	At time.Time
+}
+
+// NewRateLimiter returns a rate limiter on pool, which must reach a primary where [Migrate] has
+// run. Errors: an [*ArgumentError] for a nil pool or a bad limit. No SQL runs.
+func NewRateLimiter(pool *pgxpool.Pool, limit RateLimit) (*RateLimiter, error) {
+	if pool == nil {
+		return nil, argError("pool", "must not be nil")
+	}
+	if err := limit.validate(); err != nil {
+		return nil, err
+	}
+	return &RateLimiter{pool: pool, q: db.New(), limit: limit, e: limit.emission()}, nil
+}
+
+// Limit returns the limiter's RateLimit.
+func (r *RateLimiter) Limit() RateLimit { return r.limit }
+
+// Allow is AllowN(ctx, key, 1).
+func (r *RateLimiter) Allow(ctx context.Context, key string) (RateResult, error) {
+	return r.AllowN(ctx, key, 1)
+}
+
+// AllowN decides a request of cost n (1 to the limit's Burst) for key (1 to [MaxNameLength]
+// bytes of UTF-8 without NUL), in one statement: allowed now, or refused with the time to
+// wait. A refused request changes nothing but the row's last-decision flag.
+//
+// Errors: an [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot
+// standby; otherwise the pgx error, wrapped (the request then counts as not allowed; it may
+// have been counted on the server if the error came after the statement ran).
+func (r *RateLimiter) AllowN(ctx context.Context, key string, n int) (RateResult, error) {
+	if err := validateName("key", key); err != nil {
+		return RateResult{}, err
+	}
+	if n < 1 || n > r.limit.Burst {
+		return RateResult{}, argError("n", "is %d; it must be between 1 and the burst, %d", n, r.limit.Burst)
+	}
+	cost := time.Duration(n) * r.e
+	tol := time.Duration(r.limit.Burst) * r.e
+	row, err := r.q.RateAllow(ctx, r.pool, db.RateAllowParams{Key: key, CostUs: cost.Microseconds(), ToleranceUs: tol.Microseconds()})
+	if err != nil {
+		return RateResult{}, wrapPg(fmt.Sprintf("rate limit %q", key), err)
+	}
+	res := RateResult{At: row.At, ResetAfter: max(0, row.Tat.Sub(row.At))}
+	res.Remaining = int(max(0, row.At.Add(tol).Sub(row.Tat)) / r.e)
+	if row.Allowed {
+		res.Allowed = n
+	} else {
+		res.RetryAfter = max(time.Microsecond, row.Tat.Add(cost-tol).Sub(row.At))
+	}
+	return res, nil
+}
+
+// Wait waits until a request of cost n for key is allowed, or ctx ends: AllowN, then a sleep of
+// RetryAfter after each refusal. It returns the allowing decision. Requests are not queued:
+// among many waiters, whoever asks first after the room frees gets it. Errors: as for
+// [RateLimiter.AllowN], and ctx's error (wrapped) when ctx ends first.
+func (r *RateLimiter) Wait(ctx context.Context, key string, n int) (RateResult, error) {
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		res, err := r.AllowN(ctx, key, n)
+		if err != nil || res.Allowed > 0 {
+			return res, err
+		}
+		if t == nil {
+			t = time.NewTimer(res.RetryAfter)
+		} else {
+			t.Reset(res.RetryAfter)
+		}
+		select {
+		case <-ctx.Done():
+			return RateResult{}, fmt.Errorf("rate limit %q: %w", key, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// Reset forgets key's state: its next request finds a full bucket. Errors: an [*ArgumentError]
+// before any SQL; otherwise the pgx error, wrapped.
+func (r *RateLimiter) Reset(ctx context.Context, key string) error {
+	if err := validateName("key", key); err != nil {
+		return err
+	}
+	if _, err := r.q.RateReset(ctx, r.pool, key); err != nil {
+		return wrapPg(fmt.Sprintf("reset rate limit %q", key), err)
+	}
+	return nil
+}
+
+// SweepRateLimits deletes the rate-limit keys idle for longer than idle (a time.Duration >= 0)
+// on the database clock, in one statement, and returns how many it deleted. A key is idle once
+// its theoretical arrival time has passed: its bucket is then full, which is exactly what a
+// key without a row has, so deleting it changes no decision, whatever the limit (idle = 0 is
+// safe; a longer idle keeps rows that are about to be used again). Safe for concurrent use; a
+// request for a key being deleted waits for the delete's row lock (a few milliseconds).
+//
+// Errors: an [*ArgumentError] for a nil pool or a negative idle (before any SQL); otherwise
+// the pgx error, wrapped.
+func SweepRateLimits(ctx context.Context, pool *pgxpool.Pool, idle time.Duration) (int64, error) {
+	if pool == nil {
+		return 0, argError("pool", "must not be nil")
+	}
+	if idle < 0 {
+		return 0, argError("idle", "is %v; it must not be negative", idle)
+	}
+	n, err := db.New().RateSweep(ctx, pool, idle.Microseconds())
+	if err != nil {
+		return 0, wrapPg("sweep rate limits", err)
+	}
+	return n, nil
+}

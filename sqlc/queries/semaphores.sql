@@ -1,0 +1,45 @@
+-- name: SemaphoreAcquire :one
+-- One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migration 00008).
+-- Outcome 1: granted (name is the permit's lease name); 4: refused (queued when @queue).
+SELECT s.outcome::integer AS outcome, coalesce(s.name, '')::text AS name, s.token::bigint AS token,
+       coalesce(s.expires_at, s.server_now)::timestamptz AS expires_at, s.server_now::timestamptz AS server_now,
+       s.ahead::bigint AS ahead, s.remaining_us::bigint AS remaining_us, s.permit_limit::integer AS permit_limit
+FROM fencelock.semaphore_acquire(sqlc.arg(sem)::text, sqlc.arg(holder)::text, sqlc.arg(wait_id)::bigint,
+    sqlc.arg(ttl_us)::bigint, sqlc.arg(default_limit)::integer, sqlc.arg(queue)::boolean,
+    sqlc.arg(channel)::text, sqlc.arg(live_us)::bigint) AS s;
+
+-- name: SemaphoreRelease :one
+-- Ends the permit (@slot, @holder, @token) of @sem and wakes the waiters it lets in:
+-- fencelock.semaphore_release (0: not current, 1: released, 2: released and woke someone).
+SELECT fencelock.semaphore_release(sqlc.arg(sem)::text, sqlc.arg(slot)::text, sqlc.arg(holder)::text, sqlc.arg(token)::bigint)::integer AS outcome;
+
+-- name: SemaphoreLeave :exec
+-- Takes the wait @wait_id out of the queue of @sem (a waiter that gave up or was granted).
+DELETE FROM fencelock.semaphore_waiters AS w
+WHERE w.semaphore = sqlc.arg(sem)::text AND w.wait_id = sqlc.arg(wait_id)::bigint;
+
+-- name: SemaphoreReleaseUnknown :execrows
+-- Ends every permit of @sem granted to @holder except the tokens in @keep_tokens: after a
+-- grant attempt whose outcome is unknown (its connection was abandoned mid-flight).
+UPDATE fencelock.leases AS l
+SET expires_at = clock_timestamp()
+FROM fencelock.semaphores AS s
+WHERE s.name = sqlc.arg(sem)::text
+  AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
+  AND l.holder = sqlc.arg(holder)::text AND l.token <> ALL (sqlc.arg(keep_tokens)::bigint[])
+  AND l.expires_at > clock_timestamp();
+
+-- name: SemaphoreSetLimit :one
+-- Sets the limit of @sem (fencelock.semaphore_set_limit); returns the previous one (0: new).
+SELECT fencelock.semaphore_set_limit(sqlc.arg(sem)::text, sqlc.arg(permit_limit)::integer)::integer AS previous;
+
+-- name: SemaphoreState :one
+-- The limit of @sem, its permits unexpired now and its live waiters (fencelock.semaphore_state).
+SELECT s.permit_limit::integer AS permit_limit, s.held::bigint AS held, s.waiting::bigint AS waiting
+FROM fencelock.semaphore_state AS s
+WHERE s.name = sqlc.arg(sem)::text;
+
+-- name: SemaphoreWaitersSweep :execrows
+-- Deletes waiter rows expired more than @grace_us microseconds ago.
+DELETE FROM fencelock.semaphore_waiters AS w
+WHERE w.expires_at < clock_timestamp() - sqlc.arg(grace_us)::bigint * interval '1 microsecond';
