@@ -1,0 +1,190 @@
+package integration
+
+import (
+	"os"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// A burst is allowed at once, the next request is refused with the time until it would be
+// allowed, and after that time it is allowed; costs count n times; Reset gives a full bucket.
+func TestRateLimitBurstAndRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: 10, Per: time.Second, Burst: 3})
+	require.NoError(t, err)
+	for i := range 3 {
+		res, err := r.Allow(b.ctx, "rl:burst")
+		require.NoError(t, err)
+		require.Equal(t, 1, res.Allowed, "request %d of the burst", i)
+		require.Equal(t, 2-i, res.Remaining)
+		require.Zero(t, res.RetryAfter)
+	}
+	res, err := r.Allow(b.ctx, "rl:burst")
+	require.NoError(t, err)
+	require.Zero(t, res.Allowed)
+	require.Zero(t, res.Remaining)
+	// 3 allowed within microseconds: the next one is due about 100 ms after the first.
+	require.Greater(t, res.RetryAfter, 50*time.Millisecond)
+	require.LessOrEqual(t, res.RetryAfter, 100*time.Millisecond)
+	got, err := r.Wait(b.ctx, "rl:burst", 1)
+	require.NoError(t, err)
+	require.Equal(t, 1, got.Allowed)
+	require.GreaterOrEqual(t, got.At.Sub(res.At), res.RetryAfter-time.Millisecond, "allowed no earlier than said")
+
+	// A cost of 3 needs a full bucket.
+	res, err = r.AllowN(b.ctx, "rl:cost", 3)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Allowed)
+	res, err = r.AllowN(b.ctx, "rl:cost", 2)
+	require.NoError(t, err)
+	require.Zero(t, res.Allowed)
+	require.Greater(t, res.RetryAfter, 150*time.Millisecond)
+	require.NoError(t, r.Reset(b.ctx, "rl:cost"))
+	res, err = r.AllowN(b.ctx, "rl:cost", 3)
+	require.NoError(t, err)
+	require.Equal(t, 3, res.Allowed)
+
+	// Keys are independent.
+	res, err = r.Allow(b.ctx, "rl:other")
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Allowed)
+}
+
+// Bad input is refused before any SQL: a bad limit, key or cost.
+func TestRateLimitBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, lim := range []fencelock.RateLimit{{}, {Rate: 1, Per: 0, Burst: 1}, {Rate: 1, Per: time.Second, Burst: 0},
+		{Rate: 1, Per: time.Second, Burst: fencelock.MaxRateBurst + 1}, {Rate: 1, Per: 30 * 24 * time.Hour, Burst: 1}} {
+		_, err := fencelock.NewRateLimiter(b.pool, lim)
+		require.ErrorIs(t, err, fencelock.ErrInvalidArgument, "%+v", lim)
+	}
+	_, err := fencelock.NewRateLimiter(nil, fencelock.PerSecond(1))
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	r, err := fencelock.NewRateLimiter(b.pool, fencelock.PerSecond(5))
+	require.NoError(t, err)
+	for _, n := range []int{0, -1, 6} {
+		_, err = r.AllowN(b.ctx, "k", n)
+		require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	}
+	_, err = r.Allow(b.ctx, "")
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	_, err = r.Allow(b.ctx, "a\x00b")
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	_, err = fencelock.SweepRateLimits(b.ctx, b.pool, -time.Second)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.rate_limits`).Scan(&n))
+	require.Zero(t, n, "no SQL ran")
+}
+
+// Keys are created on first use and swept once idle; sweeping an idle key changes no decision.
+func TestRateLimitSweep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: 100, Per: time.Second, Burst: 1})
+	require.NoError(t, err)
+	for _, k := range []string{"rl:s1", "rl:s2"} {
+		_, err := r.Allow(b.ctx, k)
+		require.NoError(t, err)
+	}
+	n, err := fencelock.SweepRateLimits(b.ctx, b.pool, time.Hour)
+	require.NoError(t, err)
+	require.Zero(t, n, "not idle for an hour")
+	time.Sleep(20 * time.Millisecond) // both buckets refill (10 ms each) on the database clock
+	res, err := r.Allow(b.ctx, "rl:s2")
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Allowed)
+	n, err = fencelock.SweepRateLimits(b.ctx, b.pool, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, n, "rl:s1 is idle; rl:s2 was just used")
+}
+
+// rateWindowsOK checks allowed decision times (sorted) against GCRA's bound: in every window
+// [a, b) at most burst + (b-a)/emission requests; it returns the worst excess (<= 0 is fine).
+func rateWindowExcess(at []time.Time, burst int, emission time.Duration) (worst float64, n int) {
+	worst = -1e9
+	for i := range at {
+		for j := i; j < len(at); j++ {
+			// window [at[i], at[j]] closed holds j-i+1 requests; the half-open window up to just
+			// past at[j] has length at[j]-at[i] (+1µs).
+			allowed := float64(burst) + float64(at[j].Sub(at[i])+time.Microsecond)/float64(emission)
+			if ex := float64(j-i+1) - allowed; ex > worst {
+				worst = ex
+			}
+			n++
+		}
+	}
+	return worst, n
+}
+
+// Over a minute (FENCELOCK_RATE_SOAK overrides; at least 10 s) of concurrent callers on 16
+// goroutines over 2 keys, no window of the database clock ever allows more than burst + rate x
+// its length, and the limiter lets through most of what the limit allows (it is not just
+// refusing).
+func TestRateLimitNeverExceedsUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	d := time.Minute
+	if v := os.Getenv("FENCELOCK_RATE_SOAK"); v != "" {
+		var err error
+		d, err = time.ParseDuration(v)
+		require.NoError(t, err)
+	}
+	if testing.Short() {
+		d = 10 * time.Second
+	}
+	lim := fencelock.RateLimit{Rate: 40, Per: time.Second, Burst: 5}
+	r, err := fencelock.NewRateLimiter(b.pool, lim)
+	require.NoError(t, err)
+	keys := []string{"rl:soak:a", "rl:soak:b"}
+	var mu sync.Mutex
+	allowed := map[string][]time.Time{}
+	refused := 0
+	deadline := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for g := range 16 {
+		key := keys[g%len(keys)]
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				n := 1 + g%2 // costs 1 and 2
+				res, err := r.AllowN(b.ctx, key, n)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				if res.Allowed > 0 {
+					for range n {
+						allowed[key] = append(allowed[key], res.At)
+					}
+				} else {
+					refused++
+				}
+				mu.Unlock()
+				if res.Allowed == 0 {
+					time.Sleep(res.RetryAfter)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	e := time.Second / 40
+	for _, k := range keys {
+		at := allowed[k]
+		sort.Slice(at, func(i, j int) bool { return at[i].Before(at[j]) })
+		worst, windows := rateWindowExcess(at, lim.Burst, e)
+		span := at[len(at)-1].Sub(at[0])
+		t.Logf("%s: %d allowed over %v (limit %d + %.0f), %d windows checked, worst excess %.3f", k, len(at), span, lim.Burst, span.Seconds()*40, windows, worst)
+		require.LessOrEqual(t, worst, 1e-9, "a window of %s allowed more than burst + rate x length", k)
+		require.Greater(t, float64(len(at)), 0.5*span.Seconds()*40, "the limiter let through less than half the rate")
+	}
+	require.Positive(t, refused, "the callers asked for more than the limit")
+}
