@@ -16,6 +16,9 @@ func TestMain(m *testing.M) {
 	if cfg := os.Getenv(childEnv); cfg != "" {
 		os.Exit(runChild(cfg))
 	}
+	if cfg := os.Getenv(semChildEnv); cfg != "" {
+		os.Exit(runSemChild(cfg))
+	}
 	pgtest.Main(m)
 }
 
