@@ -214,6 +214,41 @@ func TestLeastPrivilege(t *testing.T) {
 	var outcome string
 	require.NoError(t, app.QueryRow(ctx, `SELECT outcome FROM fencelock.job_ledger WHERE job = 'job/app'`).Scan(&outcome))
 	require.Equal(t, "succeeded", outcome)
+	// Semaphores, rate limits and multi-locks (migrations 00008-00010): a permit, a waiter
+	// queued and woken by the release, the limit changed and read; a rate-limited key and the
+	// sweep of idle keys; a set of leases all or nothing.
+	sem, err := fencelock.NewSemaphore(la, "sem/app", 1)
+	require.NoError(t, err)
+	permit, err := sem.TryAcquire(ctx, 10*time.Second)
+	require.NoError(t, err)
+	semB, err := fencelock.NewSemaphore(lb, "sem/app", 1)
+	require.NoError(t, err)
+	permitB := make(chan error, 1)
+	go func() {
+		p, err := semB.Acquire(ctx, 10*time.Second)
+		if err == nil {
+			err = p.Release(ctx)
+		}
+		permitB <- err
+	}()
+	require.Eventually(t, func() bool { st, err := sem.State(ctx); return err == nil && st.Waiting == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, permit.Release(ctx))
+	require.NoError(t, <-permitB)
+	_, err = sem.SetLimit(ctx, 3)
+	require.NoError(t, err)
+	rl, err := fencelock.NewRateLimiter(app, fencelock.PerSecond(10))
+	require.NoError(t, err)
+	res, err := rl.Allow(ctx, "rate/app")
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Allowed)
+	_, err = fencelock.SweepRateLimits(ctx, app, 0)
+	require.NoError(t, err)
+	set, err := la.TryAcquireAll(ctx, []string{"multi/app/1", "multi/app/2"}, 10*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, set.Release(ctx))
+	_, err = fencelock.SweepLeases(ctx, app, fencelock.DefaultSweepGrace)
+	require.NoError(t, err)
+
 	// After a logical copy the runtime role could rebase the epoch itself (UPDATE and INSERT
 	// on fencelock.token_epoch); it never lowers the epoch, so this changes nothing here.
 	epoch, err := fencelock.RebaseTokenEpoch(ctx, app, 0)

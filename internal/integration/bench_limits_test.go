@@ -1,0 +1,312 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/fencelock/fencelock"
+)
+
+// startRedis starts a redis-server (Debian's package; the benchmark skips without it) on a
+// free loopback port, stopped at cleanup. With FENCELOCK_BENCH_FSYNC=on it appends every write
+// to its log and fsyncs it (appendfsync always), the durability of a Postgres commit with
+// fsync on; otherwise it persists nothing, as Postgres under pgtest (fsync=off) flushes nothing.
+func startRedis(b *testing.B) *redis.Client {
+	b.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		b.Skip("redis-server not installed (apt-get install redis-server)")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	_ = ln.Close()
+	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--dir", b.TempDir()}
+	if os.Getenv("FENCELOCK_BENCH_FSYNC") == "on" {
+		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
+	} else {
+		args = append(args, "--appendonly", "no")
+	}
+	cmd := exec.Command(bin, args...)
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", port), PoolSize: 32})
+	b.Cleanup(func() { _ = rdb.Close() })
+	ctx := context.Background()
+	for i := 0; ; i++ {
+		if err := rdb.Ping(ctx).Err(); err == nil {
+			break
+		} else if i > 200 {
+			b.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return rdb
+}
+
+// BenchmarkRateLimit: one request (RateLimiter.Allow, GCRA, 1,000 keys at random; a limit
+// high enough that each is allowed) against a one-row UPDATE of a 1,000-row table and a SELECT
+// 1 round trip, on one server, and go-redis/redis_rate v10 (GCRA in a Lua script) on a local
+// redis-server: serially, alternating (Serial), and from 16 goroutines at once for a fixed
+// count each, one kind after the other (Parallel16). Reports microseconds per call and, as
+// throughput ratios, update-x (the UPDATE's time over ours: the target is >= 0.9) and redis-x
+// (redis_rate's time over ours).
+func BenchmarkRateLimit(b *testing.B) {
+	e := benchSetup(b)
+	rdb := startRedis(b)
+	if _, err := e.pool.Exec(e.ctx, `CREATE TABLE bench1k (id int PRIMARY KEY, v bigint NOT NULL) WITH (fillfactor = 70);
+		INSERT INTO bench1k SELECT g, 0 FROM generate_series(1, 1000) g`); err != nil {
+		b.Fatal(err)
+	}
+	peer := redis_rate.NewLimiter(rdb)
+	peerLimit := redis_rate.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1000}
+	keys := make([]string, 1000)
+	for i := range keys {
+		keys[i] = "key:" + strconv.Itoa(i)
+	}
+	// opsOn returns the four operations with the database side on pool.
+	opsOn := func(pool *pgxpool.Pool) []func(rng *rand.Rand) error {
+		r, err := fencelock.NewRateLimiter(pool, fencelock.RateLimit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return []func(rng *rand.Rand) error{
+			func(*rand.Rand) error {
+				var one int
+				return pool.QueryRow(e.ctx, `SELECT 1`).Scan(&one)
+			},
+			func(rng *rand.Rand) error {
+				_, err := pool.Exec(e.ctx, `UPDATE bench1k SET v = v + 1 WHERE id = $1`, 1+rng.IntN(1000))
+				return err
+			},
+			func(rng *rand.Rand) error {
+				res, err := r.Allow(e.ctx, keys[rng.IntN(len(keys))])
+				if err == nil && res.Allowed != 1 {
+					err = fmt.Errorf("refused: %+v", res)
+				}
+				return err
+			},
+			func(rng *rand.Rand) error {
+				res, err := peer.Allow(e.ctx, keys[rng.IntN(len(keys))], peerLimit)
+				if err == nil && res.Allowed != 1 {
+					err = fmt.Errorf("redis_rate refused: %+v", res)
+				}
+				return err
+			},
+		}
+	}
+	names := []string{"select1", "update", "fencelock", "redis_rate"}
+	report := func(b *testing.B, spent []time.Duration, n int) {
+		us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(n) }
+		for i, name := range names {
+			b.ReportMetric(us(spent[i]), name+"-us")
+		}
+		b.ReportMetric(float64(spent[1])/float64(spent[2]), "update-x")
+		b.ReportMetric(float64(spent[3])/float64(spent[2]), "redis-x")
+	}
+	b.Run("Serial", func(b *testing.B) {
+		ops := opsOn(e.pool)
+		rng := rand.New(rand.NewPCG(1, 2))
+		for range 300 {
+			for _, op := range ops {
+				if err := op(rng); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		spent := make([]time.Duration, len(ops))
+		n := 0
+		for b.Loop() {
+			for i, op := range ops {
+				t0 := time.Now()
+				if err := op(rng); err != nil {
+					b.Fatal(names[i], err)
+				}
+				spent[i] += time.Since(t0)
+			}
+			n++
+		}
+		report(b, spent, n)
+	})
+	b.Run("Parallel16", func(b *testing.B) {
+		cfg, err := pgxpool.ParseConfig(e.url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.MaxConns = 16 // a connection per caller, as redis's client has
+		pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer pool.Close()
+		ops := opsOn(pool)
+		spent := make([]time.Duration, len(ops))
+		n := 0
+		for b.Loop() {
+			const per = 200
+			for i, op := range ops {
+				var wg sync.WaitGroup
+				var failed atomic.Value
+				t0 := time.Now()
+				for g := range 16 {
+					wg.Go(func() {
+						rng := rand.New(rand.NewPCG(uint64(g), uint64(n)))
+						for range per {
+							if err := op(rng); err != nil {
+								failed.Store(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				spent[i] += time.Since(t0)
+				if err := failed.Load(); err != nil {
+					b.Fatal(names[i], err)
+				}
+			}
+			n += 16 * per
+		}
+		report(b, spent, n)
+	})
+}
+
+// BenchmarkRateLimitHotKey: 16 goroutines on one key (a limit high enough that all are
+// allowed): every request of the key is decided under its row lock, one after the other.
+// Reports microseconds per request (wall time / requests) for fencelock and redis_rate, and
+// for 16 goroutines updating one row, the floor of any design that keeps a key's state in one
+// row.
+func BenchmarkRateLimitHotKey(b *testing.B) {
+	e := benchSetup(b)
+	rdb := startRedis(b)
+	r, err := fencelock.NewRateLimiter(e.pool, fencelock.RateLimit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	peer := redis_rate.NewLimiter(rdb)
+	peerLimit := redis_rate.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1000}
+	ops := []func() error{
+		func() error { return e.update(1)() },
+		func() error { _, err := r.Allow(e.ctx, "hot"); return err },
+		func() error { _, err := peer.Allow(e.ctx, "hot", peerLimit); return err },
+	}
+	spent := make([]time.Duration, len(ops))
+	n := 0
+	for b.Loop() {
+		const per = 200
+		for i, op := range ops {
+			var wg sync.WaitGroup
+			t0 := time.Now()
+			for range 16 {
+				wg.Go(func() {
+					for range per {
+						if err := op(); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			spent[i] += time.Since(t0)
+		}
+		n += 16 * per
+	}
+	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(n) }
+	b.ReportMetric(us(spent[0]), "update-us")
+	b.ReportMetric(us(spent[1]), "fencelock-us")
+	b.ReportMetric(us(spent[2]), "redis_rate-us")
+	b.ReportMetric(float64(spent[0])/float64(spent[1]), "update-x")
+}
+
+// BenchmarkSemaphore: an uncontended permit and its release (TryAcquire + Release) on a
+// semaphore of limit 1, 100 and 10,000 with all but one permit held (a grant counts the
+// semaphore's permit rows), beside two one-row UPDATEs.
+func BenchmarkSemaphore(b *testing.B) {
+	for _, limit := range []int{1, 100, 10_000} {
+		b.Run(fmt.Sprint("Limit", limit), func(b *testing.B) {
+			e := benchSetup(b)
+			filler, err := fencelock.NewLessor(e.pool, fencelock.WithHolder("filler"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			fs, err := fencelock.NewSemaphore(filler, "bench", limit)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range limit - 1 {
+				if _, err := fs.TryAcquire(e.ctx, time.Hour); err != nil {
+					b.Fatal(err)
+				}
+			}
+			l, err := fencelock.NewLessor(e.pool)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s, err := fencelock.NewSemaphore(l, "bench", limit)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ratio(b, func() error {
+				p, err := s.TryAcquire(e.ctx, time.Minute)
+				if err != nil {
+					return err
+				}
+				return p.Release(e.ctx)
+			}, twice(e.update(1)))
+		})
+	}
+}
+
+// BenchmarkMultiLock: TryAcquireAll of n names and the set's release (n + 1 statements),
+// beside n TryAcquire + Release of the same names one by one (2n statements), for n = 1, 5, 20.
+func BenchmarkMultiLock(b *testing.B) {
+	for _, n := range []int{1, 5, 20} {
+		b.Run(fmt.Sprint("Names", n), func(b *testing.B) {
+			e := benchSetup(b)
+			l, err := fencelock.NewLessor(e.pool)
+			if err != nil {
+				b.Fatal(err)
+			}
+			names := make([]string, n)
+			for i := range names {
+				names[i] = fmt.Sprint("multi:", i)
+			}
+			ratio(b, func() error {
+				set, err := l.TryAcquireAll(e.ctx, names, time.Minute)
+				if err != nil {
+					return err
+				}
+				return set.Release(e.ctx)
+			}, func() error {
+				for _, name := range names {
+					lease, err := l.TryAcquire(e.ctx, name, time.Minute)
+					if err != nil {
+						return err
+					}
+					if err := lease.Release(e.ctx); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
