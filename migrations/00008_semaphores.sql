@@ -68,21 +68,23 @@ $$;
 --    UPDATE: grants of one semaphore are serialised, so two cannot both count the last free
 --    permit. Lock order: the semaphore row, then permit rows (no other statement locks a
 --    semaphore row while holding a permit row, so the two never deadlock).
---  * t is read once, after that lock. Every permit row expired at t is locked FOR UPDATE,
---    which waits for a renewal in flight on it (a renewal locks only unexpired rows, and its
---    commit may make the row unexpired again: the lock's recheck then drops it from the free
---    ones), and keeps any renewal from starting on it until this commits (a renewal skips a
---    locked row, and after the commit finds it expired or granted to someone else). Then held
---    counts permit rows unexpired at t, in a fresh snapshot: renewals that committed meanwhile
---    included. A row unexpired at t that expires later still counts: the count only errs high.
+--  * t is read once, after that lock. One statement then reads the permit rows (the snapshot,
+--    taken after the lock) and locks FOR UPDATE those of them expired at t. The lock waits for
+--    a renewal in flight on such a row (a renewal locks only unexpired rows, and its commit
+--    may make the row unexpired again: the lock's recheck on the latest version then drops it
+--    from the free ones), and keeps any renewal from starting on it until this commits (a
+--    renewal skips a locked row, and after this commits finds it expired or granted to someone
+--    else). held = rows read - rows locked: every row unexpired at t, and every row that is not
+--    free for certain (renewed meanwhile, or deleted by a sweep), so the count only errs high.
+--    The cost is one index probe per slot (greatest(limit, slots)), plus one per expired row.
 --  * Waiters are served first come, first served: a wait is granted only while the permits
 --    free cover it and every live waiter ahead of it (ahead < limit - held). A try (queue =
 --    false) counts every live waiter as ahead: it never takes a permit someone waits for.
 --  * Granted (outcome 1): the lowest free slot below the limit (one exists: held < limit),
 --    a token from next_token under the permit row's lock (larger than every earlier token;
 --    durable when this commits: next_token raises synchronous_commit to on), acquired at t
---    and expiring at t + ttl (after the client sent the call, as its trust window needs), the wait's row
---    out of the queue, and a wake-up for the next waiters if permits are still free.
+--    and expiring at t + ttl (after the client sent the call, as its trust window needs), the
+--    wait's row out of the queue, and a wake-up for the next waiter if permits are still free.
 --  * Refused (outcome 4): with queue, the wait joins the queue at the back, or refreshes its
 --    row (keeping its place while the row is live); committed with synchronous_commit off
 --    (a queue row lost in a crash costs one refresh). remaining_us is the time until the
@@ -100,9 +102,7 @@ DECLARE
     lim integer;
     hw integer;
     t timestamptz;
-    all_slots text[];
     held integer;
-    my_seq bigint;
     n_ahead bigint;
     pick integer;
     tok bigint;
@@ -116,21 +116,25 @@ BEGIN
         SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem FOR UPDATE;
     END IF;
     t := pg_catalog.clock_timestamp();
-    all_slots := fencelock.semaphore_slots(sem, greatest(lim, hw));
-    PERFORM 1 FROM fencelock.leases AS l WHERE l.name = ANY (all_slots) AND l.expires_at <= t FOR UPDATE OF l;
-    SELECT count(*), min(l.expires_at) INTO held, soonest
-    FROM fencelock.leases AS l WHERE l.name = ANY (all_slots) AND l.expires_at > t;
-    IF queue THEN
-        SELECT w.seq INTO my_seq FROM fencelock.semaphore_waiters AS w
-        WHERE w.semaphore = sem AND w.wait_id = wait AND w.expires_at > t;
-    END IF;
+    WITH rd AS MATERIALIZED (
+        SELECT l.name, l.expires_at FROM fencelock.leases AS l
+        WHERE l.name = ANY (fencelock.semaphore_slots(sem, greatest(lim, hw)))
+    ), lk AS MATERIALIZED (
+        SELECT l.name FROM fencelock.leases AS l
+        WHERE l.name = ANY (ARRAY(SELECT rd.name FROM rd WHERE rd.expires_at <= t)) AND l.expires_at <= t
+        FOR UPDATE OF l
+    )
+    SELECT (SELECT count(*) FROM rd) - (SELECT count(*) FROM lk),
+           (SELECT min(rd.expires_at) FROM rd WHERE rd.expires_at > t),
+           (SELECT min(g.i) FROM pg_catalog.generate_series(0, lim - 1) AS g(i)
+            WHERE sem || '#' || g.i NOT IN (SELECT rd.name FROM rd WHERE rd.name NOT IN (SELECT lk.name FROM lk)))
+    INTO held, soonest, pick;
     SELECT count(*) INTO n_ahead FROM fencelock.semaphore_waiters AS w
     WHERE w.semaphore = sem AND w.wait_id <> wait AND w.expires_at > t
-      AND w.seq < coalesce(my_seq, 9223372036854775807);
+      AND w.seq < coalesce((SELECT m.seq FROM fencelock.semaphore_waiters AS m
+                            WHERE queue AND m.semaphore = sem AND m.wait_id = wait AND m.expires_at > t),
+                           9223372036854775807);
     IF n_ahead < lim - held THEN
-        SELECT i INTO pick FROM pg_catalog.generate_series(0, lim - 1) AS i
-        WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS l WHERE l.name = sem || '#' || i AND l.expires_at > t)
-        ORDER BY i LIMIT 1;
         tok := fencelock.next_token(false);
         INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
         VALUES (sem || '#' || pick, who, tok, t, t + ttl_us * interval '1 microsecond')
@@ -145,9 +149,11 @@ BEGIN
         IF pick >= hw THEN
             UPDATE fencelock.semaphores AS s SET slots = pick + 1 WHERE s.name = sem;
         END IF;
-        DELETE FROM fencelock.semaphore_waiters AS w WHERE w.semaphore = sem AND w.wait_id = wait;
+        IF queue THEN
+            DELETE FROM fencelock.semaphore_waiters AS w WHERE w.semaphore = sem AND w.wait_id = wait;
+        END IF;
         IF lim - held > 1 THEN
-            PERFORM fencelock.semaphore_wake(sem, lim - held - 1, t);
+            PERFORM fencelock.semaphore_wake(sem, 1, t);
         END IF;
         RETURN QUERY SELECT 1, sem || '#' || pick, tok, exp, pg_catalog.clock_timestamp(), n_ahead, 0::bigint, lim;
         RETURN;
@@ -171,20 +177,17 @@ $$;
 -- +goose StatementEnd
 
 -- fencelock.semaphore_release(sem, slot, who, tok) ends the permit (slot, who, tok), scoped
--- to that grant (0: it had expired or been taken over; nothing changed), and wakes as many of
--- the first live waiters as permits are now free (2 when it woke someone, else 1). It takes
--- no lock on the semaphore's row: the wake-up is a hint, the waiter's attempt decides.
--- Committed with synchronous_commit off when it woke nobody's grant: a release lost in a crash
--- leaves the permit held until its TTL ends, never longer.
+-- to that grant (0: it had expired or been taken over; nothing changed), and wakes the first
+-- live waiter, for whom it freed a permit (2 when it woke someone, else 1); that waiter's
+-- grant wakes the next one if permits are still free. It takes no lock on the semaphore's row
+-- and reads no other permit: O(1). Committed with synchronous_commit off: a release lost in a
+-- crash leaves the permit held until its TTL ends, never longer.
 -- +goose StatementBegin
 CREATE FUNCTION fencelock.semaphore_release(sem text, slot text, who text, tok bigint) RETURNS integer
 LANGUAGE plpgsql VOLATILE
 AS $$
 DECLARE
     t timestamptz := pg_catalog.clock_timestamp();
-    lim integer;
-    hw integer;
-    held integer;
 BEGIN
     PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
     UPDATE fencelock.leases AS l SET expires_at = t
@@ -192,10 +195,7 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem;
-    SELECT count(*) INTO held FROM fencelock.leases AS l
-    WHERE l.name = ANY (fencelock.semaphore_slots(sem, greatest(lim, hw))) AND l.expires_at > t;
-    IF lim - held > 0 AND fencelock.semaphore_wake(sem, lim - held, t) > 0 THEN
+    IF fencelock.semaphore_wake(sem, 1, t) > 0 THEN
         RETURN 2;
     END IF;
     RETURN 1;

@@ -240,7 +240,7 @@ func BenchmarkRateLimitHotKey(b *testing.B) {
 // semaphore of limit 1, 100 and 10,000 with all but one permit held (a grant counts the
 // semaphore's permit rows), beside two one-row UPDATEs.
 func BenchmarkSemaphore(b *testing.B) {
-	for _, limit := range []int{1, 100, 10_000} {
+	for _, limit := range []int{1, 100, 1000, 10_000} {
 		b.Run(fmt.Sprint("Limit", limit), func(b *testing.B) {
 			e := benchSetup(b)
 			filler, err := fencelock.NewLessor(e.pool, fencelock.WithHolder("filler"))
