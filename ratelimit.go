@@ -2,9 +2,12 @@ package fencelock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
@@ -105,8 +108,8 @@ func (r *RateLimiter) Allow(ctx context.Context, key string) (RateResult, error)
 }
 
 // AllowN decides a request of cost n (1 to the limit's Burst) for key (1 to [MaxNameLength]
-// bytes of UTF-8 without NUL), in one statement: allowed now, or refused with the time to
-// wait. A refused request changes nothing but the row's last-decision flag.
+// bytes of UTF-8 without NUL), in one statement (two for a key's first request): allowed now,
+// or refused with the time to wait. A refused request changes nothing but the row's last-decision flag.
 //
 // Errors: an [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot
 // standby; otherwise the pgx error, wrapped (the request then counts as not allowed; it may
@@ -120,7 +123,13 @@ func (r *RateLimiter) AllowN(ctx context.Context, key string, n int) (RateResult
 	}
 	cost := time.Duration(n) * r.e
 	tol := time.Duration(r.limit.Burst) * r.e
-	row, err := r.q.RateAllow(ctx, r.pool, db.RateAllowParams{Key: key, CostUs: cost.Microseconds(), ToleranceUs: tol.Microseconds()})
+	args := db.RateAllowParams{Column1: key, Column2: micros(cost), Column3: micros(cost - tol)} // key, cost, cost - tolerance
+	row, err := r.q.RateAllow(ctx, r.pool, args)
+	if errors.Is(err, pgx.ErrNoRows) { // the key's first request (or its first since a sweep)
+		var created db.RateCreateRow
+		created, err = r.q.RateCreate(ctx, r.pool, db.RateCreateParams(args))
+		row = db.RateAllowRow(created)
+	}
 	if err != nil {
 		return RateResult{}, wrapPg(fmt.Sprintf("rate limit %q", key), err)
 	}
@@ -196,4 +205,9 @@ func SweepRateLimits(ctx context.Context, pool *pgxpool.Pool, idle time.Duration
 		return 0, wrapPg("sweep rate limits", err)
 	}
 	return n, nil
+}
+
+// micros is d as an interval of whole microseconds.
+func micros(d time.Duration) pgtype.Interval {
+	return pgtype.Interval{Microseconds: d.Microseconds(), Valid: true}
 }

@@ -10,11 +10,12 @@
 -- swept (fencelock.SweepRateLimits) once its tat is past by a grace period: a row whose tat has
 -- passed is a full bucket, the same as no row.
 CREATE TABLE fencelock.rate_limits (
-    key     text        PRIMARY KEY,
-    tat     timestamptz NOT NULL,
-    -- Whether the last request was allowed (it moved tat), which RETURNING cannot tell from
-    -- tat alone.
-    allowed boolean     NOT NULL
+    key        text        PRIMARY KEY,
+    tat        timestamptz NOT NULL,
+    -- The last request: whether it was allowed (it moved tat; RETURNING cannot tell that from
+    -- tat alone), and when it was decided (clock_timestamp() once the row was locked).
+    allowed    boolean     NOT NULL,
+    decided_at timestamptz NOT NULL
 ) WITH (fillfactor = 70);
 
 SELECT fencelock.grant_to_lease_roles('SELECT, INSERT, UPDATE, DELETE', 'fencelock.rate_limits');

@@ -131,9 +131,10 @@ type FencelockLeaseWaiter struct {
 }
 
 type FencelockRateLimit struct {
-	Key     string
-	Tat     time.Time
-	Allowed bool
+	Key       string
+	Tat       time.Time
+	Allowed   bool
+	DecidedAt time.Time
 }
 
 type FencelockSemaphore struct {

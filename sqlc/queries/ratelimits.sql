@@ -1,21 +1,40 @@
 -- name: RateAllow :one
--- One request of cost @cost_us (n x the emission interval, in microseconds) against the GCRA
--- state of @key, with tolerance @tolerance_us (burst x the emission interval), in one
--- statement on the database clock (migration 00009): allowed when
--- greatest(tat, now) + cost - tolerance <= now, and then tat moves to greatest(tat, now) + cost.
--- The first request of a key creates its row (allowed: the caller checks cost <= tolerance).
--- ON CONFLICT locks the row and evaluates SET on its latest version, so concurrent requests of
--- a key are decided one after the other. A refused request writes the row too (allowed =
--- false; tat unchanged), so that RETURNING tells the two apart with the tat they saw. at is
--- now(), the decision's time on the database clock.
-INSERT INTO fencelock.rate_limits AS r (key, tat, allowed)
-VALUES (sqlc.arg(key)::text, now() + sqlc.arg(cost_us)::bigint * interval '1 microsecond', true)
+-- One request against the GCRA state of key $1 (migration 00009), in one UPDATE of its row on
+-- the database clock: $2 is the request's cost (n x the emission interval), $3 the cost less
+-- the tolerance (burst x the emission interval), both intervals of whole microseconds. Allowed
+-- when greatest(tat, t) + $3 <= t; tat then moves to greatest(tat, t) + $2. No row comes back
+-- when the key has none: its first request runs RateCreate. (Positional parameters: sqlc
+-- cannot rewrite named ones inside SET (...) = (SELECT ...).)
+--  * t, the decision's time, is clock_timestamp() read once the row is locked (in the
+--    correlated sub-select of SET, which the UPDATE evaluates on the row's latest version
+--    under its lock), not now(): a statement that waited for the row lock, or was descheduled,
+--    behind later ones would otherwise decide at a time already behind the key's tat, and
+--    refuse a request that is due. (Any decision time keeps the bound: tat only grows, by the
+--    cost of each request allowed, and never beyond t + tolerance.)
+--  * Concurrent requests of a key are decided one after the other, under its row lock.
+--  * A refused request writes the row too (allowed = false, tat unchanged; a HOT update), so
+--    that RETURNING tells the two apart. at is the decision's time.
+UPDATE fencelock.rate_limits AS r
+SET (tat, allowed, decided_at) = (
+    SELECT CASE WHEN d.base + $3::interval <= d.t THEN d.base + $2::interval ELSE r.tat END,
+           d.base + $3::interval <= d.t, d.t
+    FROM (SELECT x.t, greatest(r.tat, x.t) AS base FROM (SELECT clock_timestamp() AS t) AS x) AS d)
+WHERE r.key = $1::text
+RETURNING r.tat, r.allowed, r.decided_at AS at;
+
+-- name: RateCreate :one
+-- RateAllow for a key that had no row: creates it with the request allowed (the caller checks
+-- cost <= tolerance), or, when a concurrent first request created it meanwhile, decides on its
+-- row as RateAllow does (ON CONFLICT locks it and evaluates SET on its latest version).
+INSERT INTO fencelock.rate_limits AS r (key, tat, allowed, decided_at)
+SELECT $1::text, c.t + $2::interval, true, c.t
+FROM (SELECT clock_timestamp() AS t) AS c
 ON CONFLICT (key) DO UPDATE
-SET tat = CASE WHEN greatest(r.tat, now()) + (sqlc.arg(cost_us)::bigint - sqlc.arg(tolerance_us)::bigint) * interval '1 microsecond' <= now()
-               THEN greatest(r.tat, now()) + sqlc.arg(cost_us)::bigint * interval '1 microsecond'
-               ELSE r.tat END,
-    allowed = greatest(r.tat, now()) + (sqlc.arg(cost_us)::bigint - sqlc.arg(tolerance_us)::bigint) * interval '1 microsecond' <= now()
-RETURNING r.tat, r.allowed, now()::timestamptz AS at;
+SET (tat, allowed, decided_at) = (
+    SELECT CASE WHEN d.base + $3::interval <= d.t THEN d.base + $2::interval ELSE r.tat END,
+           d.base + $3::interval <= d.t, d.t
+    FROM (SELECT x.t, greatest(r.tat, x.t) AS base FROM (SELECT clock_timestamp() AS t) AS x) AS d)
+RETURNING r.tat, r.allowed, r.decided_at AS at;
 
 -- name: RateReset :execrows
 -- Forgets the state of @key: its next request finds a full bucket.
@@ -23,6 +42,7 @@ DELETE FROM fencelock.rate_limits AS r WHERE r.key = sqlc.arg(key)::text;
 
 -- name: RateSweep :execrows
 -- Deletes the keys whose tat passed more than @grace_us microseconds ago: idle keys, whose
--- bucket is full (the same as no row).
+-- bucket is full (the same as no row). The row lock makes the check see a request that just
+-- moved tat (DELETE rechecks its WHERE on the latest version).
 DELETE FROM fencelock.rate_limits AS r
-WHERE r.tat < now() - sqlc.arg(grace_us)::bigint * interval '1 microsecond';
+WHERE r.tat < clock_timestamp() - sqlc.arg(grace_us)::bigint * interval '1 microsecond';
