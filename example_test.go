@@ -299,3 +299,87 @@ func ExampleLease_Done() {
 		}
 	}
 }
+
+// A semaphore caps a domain's workers at 4 across the fleet; each permit is a lease with its
+// own fencing token. Acquire waits its turn in the semaphore's queue.
+func ExampleSemaphore_Acquire() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+	lessor, err := fencelock.NewLessor(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	sem, err := fencelock.NewSemaphore(lessor, "domain:example.com", 4)
+	if err != nil {
+		log.Fatal(err)
+	}
+	permit, err := sem.Acquire(ctx, 30*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer permit.Release(ctx)
+	work, cancel := permit.Context(ctx) // cancelled if the permit is lost
+	defer cancel()
+	_ = work // ... scrape under work ...
+	st, err := sem.State(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%s: %d of %d permits held, %d waiting\n", permit.Name(), st.Held, st.Limit, st.Waiting)
+}
+
+// A rate limit of 20 requests a second per domain, in bursts of up to 5, shared by every
+// process on the database.
+func ExampleRateLimiter_Wait() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+	rl, err := fencelock.NewRateLimiter(pool, fencelock.RateLimit{Rate: 20, Per: time.Second, Burst: 5})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 10 {
+		if _, err := rl.Wait(ctx, "domain:example.com", 1); err != nil { // sleeps until allowed
+			log.Fatal(err)
+		}
+		// ... send the request ...
+	}
+	res, err := rl.Allow(ctx, "domain:example.com")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if res.Allowed == 0 {
+		fmt.Println("refused; retry after", res.RetryAfter.Round(time.Millisecond))
+	}
+}
+
+// Two accounts locked together, all or nothing, for a transfer: whatever order two transfers
+// list them in, they never deadlock, and each member's token fences its own writes.
+func ExampleLessor_AcquireAll() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+	lessor, err := fencelock.NewLessor(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	set, err := lessor.AcquireAll(ctx, []string{"account:7", "account:3"}, 10*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer set.Release(ctx)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, lease := range set.Leases() { // account:3, then account:7
+			if err := lease.FenceTx(ctx, tx, lease.Name()); err != nil {
+				return err
+			}
+		}
+		// ... debit account 7, credit account 3, in tx ...
+		return nil
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("transferred under", len(set.Leases()), "leases")
+}

@@ -8,7 +8,10 @@
 // domain's queue), a request token from the domain's rate limit (Wait: sleeps until allowed),
 // and the "request" itself, which records its start, in a transaction that guards both the
 // account's lease and the permit (no takeover of either can commit before it), works for 5-20
-// ms, and records its end the same way. After the run the parent counts, from the database:
+// ms, and records its end the same way. A quarter into the run the parent stops one process
+// (SIGSTOP) for longer than the TTL: its leases and permits lapse and go to others, and once it
+// resumes its guarded writes are refused (ErrLeaseLost) and its workers start over. After the
+// run the parent counts, from the database:
 //
 //	scraper: requests=N max_concurrent_per_domain=C cap=K max_rate_per_domain=R limit=L double_account_use=D
 //
@@ -25,11 +28,11 @@
 //	go run ./examples/scraper
 //
 // or against a database of your own, where it drops and recreates its table scraper_requests
-// and resets its rate-limit keys ("scraper:domain:*"):
+// and scraper_lost and resets its rate-limit keys ("scraper:domain:*"):
 //
 //	DATABASE_URL=postgres://... go run ./examples/scraper
 //
-// FENCELOCK_SCRAPER_SECONDS sets how long the workers run (default 4).
+// FENCELOCK_SCRAPER_SECONDS sets how long the workers run (default 6, at least 4).
 package main
 
 import (
@@ -60,6 +63,7 @@ const (
 	domainCap  = 2  // workers per domain at once
 	domainRate = 25 // requests per second per domain
 	leaseTTL   = 2 * time.Second
+	pause      = leaseTTL + 500*time.Millisecond // proc-2's SIGSTOP
 
 	workerEnv = "FENCELOCK_SCRAPER_WORKER" // set in a child: its process id
 	urlEnv    = "FENCELOCK_SCRAPER_URL"
@@ -158,13 +162,24 @@ func work(ctx context.Context, pool *pgxpool.Pool, lessor *fencelock.Lessor, cap
 		if err != nil {
 			return ignoreEnd(ctx, err)
 		}
+		var lost error
 		for range 1 + rand.IntN(4) {
-			if err := request(ctx, pool, acc, caps, rate, worker); err != nil {
+			err := request(ctx, pool, acc, caps, rate, worker)
+			if errors.Is(err, fencelock.ErrLeaseLost) {
+				lost = err // paused past the TTL, say: what it held has moved on; start over
+				break
+			}
+			if err != nil {
 				_ = acc.Release(context.WithoutCancel(ctx))
 				return ignoreEnd(ctx, err)
 			}
 		}
-		if err := acc.Release(ctx); err != nil {
+		if lost != nil {
+			if _, err := pool.Exec(ctx, `INSERT INTO scraper_lost (worker, error) VALUES ($1, $2)`, worker, lost.Error()); err != nil {
+				return ignoreEnd(ctx, err)
+			}
+		}
+		if err := acc.Release(ctx); err != nil && !errors.Is(err, fencelock.ErrNotHeld) && !errors.Is(err, fencelock.ErrLeaseLost) {
 			return ignoreEnd(ctx, err)
 		}
 	}
@@ -229,10 +244,10 @@ type summary struct {
 func run(ctx context.Context) (_ *summary, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	seconds := 4
+	seconds := 6
 	if s := os.Getenv("FENCELOCK_SCRAPER_SECONDS"); s != "" {
-		if seconds, err = strconv.Atoi(s); err != nil || seconds < 1 {
-			return nil, fmt.Errorf("FENCELOCK_SCRAPER_SECONDS=%q: want a whole number of seconds >= 1", s)
+		if seconds, err = strconv.Atoi(s); err != nil || seconds < 4 {
+			return nil, fmt.Errorf("FENCELOCK_SCRAPER_SECONDS=%q: want a whole number of seconds >= 4", s)
 		}
 	}
 	url := os.Getenv("DATABASE_URL")
@@ -262,6 +277,8 @@ func run(ctx context.Context) (_ *summary, err error) {
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS scraper_requests;
 		CREATE TABLE scraper_requests (id bigserial PRIMARY KEY, domain text NOT NULL, account text NOT NULL,
 			worker text NOT NULL, allowed_at timestamptz NOT NULL, started_at timestamptz NOT NULL, ended_at timestamptz);
+		DROP TABLE IF EXISTS scraper_lost;
+		CREATE TABLE scraper_lost (worker text NOT NULL, error text NOT NULL);
 		DELETE FROM fencelock.rate_limits WHERE key LIKE 'scraper:domain:%'`); err != nil {
 		return nil, err
 	}
@@ -318,10 +335,26 @@ func run(ctx context.Context) (_ *summary, err error) {
 	defer func() { _ = stopAll() }()
 	fmt.Printf("%d processes x %d workers over %d accounts and %d domains (at most %d at once and %d requests/s each), for %ds\n",
 		processes, workers, accounts, len(domains), domainCap, domainRate, seconds)
+	// A quarter in, one process stops (SIGSTOP: a GC pause, a throttled container) past the
+	// TTL: what it holds lapses and goes to others; once it resumes, its guarded writes are
+	// refused, and its workers start over.
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case <-time.After(time.Duration(seconds) * time.Second / 2):
+	case <-time.After(time.Duration(seconds) * time.Second / 4):
+	}
+	paused := cmds[1]
+	if err := paused.Process.Signal(syscall.SIGSTOP); err != nil {
+		return nil, err
+	}
+	time.Sleep(pause)
+	if err := paused.Process.Signal(syscall.SIGCONT); err != nil {
+		return nil, err
+	}
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(time.Duration(seconds) * time.Second / 4):
 	}
 	rows, err := pool.Query(ctx, `SELECT name, permit_limit, held, waiting FROM fencelock.semaphore_state WHERE name LIKE 'scraper:%' ORDER BY name`)
 	if err != nil {
@@ -346,6 +379,11 @@ func run(ctx context.Context) (_ *summary, err error) {
 	if err := stopAll(); err != nil {
 		return nil, fmt.Errorf("a worker process failed: %w", err)
 	}
+	var lost int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM scraper_lost`).Scan(&lost); err != nil {
+		return nil, err
+	}
+	fmt.Printf("proc-2 was paused for %v (TTL %v): %d of its workers found a lease or permit lost on waking and started over\n", pause, leaseTTL, lost)
 
 	var s summary
 	err = pool.QueryRow(ctx, `

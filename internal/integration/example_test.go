@@ -448,3 +448,91 @@ func Example_leaseDone() {
 	// worker-3's token is larger: true
 	// worker-2's Release: true
 }
+
+// A semaphore of limit 2: two permits, a third refused while they are held; one released, the
+// next caller gets its slot, with a larger token.
+func Example_semaphore() {
+	ctx := context.Background()
+	pool, stop := exampleDB(ctx)
+	defer stop()
+	if err := fencelock.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	lessor, _ := fencelock.NewLessor(pool, fencelock.WithHolder("worker-1"))
+	sem, err := fencelock.NewSemaphore(lessor, "domain:example.com", 2)
+	if err != nil {
+		log.Fatal(err)
+	}
+	a, _ := sem.Acquire(ctx, 30*time.Second)
+	b, _ := sem.Acquire(ctx, 30*time.Second)
+	fmt.Println(a.Name(), b.Name())
+	_, err = sem.TryAcquire(ctx, 30*time.Second)
+	fmt.Println("third:", err)
+	_ = a.Release(ctx)
+	c, _ := sem.TryAcquire(ctx, 30*time.Second)
+	fmt.Println("after a release:", c.Name(), "token larger:", c.Token() > a.Token())
+	st, _ := sem.State(ctx)
+	fmt.Printf("held %d of %d\n", st.Held, st.Limit)
+	_ = b.Release(ctx)
+	_ = c.Release(ctx)
+	// Output:
+	// domain:example.com#0 domain:example.com#1
+	// third: fencelock: not acquired: held by another holder
+	// after a release: domain:example.com#0 token larger: true
+	// held 2 of 2
+}
+
+// A rate limit of 10 a second with a burst of 3: three requests at once, the fourth refused
+// with the time until it is due.
+func Example_rateLimit() {
+	ctx := context.Background()
+	pool, stop := exampleDB(ctx)
+	defer stop()
+	if err := fencelock.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	rl, err := fencelock.NewRateLimiter(pool, fencelock.RateLimit{Rate: 10, Per: time.Second, Burst: 3})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 4 {
+		res, _ := rl.Allow(ctx, "domain:example.com")
+		fmt.Println("allowed:", res.Allowed, "remaining:", res.Remaining, "retry within 100ms:", res.RetryAfter > 0 && res.RetryAfter <= 100*time.Millisecond)
+	}
+	// Output:
+	// allowed: 1 remaining: 2 retry within 100ms: false
+	// allowed: 1 remaining: 1 retry within 100ms: false
+	// allowed: 1 remaining: 0 retry within 100ms: false
+	// allowed: 0 remaining: 0 retry within 100ms: true
+}
+
+// Two leases all or nothing: refused whole while one member is held elsewhere, granted whole
+// once it is free, with a token per member.
+func Example_multiLock() {
+	ctx := context.Background()
+	pool, stop := exampleDB(ctx)
+	defer stop()
+	if err := fencelock.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	w1, _ := fencelock.NewLessor(pool, fencelock.WithHolder("worker-1"))
+	w2, _ := fencelock.NewLessor(pool, fencelock.WithHolder("worker-2"))
+	held, _ := w1.TryAcquire(ctx, "account:3", 10*time.Second)
+	_, err := w2.TryAcquireAll(ctx, []string{"account:7", "account:3"}, 10*time.Second)
+	fmt.Println("while account:3 is held:", err)
+	_ = held.Release(ctx)
+	set, err := w2.TryAcquireAll(ctx, []string{"account:7", "account:3"}, 10*time.Second)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, l := range set.Leases() {
+		fmt.Println(l.Name(), "held by", l.Holder())
+	}
+	fmt.Println("account:3's token above the last holder's:", set.Lease("account:3").Token() > held.Token())
+	_ = set.Release(ctx)
+	// Output:
+	// while account:3 is held: fencelock: not acquired: held by another holder
+	// account:3 held by worker-2
+	// account:7 held by worker-2
+	// account:3's token above the last holder's: true
+}
