@@ -232,3 +232,38 @@ func TestMultiLockContention(t *testing.T) {
 	}
 	require.Len(t, byXid, len(grants))
 }
+
+// A ctx that ends while the set's grant statement is in flight (here waiting on a row another
+// transaction is inserting), with the cancel request lost, leaves nothing held: the statement goes on once that transaction
+// commits and grants the set to nobody, and the cleanup ends every member after the backend
+// has exited.
+func TestMultiLockCancelledMidGrantLeavesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, refuseNextDial := poolRefusingCancel(t, b)
+	l := newLessor(t, pool, "ml-mid")
+	blocker, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = blocker.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at) VALUES ('mlm:2', 'x', 0, now(), now())`)
+	require.NoError(t, err)
+	committed := make(chan struct{})
+	defer func() { <-committed }()
+	go func() {
+		defer close(committed)
+		time.Sleep(300 * time.Millisecond)
+		_ = blocker.Commit(b.ctx)
+	}()
+	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	defer cancel()
+	refuseNextDial()
+	_, err = l.TryAcquireAll(ctx, []string{"mlm:1", "mlm:2"}, 10*time.Second)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var held, ended int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FILTER (WHERE expires_at <= clock_timestamp() AND token > 0)
+		FROM fencelock.leases WHERE holder = 'ml-mid'`).Scan(&held, &ended))
+	require.Zero(t, held, "a member granted after the caller gave up is still held")
+	require.Equal(t, 2, ended, "the statement went on and granted the set, which the cleanup ended")
+	set, err := newLessor(t, b.pool, "ml-mid2").TryAcquireAll(b.ctx, []string{"mlm:1", "mlm:2"}, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, set.Release(b.ctx))
+}

@@ -2,11 +2,15 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -253,4 +257,74 @@ func TestSemaphoreCancelAndSameLessor(t *testing.T) {
 	require.NoError(t, p2.Release(b.ctx))
 	require.NoError(t, <-res)
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, s))
+}
+
+// A ctx that ends while the grant statement is in flight (here blocked on the semaphore's row,
+// which a transaction holds), with the cancel request lost, leaves nothing held: the statement
+// goes on once the row is free and grants a permit nobody will use, and the cleanup ends that
+// permit after the backend has exited.
+func TestSemaphoreCancelledMidGrantLeavesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, refuseNextDial := poolRefusingCancel(t, b)
+	s, err := fencelock.NewSemaphore(newLessor(t, pool, "sem-mid"), "sem:mid", 1)
+	require.NoError(t, err)
+	_, err = s.SetLimit(b.ctx, 1) // the row to block on
+	require.NoError(t, err)
+	blocker, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = blocker.Exec(b.ctx, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:mid' FOR UPDATE`)
+	require.NoError(t, err)
+	committed := make(chan struct{})
+	defer func() { <-committed }()
+	go func() {
+		defer close(committed)
+		time.Sleep(300 * time.Millisecond)
+		_ = blocker.Commit(b.ctx)
+	}()
+	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	defer cancel()
+	refuseNextDial()
+	_, err = s.TryAcquire(ctx, 10*time.Second)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var held, ended int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FILTER (WHERE expires_at <= clock_timestamp())
+		FROM fencelock.leases WHERE holder = 'sem-mid'`).Scan(&held, &ended))
+	require.Zero(t, held, "a permit granted after the caller gave up is still held")
+	require.Equal(t, 1, ended, "the statement went on and granted a permit, which the cleanup ended")
+	p, err := newSemaphore(t, b, "sem-mid2", "sem:mid", 1).TryAcquire(b.ctx, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, p.Release(b.ctx))
+}
+
+// poolRefusingCancel returns a pool on b's database with three connections open, and a func
+// after which the pool dials no more: pgx's cancel request (a dial of its own), when a ctx
+// ends mid-statement, then fails; pgx closes the connection, the statement's outcome is
+// unknown, and the statement goes on on the server. The cleanup uses the idle connections.
+func poolRefusingCancel(t *testing.T, b *bundle) (*pgxpool.Pool, func()) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	var refuse atomic.Bool
+	var d net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if refuse.Load() {
+			return nil, errors.New("dial refused by the test")
+		}
+		return d.DialContext(ctx, network, addr)
+	}
+	cfg.MaxConns = 3
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var conns []*pgxpool.Conn
+	for range 3 {
+		c, err := pool.Acquire(b.ctx)
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	return pool, func() { refuse.Store(true) }
 }
