@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"os"
 	"sort"
 	"sync"
@@ -187,4 +188,36 @@ func TestRateLimitNeverExceedsUnderConcurrency(t *testing.T) {
 		require.Greater(t, float64(len(at)), 0.5*span.Seconds()*40, "the limiter let through less than half the rate")
 	}
 	require.Positive(t, refused, "the callers asked for more than the limit")
+}
+
+// A request is decided at the time it holds its key's row: under a limit far above what 16
+// goroutines can ask of one key (1,000,000 a second, bursts of 1,000: a key's tat moves 1 µs a
+// request), no request is ever refused. Deciding at the statement's start (now()) refused those
+// that waited for the row, or were descheduled, behind later ones by more than 1 ms.
+func TestRateLimitDecidesUnderTheRowLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	r, err := fencelock.NewRateLimiter(newPool(t, b.ctx, b.db.URL), fencelock.RateLimit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var refused []fencelock.RateResult
+	for g := range 16 {
+		wg.Go(func() {
+			for range 200 {
+				res, err := r.Allow(b.ctx, fmt.Sprint("rl:hot:", g%2))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if res.Allowed == 0 {
+					mu.Lock()
+					refused = append(refused, res)
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	require.Empty(t, refused, "requests refused under a limit they could not reach")
 }
