@@ -62,7 +62,7 @@ func commands() []command {
 		{"fences", "[--name PATTERN]", "list fencing high-water marks and the current holder of the same lease", fencesCommand},
 		{"release", "--force NAME [--fence RESOURCE]... | --force --advisory NAME|KEY [--yes]",
 			"end a lease's grant and fence its holder out, or terminate the holders of an advisory lock", releaseCommand},
-		{"sweep", "[--grace 1h]", "delete lease rows expired longer than the grace period", sweepCommand},
+		{"sweep", "[--grace 1h]", "delete lease rows expired, and rate-limit keys idle, longer than the grace period", sweepCommand},
 	}
 }
 

@@ -8,7 +8,8 @@ import (
 	"github.com/fencelock/fencelock"
 )
 
-// sweepCommand is "fencelock sweep": [fencelock.SweepLeases] with --grace.
+// sweepCommand is "fencelock sweep": [fencelock.SweepLeases] with --grace, then
+// [fencelock.SweepRateLimits] of the keys idle for longer than --grace.
 func sweepCommand(fs *flag.FlagSet) func(context.Context, *session, []string) error {
 	grace := fs.Duration("grace", fencelock.DefaultSweepGrace, "delete lease rows expired longer than this `duration` ago (at least 1m)")
 	return func(ctx context.Context, s *session, args []string) error {
@@ -26,13 +27,19 @@ func sweepCommand(fs *flag.FlagSet) func(context.Context, *session, []string) er
 		if err != nil {
 			return dbError(fmt.Sprintf("sweep (%d lease rows deleted before the error)", deleted), err)
 		}
+		keys, err := fencelock.SweepRateLimits(ctx, pool, *grace)
+		if err != nil {
+			return dbError(fmt.Sprintf("sweep (%d lease rows deleted, then the rate-limit keys failed)", deleted), err)
+		}
 		if s.json {
 			return s.printJSON(struct {
-				Deleted      int64   `json:"deleted"`
-				GraceSeconds float64 `json:"grace_seconds"`
-			}{deleted, grace.Seconds()})
+				Deleted         int64   `json:"deleted"`
+				RateKeysDeleted int64   `json:"rate_keys_deleted"`
+				GraceSeconds    float64 `json:"grace_seconds"`
+			}{deleted, keys, grace.Seconds()})
 		}
-		_, err = fmt.Fprintf(s.stdout, "swept %s expired more than %s ago\n", plural(deleted, "lease row", "lease rows"), formatDuration(*grace))
+		_, err = fmt.Fprintf(s.stdout, "swept %s expired more than %s ago, and %s idle as long\n",
+			plural(deleted, "lease row", "lease rows"), formatDuration(*grace), plural(keys, "rate-limit key", "rate-limit keys"))
 		return err
 	}
 }

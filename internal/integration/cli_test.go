@@ -391,13 +391,21 @@ func TestCLIUsage(t *testing.T) {
 		{"cli:orphan", "7", "-", "-"},
 	}, tableCells(out))
 
-	// sweep: a row expired two hours ago goes, the held one stays.
+	// sweep: a row expired two hours ago goes, the held one stays; a rate-limit key idle for two
+	// hours goes, one used now stays.
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
-		VALUES ('cli:old', 'h', now() - interval '3 hours', now() - interval '2 hours')`)
+		VALUES ('cli:old', 'h', now() - interval '3 hours', now() - interval '2 hours');
+		INSERT INTO fencelock.rate_limits (key, tat, allowed, decided_at) VALUES
+			('cli:idle', now() - interval '2 hours', true, now() - interval '2 hours'), ('cli:busy', now() + interval '1 second', true, now())`)
 	require.NoError(t, err)
 	code, out, errOut = cliRun(t, b, "", "sweep")
 	require.Equal(t, cli.ExitOK, code, errOut)
-	require.Equal(t, "swept 1 lease row expired more than 1h00m ago\n", out)
+	require.Equal(t, "swept 1 lease row expired more than 1h00m ago, and 1 rate-limit key idle as long\n", out)
+	keys, err := b.pool.Query(b.ctx, `SELECT key FROM fencelock.rate_limits`)
+	require.NoError(t, err)
+	kept, err := pgx.CollectRows(keys, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"cli:busy"}, kept)
 	rows, err := b.pool.Query(b.ctx, `SELECT name FROM fencelock.leases ORDER BY name`)
 	require.NoError(t, err)
 	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
