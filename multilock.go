@@ -219,6 +219,8 @@ func (l *Lessor) tryAll(ctx context.Context, sorted []string, lt leaseTimes) (*L
 		rows, err = l.q.LeaseGrantAll(ctx, conn, db.LeaseGrantAllParams{Names: sorted, Holder: l.cfg.holder, TtlUs: lt.ttl.Microseconds()})
 		return err
 	}, func(cctx context.Context) error {
+		// Safe to end every grant of these names this lessor does not hold: their gates are
+		// held, so no other attempt of this lessor on them is in flight.
 		keep := []int64{}
 		l.mu.Lock()
 		for _, name := range sorted {
@@ -241,7 +243,10 @@ func (l *Lessor) tryAll(ctx context.Context, sorted []string, lt leaseTimes) (*L
 		}
 		return nil, remaining, errRefused
 	}
-	if len(rows) != len(sorted) {
+	if len(rows) != len(sorted) { // cannot happen (grant_all grants all or none): end what came back
+		for _, row := range rows {
+			l.releaseToken(ctx, row.Name, Token(row.Token))
+		}
 		return nil, 0, fmt.Errorf("%s: the statement granted %d leases of %d", what, len(rows), len(sorted))
 	}
 	leases := make([]*Lease, len(rows))

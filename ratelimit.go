@@ -35,8 +35,14 @@ func PerMinute(rate int) RateLimit { return RateLimit{Rate: rate, Per: time.Minu
 // emission returns the interval between requests at the steady rate, rounded up to a whole
 // microsecond (the database clock's resolution), so the rate enforced is never above Rate/Per.
 func (r RateLimit) emission() time.Duration {
-	e := (r.Per + time.Duration(r.Rate) - 1) / time.Duration(r.Rate)
-	return (e + time.Microsecond - 1).Truncate(time.Microsecond)
+	e := r.Per / time.Duration(r.Rate) // no overflow: Rate >= 1, Per >= 1µs (validate)
+	if r.Per%time.Duration(r.Rate) != 0 {
+		e++
+	}
+	if rem := e % time.Microsecond; rem != 0 {
+		e += time.Microsecond - rem // e < 2^63 - 1µs: Per is a Duration and Rate >= 1
+	}
+	return e
 }
 
 func (r RateLimit) validate() error {
@@ -47,7 +53,7 @@ func (r RateLimit) validate() error {
 		return argError("limit.Per", "is %v; it must be at least 1µs", r.Per)
 	case r.Burst < 1 || r.Burst > MaxRateBurst:
 		return argError("limit.Burst", "is %d; it must be between 1 and %d", r.Burst, MaxRateBurst)
-	case r.emission() > MaxTTL || time.Duration(r.Burst) > MaxTTL/r.emission():
+	case r.Per/time.Duration(r.Rate) >= MaxTTL || time.Duration(r.Burst) > MaxTTL/r.emission():
 		return argError("limit", "%d per %v with a burst of %d takes longer than MaxTTL (%v) to refill", r.Rate, r.Per, r.Burst, MaxTTL)
 	}
 	return nil
@@ -83,7 +89,8 @@ type RateResult struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the key is idle again (its bucket full).
 	ResetAfter time.Duration
-	// At is the decision's time on the database clock (the statement's now()).
+	// At is the decision's time on the database clock: clock_timestamp() read once the key's
+	// row was locked.
 	At time.Time
 }
 

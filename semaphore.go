@@ -27,7 +27,8 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 //
 // Never more than the limit of permits are unexpired at once on the database clock, whatever
 // the faults: a grant happens only while fewer are (the semaphore's row is locked to count
-// them, permits in the middle of a renewal are waited for; migrations/00008_semaphores.sql).
+// them; a permit in the middle of a renewal, or locked by a guarded transaction, counts as
+// held; migrations/00008_semaphores.sql).
 // A permit whose holder died, paused or lost its connection is reclaimed when its TTL ends: it
 // then counts no more, and its renewal can no longer revive it. The limit is stored in the
 // database (table fencelock.semaphores): the first acquire of a semaphore creates it with the
@@ -41,9 +42,11 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 // Waiters are served first come, first served: a waiting [Semaphore.Acquire] takes a place in
 // the semaphore's queue (fencelock.semaphore_waiters), and is granted only while the free
 // permits cover it and every live waiter ahead of it; a try never takes a permit someone waits
-// for. A release wakes as many waiters as permits are free (NOTIFY on the lessor's listening
-// connection); a permit lost by its TTL wakes nobody, and the head tries again just after the
-// first held permit expires. Each Acquire has a place of its own, so one lessor may hold and
+// for. A release wakes the head waiter (NOTIFY on the lessor's listening connection), after
+// any grant in flight; a grant wakes the next waiter while permits are still free, and a
+// waiter that gives up wakes the one after it. A permit lost by its TTL, or ended by
+// `fencelock release --force`, wakes nobody: the head tries again just after the first held
+// permit expires, and the others refresh their places every third of their liveness. Each Acquire has a place of its own, so one lessor may hold and
 // wait for several permits of a semaphore at once.
 //
 // A Semaphore is safe for concurrent use. The idea is Dijkstra's semaphore with the leased
@@ -142,7 +145,8 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 	l.mu.Lock()
 	l.semWaits[id] = wake
 	l.mu.Unlock()
-	queued := false
+	queued := false // counted as waiting (metrics)
+	sent := false   // an attempt that may have put the wait in the queue was sent
 	m := l.cfg.common.metrics
 	defer func() {
 		l.mu.Lock()
@@ -152,9 +156,10 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 		if queued {
 			m.dequeued()
 		}
-		if queued && err != nil {
-			// Out of the queue before returning: a wait that gave up must not hold a place. (A
-			// granted wait's statement took its row out.)
+		if sent && err != nil {
+			// Out of the queue before returning: a wait that gave up must not hold a place,
+			// even one an attempt of unknown outcome may have taken (its backend has exited by
+			// now: runGrant waited). A granted wait's statement took its row out.
 			cctx, cancel := detached(ctx, cleanupTimeout)
 			defer cancel()
 			if lerr := l.q.SemaphoreLeave(cctx, l.pool, db.SemaphoreLeaveParams{Sem: s.name, WaitID: id}); lerr != nil {
@@ -173,6 +178,7 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 		l.mu.Lock()
 		channel := l.listeningChannelLocked()
 		l.mu.Unlock()
+		sent = true
 		lease, info, err := s.attempt(ctx, lt, id, true, channel, live)
 		if !errors.Is(err, errRefused) {
 			return lease, err
@@ -213,8 +219,18 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 
 // attempt runs one SemaphoreAcquire: the permit, errRefused with what the refusal tells the
 // next attempt's timing, or another error.
+//
+// The lessor's attempts on one semaphore are serialised (a gate keyed by a name no lease can
+// have: it starts with NUL), so that the cleanup of an attempt of unknown outcome, which ends
+// every permit of the semaphore this lessor does not hold, never ends the permit of another
+// attempt of this lessor that is granted but not yet held.
 func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, queue bool, channel string, live time.Duration) (*Lease, attemptInfo, error) {
 	l := s.l
+	exit, err := l.enter(ctx, "\x00semaphore\x00"+s.name)
+	if err != nil {
+		return nil, attemptInfo{}, fmt.Errorf("acquire semaphore %q: %w", s.name, err)
+	}
+	defer exit()
 	var row db.SemaphoreAcquireRow
 	sent, _, err := l.runGrant(ctx, fmt.Sprintf("acquire semaphore %q", s.name), func(conn *pgxpool.Conn) (err error) {
 		row, err = l.q.SemaphoreAcquire(ctx, conn, db.SemaphoreAcquireParams{
@@ -242,8 +258,8 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 	l.mu.Unlock()
 	if old != nil {
 		// The database granted this permit anew, so this lessor's earlier grant of it has
-		// expired there; its trust window has ended too (it ends before the expiry), though
-		// the trust watch may not have fired yet.
+		// ended there: expired (its trust window has ended too, though the trust watch may
+		// not have fired yet), or ended early (a forced release).
 		old.lost(errGoneOnServer)
 	}
 	l.add(lease)

@@ -69,14 +69,17 @@ $$;
 --    permit. Lock order: the semaphore row, then permit rows (no other statement locks a
 --    semaphore row while holding a permit row, so the two never deadlock).
 --  * t is read once, after that lock. One statement then reads the permit rows (the snapshot,
---    taken after the lock) and locks FOR UPDATE those of them expired at t. The lock waits for
---    a renewal in flight on such a row (a renewal locks only unexpired rows, and its commit
---    may make the row unexpired again: the lock's recheck on the latest version then drops it
---    from the free ones), and keeps any renewal from starting on it until this commits (a
---    renewal skips a locked row, and after this commits finds it expired or granted to someone
---    else). held = rows read - rows locked: every row unexpired at t, and every row that is not
---    free for certain (renewed meanwhile, or deleted by a sweep), so the count only errs high.
---    The cost is one index probe per slot (greatest(limit, slots)), plus one per expired row.
+--    taken after the lock) and locks FOR UPDATE SKIP LOCKED those of them expired at t. A row
+--    it cannot lock at once (a renewal in flight on it, whose commit may make it unexpired
+--    again; a guarded transaction of its old holder still open; a sweep deleting it) is not
+--    waited for: it counts as held and is not granted. A row it locks was expired at t in its
+--    latest version (the lock rechecks a row updated since the snapshot), and no renewal can
+--    extend it until this commits: a renewal skips a locked row, and rechecks the expiry in
+--    its UPDATE (LeaseRenew), so after this commits it finds the row expired or granted to
+--    someone else. held = rows read - rows locked: every row unexpired at t, and every row
+--    that is not free for certain, so the count only errs high. The cost is one index probe
+--    per slot (greatest(limit, slots)), plus one per expired row; nothing here waits but for
+--    the semaphore's row.
 --  * Waiters are served first come, first served: a wait is granted only while the permits
 --    free cover it and every live waiter ahead of it (ahead < limit - held). A try (queue =
 --    false) counts every live waiter as ahead: it never takes a permit someone waits for.
@@ -122,7 +125,7 @@ BEGIN
     ), lk AS MATERIALIZED (
         SELECT l.name FROM fencelock.leases AS l
         WHERE l.name = ANY (ARRAY(SELECT rd.name FROM rd WHERE rd.expires_at <= t)) AND l.expires_at <= t
-        FOR UPDATE OF l
+        FOR UPDATE OF l SKIP LOCKED
     )
     SELECT (SELECT count(*) FROM rd) - (SELECT count(*) FROM lk),
            (SELECT min(rd.expires_at) FROM rd WHERE rd.expires_at > t),
@@ -179,9 +182,12 @@ $$;
 -- fencelock.semaphore_release(sem, slot, who, tok) ends the permit (slot, who, tok), scoped
 -- to that grant (0: it had expired or been taken over; nothing changed), and wakes the first
 -- live waiter, for whom it freed a permit (2 when it woke someone, else 1); that waiter's
--- grant wakes the next one if permits are still free. It takes no lock on the semaphore's row
--- and reads no other permit: O(1). Committed with synchronous_commit off: a release lost in a
--- crash leaves the permit held until its TTL ends, never longer.
+-- grant wakes the next one if permits are still free. Before it reads the queue it takes the
+-- semaphore's row FOR SHARE, so it waits for a grant in flight (which holds the row FOR
+-- UPDATE for a few milliseconds): that grant may be the head's, and counted this permit as
+-- held, so the waiter to wake is the one after it. It reads no other permit: O(1). Committed
+-- with synchronous_commit off: a release lost in a crash leaves the permit held until its TTL
+-- ends, never longer.
 -- +goose StatementBegin
 CREATE FUNCTION fencelock.semaphore_release(sem text, slot text, who text, tok bigint) RETURNS integer
 LANGUAGE plpgsql VOLATILE
@@ -195,10 +201,29 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    IF fencelock.semaphore_wake(sem, 1, t) > 0 THEN
+    -- After any grant in flight: it may be the head's (whose place it then takes out of the
+    -- queue, so the next waiter is the one to wake), and it counted this permit as held.
+    PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR SHARE;
+    IF fencelock.semaphore_wake(sem, 1, pg_catalog.clock_timestamp()) > 0 THEN
         RETURN 2;
     END IF;
     RETURN 1;
+END
+$$;
+-- +goose StatementEnd
+
+-- fencelock.semaphore_leave(sem, wait) takes the wait out of the semaphore's queue (a waiter
+-- that gave up) and, when it was there, wakes the first live waiter: the one that left may have
+-- been woken for a permit it will now not take.
+-- +goose StatementBegin
+CREATE FUNCTION fencelock.semaphore_leave(sem text, wait bigint) RETURNS void
+LANGUAGE plpgsql VOLATILE
+AS $$
+BEGIN
+    DELETE FROM fencelock.semaphore_waiters AS w WHERE w.semaphore = sem AND w.wait_id = wait;
+    IF FOUND THEN
+        PERFORM fencelock.semaphore_wake(sem, 1, pg_catalog.clock_timestamp());
+    END IF;
 END
 $$;
 -- +goose StatementEnd
@@ -215,11 +240,14 @@ BEGIN
     SELECT s.permit_limit INTO prev FROM fencelock.semaphores AS s WHERE s.name = sem FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO fencelock.semaphores AS s (name, permit_limit) VALUES (sem, n)
-        ON CONFLICT ON CONSTRAINT semaphores_pkey DO UPDATE SET permit_limit = excluded.permit_limit, updated_at = now();
-        prev := 0;
-    ELSE
-        UPDATE fencelock.semaphores AS s SET permit_limit = n, updated_at = now() WHERE s.name = sem;
+        ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
+        IF FOUND THEN
+            prev := 0;
+        ELSE -- created meanwhile (by a first acquire)
+            SELECT s.permit_limit INTO prev FROM fencelock.semaphores AS s WHERE s.name = sem FOR UPDATE;
+        END IF;
     END IF;
+    UPDATE fencelock.semaphores AS s SET permit_limit = n, updated_at = now() WHERE s.name = sem;
     IF n > prev THEN
         PERFORM fencelock.semaphore_wake(sem, n - prev, pg_catalog.clock_timestamp());
     END IF;
@@ -246,6 +274,7 @@ SELECT fencelock.grant_to_lease_roles('SELECT', 'fencelock.semaphore_state');
 -- +goose Down
 DROP VIEW fencelock.semaphore_state;
 DROP FUNCTION fencelock.semaphore_set_limit(text, integer);
+DROP FUNCTION fencelock.semaphore_leave(text, bigint);
 DROP FUNCTION fencelock.semaphore_release(text, text, text, bigint);
 DROP FUNCTION fencelock.semaphore_acquire(text, text, bigint, bigint, integer, boolean, text, bigint);
 DROP FUNCTION fencelock.semaphore_wake(text, bigint, timestamptz);

@@ -271,7 +271,7 @@ WITH cfg AS MATERIALIZED (
         renewals = CASE WHEN l.renewed_token = l.token THEN l.renewals + 1 ELSE 1 END,
         renewed_token = l.token, renewed_at = now()
     FROM target
-    WHERE l.name = target.name
+    WHERE l.name = target.name AND l.expires_at > clock_timestamp()
     RETURNING l.name, l.token, l.expires_at
 )
 SELECT r.name::text AS name, r.token::bigint AS token, r.expires_at::timestamptz AS expires_at, true AS renewed
@@ -302,7 +302,11 @@ type LeaseRenewRow struct {
 //
 // Why it is safe:
 //   - Scoped to (name, holder, token) and to rows not yet expired on the database clock, so a
-//     late renewal can never revive a lapsed lease or touch a newer grant.
+//     late renewal can never revive a lapsed lease or touch a newer grant. The expiry is
+//     checked again by the UPDATE, after target's row lock: a row that another transaction
+//     only locked (not updated) meanwhile is not rechecked by the lock, and a renewal whose
+//     check ran just before the expiry could otherwise extend a lease that expired while it
+//     waited (a semaphore grant locks expired permits and counts them free: migration 00008).
 //   - The expiry never moves back: now() is the transaction's start, so of two renewals of one
 //     lease (the heartbeat's and a Lease.Renew) the one that commits last may have started
 //     first; greatest() keeps the later expiry, which the holder's trust window (the larger of

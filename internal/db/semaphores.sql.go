@@ -69,8 +69,7 @@ func (q *Queries) SemaphoreAcquire(ctx context.Context, db DBTX, arg SemaphoreAc
 }
 
 const semaphoreLeave = `-- name: SemaphoreLeave :exec
-DELETE FROM fencelock.semaphore_waiters AS w
-WHERE w.semaphore = $1::text AND w.wait_id = $2::bigint
+SELECT fencelock.semaphore_leave($1::text, $2::bigint)
 `
 
 type SemaphoreLeaveParams struct {
@@ -78,7 +77,8 @@ type SemaphoreLeaveParams struct {
 	WaitID int64
 }
 
-// Takes the wait @wait_id out of the queue of @sem (a waiter that gave up or was granted).
+// Takes the wait @wait_id out of the queue of @sem (a waiter that gave up), and wakes the next
+// waiter if it was there: fencelock.semaphore_leave.
 func (q *Queries) SemaphoreLeave(ctx context.Context, db DBTX, arg SemaphoreLeaveParams) error {
 	_, err := db.Exec(ctx, semaphoreLeave, arg.Sem, arg.WaitID)
 	return err

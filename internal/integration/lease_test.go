@@ -355,7 +355,10 @@ func TestHeartbeatStopsAfterTrustWindowLoss(t *testing.T) {
 	require.NoError(t, err)
 	waitDone(t, l, 5*time.Second)
 	require.ErrorIs(t, l.Err(), fencelock.ErrTrustWindowExpired)
-	goleak.VerifyNone(t, ignore)
+	// Within the listener's linger: on a loaded machine the first grant's reply can come after
+	// its 45 ms trust window, and the second attempt then starts the pool's listening
+	// connection, which closes a second after the wait (seen in CI under load).
+	verifyNoLeakWithin(t, 3*time.Second, ignore)
 }
 
 // Attempts by one lessor on one name are serialised locally: 32 goroutines sharing a lessor

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"sync"
@@ -67,7 +68,13 @@ func TestRateLimitBadInput(t *testing.T) {
 		_, err := fencelock.NewRateLimiter(b.pool, lim)
 		require.ErrorIs(t, err, fencelock.ErrInvalidArgument, "%+v", lim)
 	}
-	_, err := fencelock.NewRateLimiter(nil, fencelock.PerSecond(1))
+	// Extreme but valid: the interval rounds up to 1 µs (at most 1,000,000 a second); no overflow.
+	huge, err := fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: math.MaxInt64, Per: time.Second, Burst: 1})
+	require.NoError(t, err)
+	require.NotNil(t, huge)
+	_, err = fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: 1, Per: math.MaxInt64, Burst: 1})
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	_, err = fencelock.NewRateLimiter(nil, fencelock.PerSecond(1))
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	r, err := fencelock.NewRateLimiter(b.pool, fencelock.PerSecond(5))
 	require.NoError(t, err)

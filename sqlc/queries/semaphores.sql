@@ -14,9 +14,9 @@ FROM fencelock.semaphore_acquire(sqlc.arg(sem)::text, sqlc.arg(holder)::text, sq
 SELECT fencelock.semaphore_release(sqlc.arg(sem)::text, sqlc.arg(slot)::text, sqlc.arg(holder)::text, sqlc.arg(token)::bigint)::integer AS outcome;
 
 -- name: SemaphoreLeave :exec
--- Takes the wait @wait_id out of the queue of @sem (a waiter that gave up or was granted).
-DELETE FROM fencelock.semaphore_waiters AS w
-WHERE w.semaphore = sqlc.arg(sem)::text AND w.wait_id = sqlc.arg(wait_id)::bigint;
+-- Takes the wait @wait_id out of the queue of @sem (a waiter that gave up), and wakes the next
+-- waiter if it was there: fencelock.semaphore_leave.
+SELECT fencelock.semaphore_leave(sqlc.arg(sem)::text, sqlc.arg(wait_id)::bigint);
 
 -- name: SemaphoreReleaseUnknown :execrows
 -- Ends every permit of @sem granted to @holder except the tokens in @keep_tokens: after a
