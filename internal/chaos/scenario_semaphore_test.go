@@ -124,9 +124,11 @@ type permitSpan struct {
 // Scenario 14: a semaphore (limit 5) under 200 goroutines in 4 child processes that wait for,
 // hold and release permits, while the harness pauses whole processes past the TTL (SIGSTOP,
 // SIGCONT), terminates random backends of theirs, and kills processes (SIGKILL) and starts new
-// ones. A trigger logs every change of a permit row; from that log: never more than 5 permits
-// unexpired at any instant of the database clock, each permit's tokens rise, and some permits
-// did lapse (the faults bit). Once every child is dead, every permit comes back: all 5 are
+// ones; the limit is lowered to 3 for the middle third of the run. Triggers log every change
+// of a permit row and of the limit; from those logs: never more than 5 permits unexpired at
+// any instant of the database clock, at each grant no more permits unexpired (itself
+// included) than the limit then in force, each permit's tokens rise, and some permits did
+// lapse (the faults bit). Once every child is dead, every permit comes back: all 5 are
 // granted to a newcomer within a TTL, and no waiter is left in the queue.
 func TestScenarioSemaphoreFaults(t *testing.T) {
 	t.Parallel()
@@ -147,7 +149,15 @@ func TestScenarioSemaphoreFaults(t *testing.T) {
 			RETURN NULL;
 		END $$;
 		CREATE TRIGGER sem_log AFTER INSERT OR UPDATE ON fencelock.leases FOR EACH ROW
-			WHEN (NEW.name LIKE 'chaos:sem#%') EXECUTE FUNCTION sem_log();`)
+			WHEN (NEW.name LIKE 'chaos:sem#%') EXECUTE FUNCTION sem_log();
+		CREATE TABLE sem_limits (at timestamptz, permit_limit int);
+		CREATE FUNCTION sem_limits() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO sem_limits VALUES (clock_timestamp(), NEW.permit_limit);
+			RETURN NULL;
+		END $$;
+		CREATE TRIGGER sem_limits AFTER INSERT OR UPDATE OF permit_limit ON fencelock.semaphores FOR EACH ROW
+			EXECUTE FUNCTION sem_limits();`)
 	require.NoError(t, err)
 
 	d := time.Duration(runs(1)) * 12 * time.Second
@@ -164,8 +174,25 @@ func TestScenarioSemaphoreFaults(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 14))
 	var pauses, terminated, kills int
-	deadline := time.Now().Add(d)
+	began := time.Now()
+	deadline := began.Add(d)
+	setter, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("setter"))
+	require.NoError(t, err)
+	ss, err := fencelock.NewSemaphore(setter, sem, limit)
+	require.NoError(t, err)
+	lowered, raised := false, false
 	for time.Now().Before(deadline) {
+		// The limit changes at run time: 3 from a third of the run, 5 again from two thirds.
+		if !lowered && time.Since(began) > d/3 {
+			_, err := ss.SetLimit(ctx, 3)
+			require.NoError(t, err)
+			lowered = true
+		}
+		if !raised && time.Since(began) > 2*d/3 {
+			_, err := ss.SetLimit(ctx, limit)
+			require.NoError(t, err)
+			raised = true
+		}
 		time.Sleep(jitter(300*time.Millisecond, 800*time.Millisecond))
 		i := rng.IntN(len(children))
 		switch rng.IntN(3) {
@@ -258,8 +285,49 @@ func TestScenarioSemaphoreFaults(t *testing.T) {
 		cur += ev.delta
 		maxHeld = max(maxHeld, cur)
 	}
-	t.Logf("chaos: scenario=%s grants=%d lapsed=%d max_unexpired=%d limit=%d pauses=%d backends_terminated=%d processes_killed=%d all_permits_back_in=%v",
-		e.report.Scenario, len(spans), lapsed, maxHeld, limit, pauses, terminated, kills, reclaimed.Round(time.Millisecond))
+	// At each grant, the permits unexpired (itself included) are within the limit then in force
+	// (a lowered limit ends no permit, so the count may stay above it, but no grant happens
+	// there).
+	lrows, err := db.Pool.Query(ctx, `SELECT at, permit_limit FROM sem_limits ORDER BY at`)
+	require.NoError(t, err)
+	type change struct {
+		at    time.Time
+		limit int
+	}
+	var changes []change
+	for lrows.Next() {
+		var c change
+		require.NoError(t, lrows.Scan(&c.at, &c.limit))
+		changes = append(changes, c)
+	}
+	require.NoError(t, lrows.Err())
+	limitAt := func(at time.Time) int {
+		l := limit
+		for _, c := range changes {
+			if c.at.Before(at) {
+				l = c.limit
+			}
+		}
+		return l
+	}
+	grantsUnderLowered := 0
+	for _, g := range spans {
+		n := 0
+		for _, sp := range spans {
+			if !sp.from.After(g.from) && sp.to.After(g.from) {
+				n++
+			}
+		}
+		if lim := limitAt(g.from); lim < limit {
+			grantsUnderLowered++
+			require.LessOrEqual(t, n, lim, "grant of %s (token %d) made %d permits unexpired under a limit of %d", g.name, g.token, n, lim)
+		} else {
+			require.LessOrEqual(t, n, lim, "grant of %s (token %d) made %d permits unexpired", g.name, g.token, n)
+		}
+	}
+	require.Positive(t, grantsUnderLowered, "no grant while the limit was lowered")
+	t.Logf("chaos: scenario=%s grants=%d (%d under the lowered limit of 3) lapsed=%d max_unexpired=%d limit=%d pauses=%d backends_terminated=%d processes_killed=%d all_permits_back_in=%v",
+		e.report.Scenario, len(spans), grantsUnderLowered, lapsed, maxHeld, limit, pauses, terminated, kills, reclaimed.Round(time.Millisecond))
 	require.LessOrEqual(t, maxHeld, limit, "more permits unexpired at once than the limit")
 	require.Equal(t, limit, maxHeld, "the workload never filled the semaphore")
 	require.Greater(t, len(spans), 200, "too few grants to say anything")
