@@ -7,7 +7,7 @@
 // a few requests with that account: a permit of the domain's semaphore (Acquire: waits in the
 // domain's queue), a request token from the domain's rate limit (Wait: sleeps until allowed),
 // and the "request" itself, which records its start, in a transaction that guards both the
-// account's lease and the permit (no takeover of either can commit before it), works for 5-20
+// account's lease and the permit (no takeover of either can commit before it), works for 40-80
 // ms, and records its end the same way. A quarter into the run the parent stops one process
 // (SIGSTOP) for longer than the TTL: its leases and permits lapse and go to others, and once it
 // resumes its guarded writes are refused (ErrLeaseLost) and its workers start over. After the
@@ -61,7 +61,7 @@ const (
 	workers    = 8 // per process
 	accounts   = 10
 	domainCap  = 2  // workers per domain at once
-	domainRate = 25 // requests per second per domain
+	domainRate = 40 // requests per second per domain
 	leaseTTL   = 2 * time.Second
 	pause      = leaseTTL + 500*time.Millisecond // proc-2's SIGSTOP
 
@@ -214,7 +214,7 @@ func request(ctx context.Context, pool *pgxpool.Pool, acc *fencelock.Lease, caps
 	if err != nil {
 		return err
 	}
-	time.Sleep(5*time.Millisecond + rand.N(15*time.Millisecond)) // the request
+	time.Sleep(40*time.Millisecond + rand.N(40*time.Millisecond)) // the request: 40-80 ms, so the cap binds
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if err := acc.GuardTx(ctx, tx); err != nil {
 			return err

@@ -22,17 +22,7 @@ import (
 func TestScenarioCronReplicasKilled(t *testing.T) {
 	t.Parallel()
 	e := setup(t, setupOpts{scenario: "13-cron-replicas-killed"})
-	bin := filepath.Join(t.TempDir(), "cron")
-	out, err := exec.CommandContext(e.ctx, "go", "build", "-o", bin, "github.com/fencelock/fencelock/examples/cron").CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	run := exec.CommandContext(e.ctx, bin)
-	run.Env = append(os.Environ(), "DATABASE_URL="+e.db.URL, "FENCELOCK_CRON_SECONDS=4")
-	run.Cancel = func() error { return run.Process.Signal(syscall.SIGTERM) } // it stops its replicas
-	run.WaitDelay = 10 * time.Second
-	out, err = run.CombinedOutput()
-	require.NoError(t, err, "%s", out)
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	last := lines[len(lines)-1]
+	out, last := runExample(t, e, "cron", "FENCELOCK_CRON_SECONDS=4")
 	m := regexp.MustCompile(`^cron: slots=(\d+) runs=(\d+) duplicate_runs=0 missed_slots=(\d+)$`).FindStringSubmatch(last)
 	require.NotNil(t, m, "last line: %s\n%s", last, out)
 	slots, _ := strconv.Atoi(m[1])
@@ -40,4 +30,22 @@ func TestScenarioCronReplicasKilled(t *testing.T) {
 	require.GreaterOrEqual(t, slots, 15, "4 s of 200 ms slots")
 	require.Positive(t, runs)
 	t.Logf("chaos: scenario=13-cron-replicas-killed %s", last)
+}
+
+// runExample builds examples/<name> and runs it as a user would, on e's database with env
+// added to the environment, and returns its output and last line; the test fails if it exits
+// non-zero. The test's end sends it SIGTERM, on which an example stops its child processes.
+func runExample(t *testing.T, e *env, name string, env ...string) (out []byte, last string) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), name)
+	out, err := exec.CommandContext(e.ctx, "go", "build", "-o", bin, "github.com/fencelock/fencelock/examples/"+name).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	run := exec.CommandContext(e.ctx, bin)
+	run.Env = append(append(os.Environ(), "DATABASE_URL="+e.db.URL), env...)
+	run.Cancel = func() error { return run.Process.Signal(syscall.SIGTERM) }
+	run.WaitDelay = 15 * time.Second
+	out, err = run.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	return out, lines[len(lines)-1]
 }

@@ -271,17 +271,7 @@ func TestSemaphoreCancelledMidGrantLeavesNothing(t *testing.T) {
 	require.NoError(t, err)
 	_, err = s.SetLimit(b.ctx, 1) // the row to block on
 	require.NoError(t, err)
-	blocker, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	_, err = blocker.Exec(b.ctx, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:mid' FOR UPDATE`)
-	require.NoError(t, err)
-	committed := make(chan struct{})
-	defer func() { <-committed }()
-	go func() {
-		defer close(committed)
-		time.Sleep(300 * time.Millisecond)
-		_ = blocker.Commit(b.ctx)
-	}()
+	defer holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:mid' FOR UPDATE`)()
 	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
 	defer cancel()
 	refuseNextDial()
@@ -370,17 +360,7 @@ func TestSemaphoreAbandonedWaitLeavesNoPlace(t *testing.T) {
 	pool, refuseNextDial := poolRefusingCancel(t, b)
 	w, err := fencelock.NewSemaphore(newLessor(t, pool, "sem-ghost-w"), "sem:ghost", 1)
 	require.NoError(t, err)
-	blocker, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
-	_, err = blocker.Exec(b.ctx, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:ghost' FOR UPDATE`)
-	require.NoError(t, err)
-	committed := make(chan struct{})
-	defer func() { <-committed }()
-	go func() {
-		defer close(committed)
-		time.Sleep(300 * time.Millisecond)
-		_ = blocker.Commit(b.ctx)
-	}()
+	defer holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:ghost' FOR UPDATE`)()
 	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
 	defer cancel()
 	refuseNextDial()
@@ -481,4 +461,21 @@ func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d grants checked, %d attempts cut short", grants.Load(), cut.Load())
 	require.Positive(t, cut.Load())
+}
+
+// holdFor runs sql in a transaction of its own and commits it d later, in the background: the
+// locks sql takes block others for d. The returned func waits for the commit.
+func holdFor(t *testing.T, b *bundle, d time.Duration, sql string) (wait func()) {
+	t.Helper()
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, sql)
+	require.NoError(t, err)
+	committed := make(chan struct{})
+	go func() {
+		defer close(committed)
+		time.Sleep(d)
+		_ = tx.Commit(b.ctx)
+	}()
+	return func() { <-committed }
 }
