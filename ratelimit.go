@@ -35,12 +35,12 @@ func PerMinute(rate int) RateLimit { return RateLimit{Rate: rate, Per: time.Minu
 // emission returns the interval between requests at the steady rate, rounded up to a whole
 // microsecond (the database clock's resolution), so the rate enforced is never above Rate/Per.
 func (r RateLimit) emission() time.Duration {
-	e := r.Per / time.Duration(r.Rate) // no overflow: Rate >= 1, Per >= 1µs (validate)
+	e := r.Per / time.Duration(r.Rate) // Rate >= 1 (validate)
 	if r.Per%time.Duration(r.Rate) != 0 {
 		e++
 	}
 	if rem := e % time.Microsecond; rem != 0 {
-		e += time.Microsecond - rem // e < 2^63 - 1µs: Per is a Duration and Rate >= 1
+		e += time.Microsecond - rem // no overflow once validate has checked Per/Rate <= MaxTTL
 	}
 	return e
 }
@@ -53,7 +53,7 @@ func (r RateLimit) validate() error {
 		return argError("limit.Per", "is %v; it must be at least 1µs", r.Per)
 	case r.Burst < 1 || r.Burst > MaxRateBurst:
 		return argError("limit.Burst", "is %d; it must be between 1 and %d", r.Burst, MaxRateBurst)
-	case r.Per/time.Duration(r.Rate) >= MaxTTL || time.Duration(r.Burst) > MaxTTL/r.emission():
+	case r.Per/time.Duration(r.Rate) > MaxTTL || time.Duration(r.Burst) > MaxTTL/r.emission():
 		return argError("limit", "%d per %v with a burst of %d takes longer than MaxTTL (%v) to refill", r.Rate, r.Per, r.Burst, MaxTTL)
 	}
 	return nil

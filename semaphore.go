@@ -42,12 +42,14 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 // Waiters are served first come, first served: a waiting [Semaphore.Acquire] takes a place in
 // the semaphore's queue (fencelock.semaphore_waiters), and is granted only while the free
 // permits cover it and every live waiter ahead of it; a try never takes a permit someone waits
-// for. A release wakes the head waiter (NOTIFY on the lessor's listening connection), after
-// any grant in flight; a grant wakes the next waiter while permits are still free, and a
-// waiter that gives up wakes the one after it. A permit lost by its TTL, or ended by
-// `fencelock release --force`, wakes nobody: the head tries again just after the first held
-// permit expires, and the others refresh their places every third of their liveness. Each Acquire has a place of its own, so one lessor may hold and
-// wait for several permits of a semaphore at once.
+// for. A release wakes the first two waiters (NOTIFY on the lessor's listening connection:
+// the head, and the next in case the head is leaving or its grant is in flight); a grant
+// wakes the next waiter while permits are still free, and a waiter that gives up wakes the one
+// after it. A permit lost by its TTL, or ended
+// by `fencelock release --force`, wakes nobody: the head tries again just after the first held
+// permit expires, and the others refresh their places every third of their liveness. Each
+// Acquire has a place of its own, so one lessor may hold and wait for several permits of a
+// semaphore at once.
 //
 // A Semaphore is safe for concurrent use. The idea is Dijkstra's semaphore with the leased
 // permits of Curator's InterProcessSemaphoreV2 and Redisson's RPermitExpirableSemaphore.
@@ -129,7 +131,8 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 // expires.
 //
 // Errors: ctx's error (wrapped) when ctx ends first, with nothing held and no place left in
-// the queue; otherwise as for [Semaphore.TryAcquire], except that [ErrNotAcquired] is never
+// the queue (behind a pooler, where the end of an abandoned statement cannot be awaited, both
+// are best effort: a late grant expires by its TTL, a late place by its liveness); otherwise as for [Semaphore.TryAcquire], except that [ErrNotAcquired] is never
 // returned.
 func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Lease, err error) {
 	lt, err := s.l.cfg.times(ttl)
@@ -218,19 +221,11 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 }
 
 // attempt runs one SemaphoreAcquire: the permit, errRefused with what the refusal tells the
-// next attempt's timing, or another error.
-//
-// The lessor's attempts on one semaphore are serialised (a gate keyed by a name no lease can
-// have: it starts with NUL), so that the cleanup of an attempt of unknown outcome, which ends
-// every permit of the semaphore this lessor does not hold, never ends the permit of another
-// attempt of this lessor that is granted but not yet held.
+// next attempt's timing, or another error. Attempts of one lessor on one semaphore run side by
+// side: the cleanup of one of unknown outcome ends only the permit granted to its own wait id
+// (the permit row records it), never a sibling's.
 func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, queue bool, channel string, live time.Duration) (*Lease, attemptInfo, error) {
 	l := s.l
-	exit, err := l.enter(ctx, "\x00semaphore\x00"+s.name)
-	if err != nil {
-		return nil, attemptInfo{}, fmt.Errorf("acquire semaphore %q: %w", s.name, err)
-	}
-	defer exit()
 	var row db.SemaphoreAcquireRow
 	sent, _, err := l.runGrant(ctx, fmt.Sprintf("acquire semaphore %q", s.name), func(conn *pgxpool.Conn) (err error) {
 		row, err = l.q.SemaphoreAcquire(ctx, conn, db.SemaphoreAcquireParams{
@@ -238,7 +233,7 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 			DefaultLimit: int32(s.limit), Queue: queue, Channel: channel, LiveUs: live.Microseconds(),
 		})
 		return err
-	}, s.releaseUnknown)
+	}, func(cctx context.Context) error { return s.releaseUnknown(cctx, waitID) })
 	if err != nil {
 		return nil, attemptInfo{}, err
 	}
@@ -266,9 +261,10 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 	return lease, info, nil
 }
 
-// releaseUnknown ends every permit of s granted to this holder that the lessor does not hold:
-// after a grant attempt of unknown outcome.
-func (s *Semaphore) releaseUnknown(ctx context.Context) error {
+// releaseUnknown ends the permit granted to the wait waitID, if any, unless the lessor holds it
+// (it is then this wait's, claimed already) or is releasing it: after a grant attempt of
+// unknown outcome. It wakes a waiter for the permit it ends.
+func (s *Semaphore) releaseUnknown(ctx context.Context, waitID int64) error {
 	l := s.l
 	keep := []int64{}
 	prefix := s.name + "#"
@@ -280,7 +276,7 @@ func (s *Semaphore) releaseUnknown(ctx context.Context) error {
 	}
 	keep = l.releasingLocked(keep)
 	l.mu.Unlock()
-	_, err := l.q.SemaphoreReleaseUnknown(ctx, l.pool, db.SemaphoreReleaseUnknownParams{Sem: s.name, Holder: l.cfg.holder, KeepTokens: keep})
+	_, err := l.q.SemaphoreReleaseUnknown(ctx, l.pool, db.SemaphoreReleaseUnknownParams{Sem: s.name, Holder: l.cfg.holder, WaitID: waitID, KeepTokens: keep})
 	return err
 }
 

@@ -10,6 +10,10 @@
 -- semaphore are unexpired on the database clock, so never more than permit_limit permits are
 -- unexpired at once (a limit lowered at run time ends no permit: the count falls to the new
 -- limit as permits end, and nothing is granted until it is below it).
+-- A permit row records the wait (Acquire or TryAcquire call) it was granted to, so that the
+-- cleanup of an attempt whose outcome its client does not know ends only that attempt's grant.
+ALTER TABLE fencelock.leases ADD COLUMN permit_wait bigint;
+
 CREATE TABLE fencelock.semaphores (
     name         text        PRIMARY KEY,
     -- At most this many unexpired permits; changed at run time by Semaphore.SetLimit.
@@ -66,8 +70,9 @@ $$;
 -- fencelock.semaphore_acquire: one attempt to take a permit of sem for holder, in one call.
 --  * The semaphore's row is created with default_limit when it has none, and locked FOR
 --    UPDATE: grants of one semaphore are serialised, so two cannot both count the last free
---    permit. Lock order: the semaphore row, then permit rows (no other statement locks a
---    semaphore row while holding a permit row, so the two never deadlock).
+--    permit. Then permit rows are locked, but never waited for (SKIP LOCKED, below), so no
+--    cycle can go through a grant (no other statement locks a semaphore row while holding a
+--    permit row). Keep it SKIP LOCKED.
 --  * t is read once, after that lock. One statement then reads the permit rows (the snapshot,
 --    taken after the lock) and locks FOR UPDATE SKIP LOCKED those of them expired at t. A row
 --    it cannot lock at once (a renewal in flight on it, whose commit may make it unexpired
@@ -78,8 +83,10 @@ $$;
 --    its UPDATE (LeaseRenew), so after this commits it finds the row expired or granted to
 --    someone else. held = rows read - rows locked: every row unexpired at t, and every row
 --    that is not free for certain, so the count only errs high. The cost is one index probe
---    per slot (greatest(limit, slots)), plus one per expired row; nothing here waits but for
---    the semaphore's row.
+--    per slot (greatest(limit, slots)), plus one per expired row. Waits: for the semaphore's
+--    row; for the picked slot only while someone else inserts a row of its name (a placeholder
+--    of force_release, or a plain lease of the name, which is misuse); for a waiter row a
+--    sweep is deleting.
 --  * Waiters are served first come, first served: a wait is granted only while the permits
 --    free cover it and every live waiter ahead of it (ahead < limit - held). A try (queue =
 --    false) counts every live waiter as ahead: it never takes a permit someone waits for.
@@ -139,11 +146,12 @@ BEGIN
                            9223372036854775807);
     IF n_ahead < lim - held THEN
         tok := fencelock.next_token(false);
-        INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
-        VALUES (sem || '#' || pick, who, tok, t, t + ttl_us * interval '1 microsecond')
+        INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at, permit_wait)
+        VALUES (sem || '#' || pick, who, tok, t, t + ttl_us * interval '1 microsecond', wait)
         ON CONFLICT ON CONSTRAINT leases_pkey DO UPDATE
             SET holder = excluded.holder, token = excluded.token,
-                acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+                acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+                permit_wait = excluded.permit_wait
             WHERE l.expires_at <= t
         RETURNING l.expires_at INTO exp;
         IF exp IS NULL THEN
@@ -181,12 +189,11 @@ $$;
 
 -- fencelock.semaphore_release(sem, slot, who, tok) ends the permit (slot, who, tok), scoped
 -- to that grant (0: it had expired or been taken over; nothing changed), and wakes the first
--- live waiter, for whom it freed a permit (2 when it woke someone, else 1); that waiter's
--- grant wakes the next one if permits are still free. Before it reads the queue it takes the
--- semaphore's row FOR SHARE, so it waits for a grant in flight (which holds the row FOR
--- UPDATE for a few milliseconds): that grant may be the head's, and counted this permit as
--- held, so the waiter to wake is the one after it. It reads no other permit: O(1). Committed
--- with synchronous_commit off: a release lost in a crash leaves the permit held until its TTL
+-- two live waiters (2 when it woke someone, else 1): the head, for whom it freed a permit,
+-- and the next, in case the head is leaving or is being granted by a statement that counted
+-- this permit as held. A grant wakes the next waiter if permits are still free. It waits for
+-- no lock but its permit row's, and reads no other permit: O(1). Committed with
+-- synchronous_commit off: a release lost in a crash leaves the permit held until its TTL
 -- ends, never longer.
 -- +goose StatementBegin
 CREATE FUNCTION fencelock.semaphore_release(sem text, slot text, who text, tok bigint) RETURNS integer
@@ -201,10 +208,12 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
-    -- After any grant in flight: it may be the head's (whose place it then takes out of the
-    -- queue, so the next waiter is the one to wake), and it counted this permit as held.
-    PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR SHARE;
-    IF fencelock.semaphore_wake(sem, 1, pg_catalog.clock_timestamp()) > 0 THEN
+    -- Wake the first two: the head may be leaving (its wake-up then goes nowhere) or being
+    -- granted by a statement in flight that counted this permit as held (and takes the head
+    -- out of the queue); the second then finds the permit free. A wake-up is a hint (the
+    -- waiter's attempt decides), so one too many costs a refused attempt. No lock is taken:
+    -- a release never queues behind grants.
+    IF fencelock.semaphore_wake(sem, 2, pg_catalog.clock_timestamp()) > 0 THEN
         RETURN 2;
     END IF;
     RETURN 1;
@@ -282,3 +291,4 @@ DROP FUNCTION fencelock.semaphore_slots(text, integer);
 DROP TABLE fencelock.semaphore_waiters;
 DROP SEQUENCE fencelock.semaphore_waiters_seq;
 DROP TABLE fencelock.semaphores;
+ALTER TABLE fencelock.leases DROP COLUMN permit_wait;

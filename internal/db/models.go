@@ -99,6 +99,7 @@ type FencelockLease struct {
 	Renewals     int64
 	RenewedToken int64
 	RenewedAt    pgtype.Timestamptz
+	PermitWait   pgtype.Int8
 }
 
 type FencelockLeaseQueue struct {

@@ -109,30 +109,48 @@ func (q *Queries) SemaphoreRelease(ctx context.Context, db DBTX, arg SemaphoreRe
 	return outcome, err
 }
 
-const semaphoreReleaseUnknown = `-- name: SemaphoreReleaseUnknown :execrows
-UPDATE fencelock.leases AS l
-SET expires_at = clock_timestamp()
-FROM fencelock.semaphores AS s
-WHERE s.name = $1::text
-  AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
-  AND l.holder = $2::text AND l.token <> ALL ($3::bigint[])
-  AND l.expires_at > clock_timestamp()
+const semaphoreReleaseUnknown = `-- name: SemaphoreReleaseUnknown :one
+WITH ended AS (
+    UPDATE fencelock.leases AS l
+    SET expires_at = clock_timestamp()
+    FROM fencelock.semaphores AS s
+    WHERE s.name = $1::text
+      AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
+      AND l.holder = $2::text AND l.permit_wait = $3::bigint
+      AND l.token <> ALL ($4::bigint[]) AND l.expires_at > clock_timestamp()
+    RETURNING l.name
+)
+SELECT (SELECT count(*) FROM ended)::bigint AS ended,
+       fencelock.semaphore_wake($1::text, (SELECT count(*) FROM ended), clock_timestamp()) AS woken
 `
 
 type SemaphoreReleaseUnknownParams struct {
 	Sem        string
 	Holder     string
+	WaitID     int64
 	KeepTokens []int64
 }
 
-// Ends every permit of @sem granted to @holder except the tokens in @keep_tokens: after a
-// grant attempt whose outcome is unknown (its connection was abandoned mid-flight).
-func (q *Queries) SemaphoreReleaseUnknown(ctx context.Context, db DBTX, arg SemaphoreReleaseUnknownParams) (int64, error) {
-	result, err := db.Exec(ctx, semaphoreReleaseUnknown, arg.Sem, arg.Holder, arg.KeepTokens)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+type SemaphoreReleaseUnknownRow struct {
+	Ended int64
+	Woken int32
+}
+
+// Ends the permit of @sem granted to @holder for the wait @wait_id, unless its token is in
+// @keep_tokens: after a grant attempt whose outcome is unknown (its connection was abandoned
+// mid-flight). Only that attempt's grant: another attempt of the same lessor, granted just
+// then, has a wait of its own. Wakes a waiter for each permit it ends. Returns how many it
+// ended.
+func (q *Queries) SemaphoreReleaseUnknown(ctx context.Context, db DBTX, arg SemaphoreReleaseUnknownParams) (SemaphoreReleaseUnknownRow, error) {
+	row := db.QueryRow(ctx, semaphoreReleaseUnknown,
+		arg.Sem,
+		arg.Holder,
+		arg.WaitID,
+		arg.KeepTokens,
+	)
+	var i SemaphoreReleaseUnknownRow
+	err := row.Scan(&i.Ended, &i.Woken)
+	return i, err
 }
 
 const semaphoreSetLimit = `-- name: SemaphoreSetLimit :one

@@ -104,6 +104,10 @@ WHERE l.name = sqlc.arg(name)::text;
 --    only locked (not updated) meanwhile is not rechecked by the lock, and a renewal whose
 --    check ran just before the expiry could otherwise extend a lease that expired while it
 --    waited (a semaphore grant locks expired permits and counts them free: migration 00008).
+--    The recheck mentions target (+ 0 microseconds), so it is a join qual, evaluated when the
+--    join pairs a lease row with target's, that is after target locked it, whatever the
+--    join order; on leases alone it could run while a hash of leases is built, before the
+--    lock.
 --  * The expiry never moves back: now() is the transaction's start, so of two renewals of one
 --    lease (the heartbeat's and a Lease.Renew) the one that commits last may have started
 --    first; greatest() keeps the later expiry, which the holder's trust window (the larger of
@@ -144,7 +148,8 @@ WITH cfg AS MATERIALIZED (
         renewals = CASE WHEN l.renewed_token = l.token THEN l.renewals + 1 ELSE 1 END,
         renewed_token = l.token, renewed_at = now()
     FROM target
-    WHERE l.name = target.name AND l.expires_at > clock_timestamp()
+    WHERE l.name = target.name
+      AND l.expires_at > clock_timestamp() + target.ttl_us * interval '0 microseconds'
     RETURNING l.name, l.token, l.expires_at
 )
 SELECT r.name::text AS name, r.token::bigint AS token, r.expires_at::timestamptz AS expires_at, true AS renewed

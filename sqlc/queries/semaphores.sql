@@ -18,16 +18,24 @@ SELECT fencelock.semaphore_release(sqlc.arg(sem)::text, sqlc.arg(slot)::text, sq
 -- waiter if it was there: fencelock.semaphore_leave.
 SELECT fencelock.semaphore_leave(sqlc.arg(sem)::text, sqlc.arg(wait_id)::bigint);
 
--- name: SemaphoreReleaseUnknown :execrows
--- Ends every permit of @sem granted to @holder except the tokens in @keep_tokens: after a
--- grant attempt whose outcome is unknown (its connection was abandoned mid-flight).
-UPDATE fencelock.leases AS l
-SET expires_at = clock_timestamp()
-FROM fencelock.semaphores AS s
-WHERE s.name = sqlc.arg(sem)::text
-  AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
-  AND l.holder = sqlc.arg(holder)::text AND l.token <> ALL (sqlc.arg(keep_tokens)::bigint[])
-  AND l.expires_at > clock_timestamp();
+-- name: SemaphoreReleaseUnknown :one
+-- Ends the permit of @sem granted to @holder for the wait @wait_id, unless its token is in
+-- @keep_tokens: after a grant attempt whose outcome is unknown (its connection was abandoned
+-- mid-flight). Only that attempt's grant: another attempt of the same lessor, granted just
+-- then, has a wait of its own. Wakes a waiter for each permit it ends. Returns how many it
+-- ended.
+WITH ended AS (
+    UPDATE fencelock.leases AS l
+    SET expires_at = clock_timestamp()
+    FROM fencelock.semaphores AS s
+    WHERE s.name = sqlc.arg(sem)::text
+      AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
+      AND l.holder = sqlc.arg(holder)::text AND l.permit_wait = sqlc.arg(wait_id)::bigint
+      AND l.token <> ALL (sqlc.arg(keep_tokens)::bigint[]) AND l.expires_at > clock_timestamp()
+    RETURNING l.name
+)
+SELECT (SELECT count(*) FROM ended)::bigint AS ended,
+       fencelock.semaphore_wake(sqlc.arg(sem)::text, (SELECT count(*) FROM ended), clock_timestamp()) AS woken;
 
 -- name: SemaphoreSetLimit :one
 -- Sets the limit of @sem (fencelock.semaphore_set_limit); returns the previous one (0: new).
