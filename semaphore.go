@@ -132,8 +132,8 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 //
 // Errors: ctx's error (wrapped) when ctx ends first, with nothing held and no place left in
 // the queue (behind a pooler, where the end of an abandoned statement cannot be awaited, both
-// are best effort: a late grant expires by its TTL, a late place by its liveness); otherwise as for [Semaphore.TryAcquire], except that [ErrNotAcquired] is never
-// returned.
+// are best effort: a late grant expires by its TTL, a late place by its liveness); otherwise
+// as for [Semaphore.TryAcquire], except that [ErrNotAcquired] is never returned.
 func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Lease, err error) {
 	lt, err := s.l.cfg.times(ttl)
 	if err != nil {
@@ -201,9 +201,9 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 			continue
 		}
 		d := queueWait(info.listening, info.ahead, info.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
-		if info.ahead == 0 && (n == 0 || !info.listening) {
-			// At the head: a release that ran while this attempt did saw no waiter, or a
-			// permit was left free by a wait ahead that just left. Look again soon.
+		if info.ahead == 0 && n == 0 {
+			// Joined at the head: a release that ran while this attempt did saw no waiter and
+			// woke nobody. Look again soon, once.
 			d = min(d, joinRecheck)
 		}
 		if t == nil {

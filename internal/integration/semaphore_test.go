@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
 )
 
 // newSemaphore returns semaphore name with limit on a lessor of its own with holder id holder.
@@ -478,4 +479,43 @@ func holdFor(t *testing.T, b *bundle, d time.Duration, sql string) (wait func())
 		_ = tx.Commit(b.ctx)
 	}()
 	return func() { <-committed }
+}
+
+// Behind PgBouncer in transaction mode (no LISTEN: waiters poll), permits are granted up to
+// the limit, a waiter polls its way to the permit a release frees, and a try does not barge
+// past it.
+func TestSemaphoreBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
+	pool := goosePool(t, b.ctx, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+	h, err := fencelock.NewSemaphore(newLessor(t, pool, "pooled-h"), "sem:pooled", 2)
+	require.NoError(t, err)
+	p1, err := h.TryAcquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	p2, err := h.Acquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	w, err := fencelock.NewSemaphore(newLessor(t, pool, "pooled-w", fastBackoff), "sem:pooled", 2)
+	require.NoError(t, err)
+	got := make(chan *fencelock.Lease, 1)
+	go func() {
+		p, err := w.Acquire(b.ctx, 10*time.Second)
+		if err == nil {
+			got <- p
+		}
+	}()
+	waitQueued(t, b, h, 1)
+	_, err = newSemaphore(t, b, "pooled-try", "sem:pooled", 2).TryAcquire(b.ctx, time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	require.NoError(t, p1.Release(b.ctx))
+	select {
+	case p := <-got:
+		require.Equal(t, p1.Name(), p.Name())
+		require.Greater(t, p.Token(), p1.Token())
+		require.NoError(t, p.Release(b.ctx))
+	case <-time.After(5 * time.Second):
+		t.Fatal("the polling waiter never got the permit a release freed")
+	}
+	require.NoError(t, p2.Release(b.ctx))
+	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, h))
 }
