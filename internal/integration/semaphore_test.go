@@ -106,7 +106,8 @@ func waitQueued(t *testing.T, b *bundle, s *fencelock.Semaphore, n int64) {
 }
 
 // Waiters are served first come, first served, each woken by the release that frees a permit
-// for it (well before a poll would find it); a try never takes a permit someone waits for.
+// for it (within 1.2 s; its refresh, a third of its 5 s liveness, would find it at 1.67 s, and
+// its polls are 5 s apart); a try never takes a permit someone waits for.
 func TestSemaphoreWaitersInOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -136,8 +137,8 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 		select {
 		case i := <-got:
 			require.Equal(t, want, i, "served in arrival order")
-		case <-time.After(3 * time.Second):
-			t.Fatalf("waiter %d not woken within 3s of the release", want)
+		case <-time.After(1200 * time.Millisecond): // a waiter not woken would find it at its refresh, 1.67 s
+			t.Fatalf("waiter %d not woken within 1.2 s of the release", want)
 		}
 		// The try still cannot barge while others wait.
 		if want < n-1 {
@@ -173,8 +174,8 @@ func TestSemaphoreSetLimit(t *testing.T) {
 	var p2 *fencelock.Lease
 	select {
 	case p2 = <-granted:
-	case <-time.After(3 * time.Second):
-		t.Fatal("a raised limit did not let the waiter in")
+	case <-time.After(1200 * time.Millisecond): // not woken, it would find the room at its refresh, 1.67 s
+		t.Fatal("a raised limit did not wake the waiter")
 	}
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2, Held: 2}, semState(t, b, s))
 
