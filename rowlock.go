@@ -394,10 +394,12 @@ func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token 
 // SafeToRetry says (it calls a reset after the send "conn closed", safe to retry): the
 // statement may still run, and commit, after the client gave up (it sits in the server's
 // socket buffer). So grantFailed first waits until that backend has exited (the backend
-// finishes the statement, fails to send the result and exits), then ends the grant, if any, scoped
-// to this holder and sparing the lessor's own current grant of the name. Behind a pooler the pid is
-// not the backend's and the wait ends at once: the cleanup is then best effort, and a late grant
-// expires by its TTL.
+// finishes the statement, fails to send the result and exits), then runs unknown, the grant's
+// own cleanup, which ends what the statement may have granted, scoped to this holder and
+// sparing the lessor's own current grants (a lease's: LeaseReleaseUnknown; a permit's: only
+// the permit granted to the attempt's wait; a set's: its members). Behind a pooler the pid is
+// not the backend's and the wait ends at once: the cleanup is then best effort, and a late
+// grant expires by its TTL. what names the grant in errors.
 func (l *Lessor) grantFailed(ctx context.Context, what string, pid uint32, abandoned bool, err error, unknown func(context.Context) error) error {
 	var pgErr *pgconn.PgError
 	if !abandoned || errors.As(err, &pgErr) {
