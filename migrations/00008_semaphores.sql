@@ -10,6 +10,7 @@
 -- semaphore are unexpired on the database clock, so never more than permit_limit permits are
 -- unexpired at once (a limit lowered at run time ends no permit: the count falls to the new
 -- limit as permits end, and nothing is granted until it is below it).
+
 -- A permit row records the wait (Acquire or TryAcquire call) it was granted to, so that the
 -- cleanup of an attempt whose outcome its client does not know ends only that attempt's grant.
 ALTER TABLE fencelock.leases ADD COLUMN permit_wait bigint;
