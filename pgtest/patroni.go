@@ -132,7 +132,20 @@ func StartPatroni(ctx context.Context, nodes int, opts ...Option) (*PatroniClust
 	settings = append(settings, c.settings...)
 	ctx, cancel := context.WithTimeout(ctx, patroniStartTimeout)
 	defer cancel()
-	return startPatroni(ctx, nodes, settings)
+	for attempt := 1; ; attempt++ {
+		pc, err := startPatroni(ctx, nodes, settings)
+		if err == nil || attempt == 3 || !portTaken(err) {
+			return pc, err
+		}
+	}
+}
+
+// portTaken reports whether a cluster's start failed because a port chosen free was taken
+// before its program bound it (another process's ephemeral port, say): the start is then
+// worth another try on other ports. Seen in CI: a member's REST API "Couldn't start a service".
+func portTaken(err error) bool {
+	msg := err.Error()
+	return strings.Contains(msg, "Couldn't start a service") || strings.Contains(msg, "address already in use") || isBindError(msg)
 }
 
 // NewPatroni starts a Patroni cluster of nodes members with [StartPatroni] and closes it at

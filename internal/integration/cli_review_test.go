@@ -229,15 +229,25 @@ func TestCLIReleaseLapsedGrant(t *testing.T) {
 // A holder that fences (locking a fence row) before it guards (the lease row) deadlocks with a
 // concurrent release --force, which holds the lease row and then raises the fence: PostgreSQL
 // breaks the cycle, and the release exits 4 (retry), not 1.
+//
+// Which session PostgreSQL makes the victim depends on whose deadlock_timeout fires after the
+// cycle has formed (each waiter checks once): the release's sessions get 5 s (a database
+// setting), the holder's transaction 60 s, so the release is the one that finds the cycle even
+// when the machine is slow to let the holder start waiting (a loaded CI run made the holder
+// the victim when both had 1 s).
 func TestCLIReleaseDeadlockWithHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `ALTER DATABASE `+pgx.Identifier{b.db.Name}.Sanitize()+` SET deadlock_timeout = '5s'`)
+	require.NoError(t, err)
 	holder := newLessor(t, b.pool, "holder")
 	lease, err := holder.TryAcquire(b.ctx, "acct", time.Minute)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `SET LOCAL deadlock_timeout = '60s'`)
+	require.NoError(t, err)
 	require.NoError(t, fencelock.FenceTx(b.ctx, tx, "acct", lease.Token())) // the fence row first
 
 	type res struct {
