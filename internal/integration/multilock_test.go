@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -52,8 +53,13 @@ func TestMultiLockAllOrNothing(t *testing.T) {
 	_, err = a.TryAcquire(b.ctx, "ml:4", time.Second)
 	require.NoError(t, err, "the refused sets left ml:4 free")
 
+	// GuardTx guards every member in the caller's transaction.
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return set.GuardTx(b.ctx, tx) }))
+
 	// Losing one member ends the set.
 	require.NoError(t, set.Lease("ml:1").Release(b.ctx))
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return set.GuardTx(b.ctx, tx) })
+	require.ErrorIs(t, err, fencelock.ErrReleased, "a guard of a set with a member released")
 	select {
 	case <-set.Done():
 	default:
