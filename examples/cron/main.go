@@ -49,7 +49,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
+	"github.com/fencelock/fencelock/examples/internal/demodb"
 )
 
 const (
@@ -148,22 +148,15 @@ func run(ctx context.Context) (_ *summary, err error) {
 			return nil, fmt.Errorf("FENCELOCK_CRON_SECONDS=%q: want a whole number of seconds >= 1", s)
 		}
 	}
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		fmt.Println("DATABASE_URL is not set: starting an embedded PostgreSQL (pgtest)")
-		srv, err := pgtest.Start(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("start embedded postgres: %w", err)
-		}
-		defer func() {
-			if cerr := srv.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("stop embedded postgres: %w", cerr)
-			}
-		}()
-		if _, url, err = srv.CreateDatabase(ctx); err != nil {
-			return nil, fmt.Errorf("create database: %w", err)
-		}
+	url, stopDB, err := demodb.URL(ctx, func(s string) { fmt.Println(s) })
+	if err != nil {
+		return nil, err
 	}
+	defer func() {
+		if serr := stopDB(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, err

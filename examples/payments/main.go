@@ -51,7 +51,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
+	"github.com/fencelock/fencelock/examples/internal/demodb"
 )
 
 const (
@@ -110,24 +110,15 @@ func run(ctx context.Context) (_ *summary, err error) {
 	ctx, cancel := context.WithTimeout(ctx, runTimeout)
 	defer cancel()
 
-	url := os.Getenv("DATABASE_URL")
-	if url == "" {
-		logf("DATABASE_URL is not set: starting an embedded PostgreSQL (pgtest)")
-		srv, err := pgtest.Start(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("start embedded postgres: %w", err)
-		}
-		defer func() {
-			if cerr := srv.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("stop embedded postgres: %w", cerr)
-			}
-		}()
-		if _, url, err = srv.CreateDatabase(ctx); err != nil {
-			return nil, fmt.Errorf("create database: %w", err)
-		}
-	} else {
-		logf("using DATABASE_URL")
+	url, stopDB, err := demodb.URL(ctx, func(s string) { logf("%s", s) })
+	if err != nil {
+		return nil, err
 	}
+	defer func() {
+		if serr := stopDB(); serr != nil && err == nil {
+			err = serr
+		}
+	}()
 
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
