@@ -218,21 +218,7 @@ func (l *Lessor) tryAll(ctx context.Context, sorted []string, lt leaseTimes) (*L
 	sent, _, err := l.runGrant(ctx, what, func(conn *pgxpool.Conn) (err error) {
 		rows, err = l.q.LeaseGrantAll(ctx, conn, db.LeaseGrantAllParams{Names: sorted, Holder: l.cfg.holder, TtlUs: lt.ttl.Microseconds()})
 		return err
-	}, func(cctx context.Context) error {
-		// Safe to end every grant of these names this lessor does not hold: their gates are
-		// held, so no other attempt of this lessor on them is in flight.
-		keep := []int64{}
-		l.mu.Lock()
-		for _, name := range sorted {
-			if lease := l.active[name]; lease != nil {
-				keep = append(keep, int64(lease.token))
-			}
-		}
-		keep = l.releasingLocked(keep)
-		l.mu.Unlock()
-		_, err := l.q.LeaseReleaseUnknownAll(cctx, l.pool, db.LeaseReleaseUnknownAllParams{Names: sorted, Holder: l.cfg.holder, KeepTokens: keep})
-		return err
-	})
+	}, l.endUnknownGrants(sorted)) // its gates are held: no other attempt of this lessor on these names runs
 	if err != nil {
 		return nil, 0, err
 	}

@@ -326,17 +326,28 @@ func (l *Lessor) enterFree(ctx context.Context, name string) (exit func(), err e
 // was sent. A failure other than pgx.ErrNoRows goes through grantFailed; abandoned reports
 // that pgx gave the statement up mid-flight (its outcome unknown; grantFailed then cleaned up).
 func (l *Lessor) grantStatement(ctx context.Context, name string, run func(*pgxpool.Conn) error) (sent time.Time, abandoned bool, err error) {
-	return l.runGrant(ctx, fmt.Sprintf("acquire lease %q", name), run, func(cctx context.Context) error {
+	return l.runGrant(ctx, fmt.Sprintf("acquire lease %q", name), run, l.endUnknownGrants([]string{name}))
+}
+
+// endUnknownGrants returns the cleanup of a grant statement on names whose outcome is unknown:
+// it ends every grant of those names to this holder but the ones the lessor holds or is
+// releasing (LeaseReleaseUnknown).
+func (l *Lessor) endUnknownGrants(names []string) func(context.Context) error {
+	return func(ctx context.Context) error {
 		keep := []int64{}
 		l.mu.Lock()
-		if lease := l.active[name]; lease != nil {
-			keep = append(keep, int64(lease.token))
+		for _, name := range names {
+			if lease := l.active[name]; lease != nil {
+				keep = append(keep, int64(lease.token))
+			}
 		}
-		keep = l.releasingLocked(keep)
+		for token := range l.releasing { // its Release ends it, and must find it current
+			keep = append(keep, int64(token))
+		}
 		l.mu.Unlock()
-		_, err := l.q.LeaseReleaseUnknown(cctx, l.pool, db.LeaseReleaseUnknownParams{Name: name, Holder: l.cfg.holder, KeepTokens: keep})
+		_, err := l.q.LeaseReleaseUnknown(ctx, l.pool, db.LeaseReleaseUnknownParams{Names: names, Holder: l.cfg.holder, KeepTokens: keep})
 		return err
-	})
+	}
 }
 
 // runGrant is grantStatement for any grant statement (what names it in errors): unknown ends
@@ -361,15 +372,6 @@ func (l *Lessor) runGrant(ctx context.Context, what string, run func(*pgxpool.Co
 		return sent, false, err
 	}
 	return sent, abandoned, l.grantFailed(ctx, what, pid, abandoned, err, unknown)
-}
-
-// releasingLocked appends the tokens whose Lease.Release is in progress to keep: their
-// release ends them, and must find them current. l.mu must be held.
-func (l *Lessor) releasingLocked(keep []int64) []int64 {
-	for token := range l.releasing {
-		keep = append(keep, int64(token))
-	}
-	return keep
 }
 
 // granted makes a lease of a grant sent at sent, unless its reply came after its trust window.

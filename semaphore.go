@@ -261,22 +261,11 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 	return lease, info, nil
 }
 
-// releaseUnknown ends the permit granted to the wait waitID, if any, unless the lessor holds it
-// (it is then this wait's, claimed already) or is releasing it: after a grant attempt of
-// unknown outcome. It wakes a waiter for the permit it ends.
+// releaseUnknown ends the permit granted to the wait waitID, if any, and wakes a waiter for it:
+// after a grant attempt of unknown outcome, which handed no permit to anyone.
 func (s *Semaphore) releaseUnknown(ctx context.Context, waitID int64) error {
 	l := s.l
-	keep := []int64{}
-	prefix := s.name + "#"
-	l.mu.Lock()
-	for name, lease := range l.active {
-		if len(name) > len(prefix) && name[:len(prefix)] == prefix {
-			keep = append(keep, int64(lease.token))
-		}
-	}
-	keep = l.releasingLocked(keep)
-	l.mu.Unlock()
-	_, err := l.q.SemaphoreReleaseUnknown(ctx, l.pool, db.SemaphoreReleaseUnknownParams{Sem: s.name, Holder: l.cfg.holder, WaitID: waitID, KeepTokens: keep})
+	_, err := l.q.SemaphoreReleaseUnknown(ctx, l.pool, db.SemaphoreReleaseUnknownParams{Sem: s.name, Holder: l.cfg.holder, WaitID: waitID})
 	return err
 }
 

@@ -216,22 +216,22 @@ func (q *Queries) LeaseGuard(ctx context.Context, db DBTX, arg LeaseGuardParams)
 const leaseReleaseUnknown = `-- name: LeaseReleaseUnknown :execrows
 UPDATE fencelock.leases
 SET expires_at = clock_timestamp()
-WHERE name = $1::text AND holder = $2::text
+WHERE name = ANY ($1::text[]) AND holder = $2::text
   AND token <> ALL ($3::bigint[]) AND expires_at > clock_timestamp()
 `
 
 type LeaseReleaseUnknownParams struct {
-	Name       string
+	Names      []string
 	Holder     string
 	KeepTokens []int64
 }
 
-// Ends any grant of @name to @holder except the tokens in @keep_tokens (the lessor's leases of
-// the name it still believes held). Used after an acquire
-// was cancelled while its grant statement was in flight: the server may have granted it just
-// as the client gave up, and the token is then unknown to the client.
+// Ends any grant to @holder of a name in @names (one name for a lease, a set's names for
+// TryAcquireAll) except the tokens in @keep_tokens (the lessor's leases it still believes
+// held, or is releasing). Used after a grant statement was abandoned in flight: the server may
+// have granted just as the client gave up, and the token is then unknown to the client.
 func (q *Queries) LeaseReleaseUnknown(ctx context.Context, db DBTX, arg LeaseReleaseUnknownParams) (int64, error) {
-	result, err := db.Exec(ctx, leaseReleaseUnknown, arg.Name, arg.Holder, arg.KeepTokens)
+	result, err := db.Exec(ctx, leaseReleaseUnknown, arg.Names, arg.Holder, arg.KeepTokens)
 	if err != nil {
 		return 0, err
 	}

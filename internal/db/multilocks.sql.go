@@ -56,25 +56,3 @@ func (q *Queries) LeaseGrantAll(ctx context.Context, db DBTX, arg LeaseGrantAllP
 	}
 	return items, nil
 }
-
-const leaseReleaseUnknownAll = `-- name: LeaseReleaseUnknownAll :execrows
-UPDATE fencelock.leases
-SET expires_at = clock_timestamp()
-WHERE name = ANY ($1::text[]) AND holder = $2::text
-  AND token <> ALL ($3::bigint[]) AND expires_at > clock_timestamp()
-`
-
-type LeaseReleaseUnknownAllParams struct {
-	Names      []string
-	Holder     string
-	KeepTokens []int64
-}
-
-// LeaseReleaseUnknown for every name of @names: after a multi-lock grant of unknown outcome.
-func (q *Queries) LeaseReleaseUnknownAll(ctx context.Context, db DBTX, arg LeaseReleaseUnknownAllParams) (int64, error) {
-	result, err := db.Exec(ctx, leaseReleaseUnknownAll, arg.Names, arg.Holder, arg.KeepTokens)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}

@@ -117,7 +117,7 @@ WITH ended AS (
     WHERE s.name = $1::text
       AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
       AND l.holder = $2::text AND l.permit_wait = $3::bigint
-      AND l.token <> ALL ($4::bigint[]) AND l.expires_at > clock_timestamp()
+      AND l.expires_at > clock_timestamp()
     RETURNING l.name
 )
 SELECT (SELECT count(*) FROM ended)::bigint AS ended,
@@ -125,10 +125,9 @@ SELECT (SELECT count(*) FROM ended)::bigint AS ended,
 `
 
 type SemaphoreReleaseUnknownParams struct {
-	Sem        string
-	Holder     string
-	WaitID     int64
-	KeepTokens []int64
+	Sem    string
+	Holder string
+	WaitID int64
 }
 
 type SemaphoreReleaseUnknownRow struct {
@@ -136,18 +135,13 @@ type SemaphoreReleaseUnknownRow struct {
 	Woken int32
 }
 
-// Ends the permit of @sem granted to @holder for the wait @wait_id, unless its token is in
-// @keep_tokens: after a grant attempt whose outcome is unknown (its connection was abandoned
-// mid-flight). Only that attempt's grant: another attempt of the same lessor, granted just
-// then, has a wait of its own. Wakes a waiter for each permit it ends. Returns how many it
-// ended.
+// Ends the permit of @sem granted to @holder for the wait @wait_id, if any: after a grant
+// attempt whose outcome is unknown (its connection was abandoned mid-flight). That permit was
+// never handed to a caller (the attempt did not return it), and another attempt of the same
+// lessor, granted just then, has a wait of its own. Wakes a waiter for each permit it ends.
+// Returns how many it ended.
 func (q *Queries) SemaphoreReleaseUnknown(ctx context.Context, db DBTX, arg SemaphoreReleaseUnknownParams) (SemaphoreReleaseUnknownRow, error) {
-	row := db.QueryRow(ctx, semaphoreReleaseUnknown,
-		arg.Sem,
-		arg.Holder,
-		arg.WaitID,
-		arg.KeepTokens,
-	)
+	row := db.QueryRow(ctx, semaphoreReleaseUnknown, arg.Sem, arg.Holder, arg.WaitID)
 	var i SemaphoreReleaseUnknownRow
 	err := row.Scan(&i.Ended, &i.Woken)
 	return i, err

@@ -161,13 +161,13 @@ WHERE l.holder = sqlc.arg(holder)::text AND l.expires_at > clock_timestamp()
   AND (SELECT count(*) FROM renewed) < cardinality(sqlc.arg(names)::text[]);
 
 -- name: LeaseReleaseUnknown :execrows
--- Ends any grant of @name to @holder except the tokens in @keep_tokens (the lessor's leases of
--- the name it still believes held). Used after an acquire
--- was cancelled while its grant statement was in flight: the server may have granted it just
--- as the client gave up, and the token is then unknown to the client.
+-- Ends any grant to @holder of a name in @names (one name for a lease, a set's names for
+-- TryAcquireAll) except the tokens in @keep_tokens (the lessor's leases it still believes
+-- held, or is releasing). Used after a grant statement was abandoned in flight: the server may
+-- have granted just as the client gave up, and the token is then unknown to the client.
 UPDATE fencelock.leases
 SET expires_at = clock_timestamp()
-WHERE name = sqlc.arg(name)::text AND holder = sqlc.arg(holder)::text
+WHERE name = ANY (sqlc.arg(names)::text[]) AND holder = sqlc.arg(holder)::text
   AND token <> ALL (sqlc.arg(keep_tokens)::bigint[]) AND expires_at > clock_timestamp();
 
 -- name: LeaseGuard :one

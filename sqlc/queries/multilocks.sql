@@ -5,10 +5,3 @@
 SELECT coalesce(g.name, '')::text AS name, g.token::bigint AS token,
        coalesce(g.expires_at, clock_timestamp())::timestamptz AS expires_at, g.remaining_us::bigint AS remaining_us
 FROM fencelock.grant_all(sqlc.arg(names)::text[], sqlc.arg(holder)::text, sqlc.arg(ttl_us)::bigint) AS g;
-
--- name: LeaseReleaseUnknownAll :execrows
--- LeaseReleaseUnknown for every name of @names: after a multi-lock grant of unknown outcome.
-UPDATE fencelock.leases
-SET expires_at = clock_timestamp()
-WHERE name = ANY (sqlc.arg(names)::text[]) AND holder = sqlc.arg(holder)::text
-  AND token <> ALL (sqlc.arg(keep_tokens)::bigint[]) AND expires_at > clock_timestamp();

@@ -19,11 +19,11 @@ SELECT fencelock.semaphore_release(sqlc.arg(sem)::text, sqlc.arg(slot)::text, sq
 SELECT fencelock.semaphore_leave(sqlc.arg(sem)::text, sqlc.arg(wait_id)::bigint);
 
 -- name: SemaphoreReleaseUnknown :one
--- Ends the permit of @sem granted to @holder for the wait @wait_id, unless its token is in
--- @keep_tokens: after a grant attempt whose outcome is unknown (its connection was abandoned
--- mid-flight). Only that attempt's grant: another attempt of the same lessor, granted just
--- then, has a wait of its own. Wakes a waiter for each permit it ends. Returns how many it
--- ended.
+-- Ends the permit of @sem granted to @holder for the wait @wait_id, if any: after a grant
+-- attempt whose outcome is unknown (its connection was abandoned mid-flight). That permit was
+-- never handed to a caller (the attempt did not return it), and another attempt of the same
+-- lessor, granted just then, has a wait of its own. Wakes a waiter for each permit it ends.
+-- Returns how many it ended.
 WITH ended AS (
     UPDATE fencelock.leases AS l
     SET expires_at = clock_timestamp()
@@ -31,7 +31,7 @@ WITH ended AS (
     WHERE s.name = sqlc.arg(sem)::text
       AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
       AND l.holder = sqlc.arg(holder)::text AND l.permit_wait = sqlc.arg(wait_id)::bigint
-      AND l.token <> ALL (sqlc.arg(keep_tokens)::bigint[]) AND l.expires_at > clock_timestamp()
+      AND l.expires_at > clock_timestamp()
     RETURNING l.name
 )
 SELECT (SELECT count(*) FROM ended)::bigint AS ended,
