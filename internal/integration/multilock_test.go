@@ -100,7 +100,8 @@ func TestMultiLockAcquireWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	a := newLessor(t, b.pool, "mlw-a")
-	c := newLessor(t, b.pool, "mlw-c", fastBackoff)
+	r := newMetricsReader(t)
+	c := newLessor(t, b.pool, "mlw-c", fastBackoff, fencelock.WithMeterProvider(r.mp))
 	held, err := a.TryAcquire(b.ctx, "mlw:2", 10*time.Second)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
@@ -117,7 +118,10 @@ func TestMultiLockAcquireWaits(t *testing.T) {
 			got <- set
 		}
 	}()
-	time.Sleep(20 * time.Millisecond) // let it try and be refused (the test passes either way)
+	// The wait was refused at least once (it counts as contended) before the release.
+	waitFor(t, b, "AcquireAll refused while mlw:2 is held", func() bool {
+		return r.value("fencelock.lease.contended", method("acquire_all")) == 2 // the cancelled wait's and this one's
+	})
 	require.NoError(t, held.Release(b.ctx))
 	select {
 	case set := <-got:

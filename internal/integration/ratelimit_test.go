@@ -110,7 +110,11 @@ func TestRateLimitSweep(t *testing.T) {
 	n, err := fencelock.SweepRateLimits(b.ctx, b.pool, time.Hour)
 	require.NoError(t, err)
 	require.Zero(t, n, "not idle for an hour")
-	time.Sleep(20 * time.Millisecond) // both buckets refill (10 ms each) on the database clock
+	waitFor(t, b, "both buckets full again on the database clock", func() bool {
+		var idle int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.rate_limits WHERE tat < clock_timestamp()`).Scan(&idle))
+		return idle == 2
+	})
 	res, err := r.Allow(b.ctx, "rl:s2")
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Allowed)
