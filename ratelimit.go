@@ -115,7 +115,7 @@ func (r *RateLimiter) Allow(ctx context.Context, key string) (RateResult, error)
 }
 
 // AllowN decides a request of cost n (1 to the limit's Burst) for key (1 to [MaxNameLength]
-// bytes of UTF-8 without NUL), in one statement (two for a key's first request): allowed now,
+// bytes of UTF-8 without NUL), in one statement (three for a key's first request): allowed now,
 // or refused with the time to wait. A refused request changes nothing but the row's last-decision flag.
 //
 // Errors: an [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot
@@ -131,11 +131,18 @@ func (r *RateLimiter) AllowN(ctx context.Context, key string, n int) (RateResult
 	cost := time.Duration(n) * r.e
 	tol := time.Duration(r.limit.Burst) * r.e
 	args := db.RateAllowParams{Column1: key, Column2: micros(cost), Column3: micros(cost - tol)} // key, cost, cost - tolerance
-	row, err := r.q.RateAllow(ctx, r.pool, args)
-	if errors.Is(err, pgx.ErrNoRows) { // the key's first request (or its first since a sweep)
-		var created db.RateCreateRow
-		created, err = r.q.RateCreate(ctx, r.pool, db.RateCreateParams(args))
-		row = db.RateAllowRow(created)
+	var row db.RateAllowRow
+	var err error
+	for try := 0; ; try++ {
+		row, err = r.q.RateAllow(ctx, r.pool, args)
+		if !errors.Is(err, pgx.ErrNoRows) || try == 2 {
+			break
+		}
+		// The key's first request (or its first since a sweep, which may also delete the
+		// row just created: hence a few tries): create the row, a full bucket, and decide.
+		if err = r.q.RateCreate(ctx, r.pool, key); err != nil {
+			break
+		}
 	}
 	if err != nil {
 		return RateResult{}, wrapPg(fmt.Sprintf("rate limit %q", key), err)

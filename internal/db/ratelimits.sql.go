@@ -38,7 +38,7 @@ type RateAllowRow struct {
 // the database clock: $2 is the request's cost (n x the emission interval), $3 the cost less
 // the tolerance (burst x the emission interval), both intervals of whole microseconds. Allowed
 // when greatest(tat, t) + $3 <= t; tat then moves to greatest(tat, t) + $2. No row comes back
-// when the key has none: its first request runs RateCreate. (Positional parameters: sqlc
+// when the key has none: its first request runs RateCreate, then this again. (Positional parameters: sqlc
 // cannot rewrite named ones inside SET (...) = (SELECT ...).)
 //   - t, the decision's time, is clock_timestamp() read once the row is locked (in the
 //     correlated sub-select of SET, which the UPDATE evaluates on the row's latest version
@@ -56,38 +56,18 @@ func (q *Queries) RateAllow(ctx context.Context, db DBTX, arg RateAllowParams) (
 	return i, err
 }
 
-const rateCreate = `-- name: RateCreate :one
-INSERT INTO fencelock.rate_limits AS r (key, tat, allowed, decided_at)
-SELECT $1::text, c.t + $2::interval, true, c.t
-FROM (SELECT clock_timestamp() AS t) AS c
-ON CONFLICT (key) DO UPDATE
-SET (tat, allowed, decided_at) = (
-    SELECT CASE WHEN d.base + $3::interval <= d.t THEN d.base + $2::interval ELSE r.tat END,
-           d.base + $3::interval <= d.t, d.t
-    FROM (SELECT x.t, greatest(r.tat, x.t) AS base FROM (SELECT clock_timestamp() AS t) AS x) AS d)
-RETURNING r.tat, r.allowed, r.decided_at AS at
+const rateCreate = `-- name: RateCreate :exec
+INSERT INTO fencelock.rate_limits (key, tat, allowed, decided_at)
+VALUES ($1::text, '-infinity', false, '-infinity')
+ON CONFLICT (key) DO NOTHING
 `
 
-type RateCreateParams struct {
-	Column1 string
-	Column2 pgtype.Interval
-	Column3 pgtype.Interval
-}
-
-type RateCreateRow struct {
-	Tat     time.Time
-	Allowed bool
-	At      time.Time
-}
-
-// RateAllow for a key that had no row: creates it with the request allowed (the caller checks
-// cost <= tolerance), or, when a concurrent first request created it meanwhile, decides on its
-// row as RateAllow does (ON CONFLICT locks it and evaluates SET on its latest version).
-func (q *Queries) RateCreate(ctx context.Context, db DBTX, arg RateCreateParams) (RateCreateRow, error) {
-	row := db.QueryRow(ctx, rateCreate, arg.Column1, arg.Column2, arg.Column3)
-	var i RateCreateRow
-	err := row.Scan(&i.Tat, &i.Allowed, &i.At)
-	return i, err
+// Creates the row of @key for its first request, as a full bucket (tat -infinity: the same
+// as no row), when it has none; the caller then runs RateAllow, which decides. So the GCRA
+// decision is written once, in RateAllow.
+func (q *Queries) RateCreate(ctx context.Context, db DBTX, key string) error {
+	_, err := db.Exec(ctx, rateCreate, key)
+	return err
 }
 
 const rateReset = `-- name: RateReset :execrows

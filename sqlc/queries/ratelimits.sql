@@ -3,7 +3,7 @@
 -- the database clock: $2 is the request's cost (n x the emission interval), $3 the cost less
 -- the tolerance (burst x the emission interval), both intervals of whole microseconds. Allowed
 -- when greatest(tat, t) + $3 <= t; tat then moves to greatest(tat, t) + $2. No row comes back
--- when the key has none: its first request runs RateCreate. (Positional parameters: sqlc
+-- when the key has none: its first request runs RateCreate, then this again. (Positional parameters: sqlc
 -- cannot rewrite named ones inside SET (...) = (SELECT ...).)
 --  * t, the decision's time, is clock_timestamp() read once the row is locked (in the
 --    correlated sub-select of SET, which the UPDATE evaluates on the row's latest version
@@ -22,19 +22,13 @@ SET (tat, allowed, decided_at) = (
 WHERE r.key = $1::text
 RETURNING r.tat, r.allowed, r.decided_at AS at;
 
--- name: RateCreate :one
--- RateAllow for a key that had no row: creates it with the request allowed (the caller checks
--- cost <= tolerance), or, when a concurrent first request created it meanwhile, decides on its
--- row as RateAllow does (ON CONFLICT locks it and evaluates SET on its latest version).
-INSERT INTO fencelock.rate_limits AS r (key, tat, allowed, decided_at)
-SELECT $1::text, c.t + $2::interval, true, c.t
-FROM (SELECT clock_timestamp() AS t) AS c
-ON CONFLICT (key) DO UPDATE
-SET (tat, allowed, decided_at) = (
-    SELECT CASE WHEN d.base + $3::interval <= d.t THEN d.base + $2::interval ELSE r.tat END,
-           d.base + $3::interval <= d.t, d.t
-    FROM (SELECT x.t, greatest(r.tat, x.t) AS base FROM (SELECT clock_timestamp() AS t) AS x) AS d)
-RETURNING r.tat, r.allowed, r.decided_at AS at;
+-- name: RateCreate :exec
+-- Creates the row of @key for its first request, as a full bucket (tat -infinity: the same
+-- as no row), when it has none; the caller then runs RateAllow, which decides. So the GCRA
+-- decision is written once, in RateAllow.
+INSERT INTO fencelock.rate_limits (key, tat, allowed, decided_at)
+VALUES (sqlc.arg(key)::text, '-infinity', false, '-infinity')
+ON CONFLICT (key) DO NOTHING;
 
 -- name: RateReset :execrows
 -- Forgets the state of @key: its next request finds a full bucket.
