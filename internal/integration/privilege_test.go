@@ -223,17 +223,12 @@ func TestLeastPrivilege(t *testing.T) {
 	require.NoError(t, err)
 	semB, err := fencelock.NewSemaphore(lb, "sem/app", 1)
 	require.NoError(t, err)
-	permitB := make(chan error, 1)
-	go func() {
-		p, err := semB.Acquire(ctx, 10*time.Second)
-		if err == nil {
-			err = p.Release(ctx)
-		}
-		permitB <- err
-	}()
+	permitB := permitAsync(ctx, semB, 10*time.Second)
 	require.Eventually(t, func() bool { st, err := sem.State(ctx); return err == nil && st.Waiting == 1 }, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, permit.Release(ctx))
-	require.NoError(t, <-permitB)
+	gotB := receive(t, permitB, 10*time.Second)
+	require.NoError(t, gotB.err)
+	require.NoError(t, gotB.lease.Release(ctx))
 	_, err = sem.SetLimit(ctx, 3)
 	require.NoError(t, err)
 	rl, err := fencelock.NewRateLimiter(app, fencelock.PerSecond(10))

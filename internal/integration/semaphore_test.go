@@ -160,23 +160,15 @@ func TestSemaphoreSetLimit(t *testing.T) {
 	p1, err := s.TryAcquire(b.ctx, 10*time.Second)
 	require.NoError(t, err)
 	w := newSemaphore(t, b, "sem-setw", "sem:set", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
-	granted := make(chan *fencelock.Lease, 1)
-	go func() {
-		p, err := w.Acquire(b.ctx, 10*time.Second)
-		if err == nil {
-			granted <- p
-		}
-	}()
+	granted := permitAsync(b.ctx, w, 10*time.Second)
 	waitQueued(t, b, s, 1)
 	prev, err := s.SetLimit(b.ctx, 2)
 	require.NoError(t, err)
 	require.Equal(t, 1, prev)
-	var p2 *fencelock.Lease
-	select {
-	case p2 = <-granted:
-	case <-time.After(1200 * time.Millisecond): // not woken, it would find the room at its refresh, 1.67 s
-		t.Fatal("a raised limit did not wake the waiter")
-	}
+	// Not woken, the waiter would find the room at its refresh, 1.67 s.
+	got := receive(t, granted, 1200*time.Millisecond)
+	require.NoError(t, got.err)
+	p2 := got.lease
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2, Held: 2}, semState(t, b, s))
 
 	_, err = s.SetLimit(b.ctx, 1)
@@ -243,21 +235,15 @@ func TestSemaphoreCancelAndSameLessor(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.semaphore_waiters`).Scan(&rows))
 	require.Zero(t, rows)
 	// Two goroutines of the lessor wait at once; each release lets one in.
-	res := make(chan error, 2)
-	for range 2 {
-		go func() {
-			p, err := s.Acquire(b.ctx, 10*time.Second)
-			if err == nil {
-				err = p.Release(b.ctx)
-			}
-			res <- err
-		}()
-	}
+	first, second := permitAsync(b.ctx, s, 10*time.Second), permitAsync(b.ctx, s, 10*time.Second)
 	waitQueued(t, b, s, 2)
 	require.NoError(t, p1.Release(b.ctx))
-	require.NoError(t, <-res)
 	require.NoError(t, p2.Release(b.ctx))
-	require.NoError(t, <-res)
+	for _, ch := range []<-chan acquired{first, second} {
+		got := receive(t, ch, 10*time.Second)
+		require.NoError(t, got.err)
+		require.NoError(t, got.lease.Release(b.ctx))
+	}
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, s))
 }
 
@@ -391,26 +377,17 @@ func TestSemaphoreWaiterGivingUpWakesTheNext(t *testing.T) {
 	gave := make(chan error, 1)
 	go func() { _, err := w1.Acquire(ctx1, 15*time.Second); gave <- err }()
 	waitQueued(t, b, h, 1)
-	got := make(chan time.Time, 1)
-	go func() {
-		p, err := w2.Acquire(b.ctx, 15*time.Second)
-		if err == nil {
-			got <- time.Now()
-			_ = p.Release(b.ctx)
-		}
-	}()
+	second := permitAsync(b.ctx, w2, 15*time.Second)
 	waitQueued(t, b, h, 2)
 	cancel1()
 	require.NoError(t, held.Release(b.ctx))
 	released := time.Now()
 	require.ErrorIs(t, <-gave, context.Canceled)
-	select {
-	case at := <-got:
-		require.Less(t, at.Sub(released), 1200*time.Millisecond, "the next waiter waited for its refresh")
-		t.Logf("the waiter behind the one that gave up was granted %v after the release", at.Sub(released).Round(time.Millisecond))
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter behind the one that gave up was never granted")
-	}
+	got := receive(t, second, 10*time.Second)
+	require.NoError(t, got.err)
+	require.Less(t, got.at.Sub(released), 1200*time.Millisecond, "the next waiter waited for its refresh")
+	t.Logf("the waiter behind the one that gave up was granted %v after the release", got.at.Sub(released).Round(time.Millisecond))
+	require.NoError(t, got.lease.Release(b.ctx))
 }
 
 // The cleanup of an attempt of unknown outcome ends only what that attempt may have granted:
@@ -498,25 +475,27 @@ func TestSemaphoreBehindPgBouncer(t *testing.T) {
 	require.NoError(t, err)
 	w, err := fencelock.NewSemaphore(newLessor(t, pool, "pooled-w", fastBackoff), "sem:pooled", 2)
 	require.NoError(t, err)
-	got := make(chan *fencelock.Lease, 1)
-	go func() {
-		p, err := w.Acquire(b.ctx, 10*time.Second)
-		if err == nil {
-			got <- p
-		}
-	}()
+	waiting := permitAsync(b.ctx, w, 10*time.Second)
 	waitQueued(t, b, h, 1)
 	_, err = newSemaphore(t, b, "pooled-try", "sem:pooled", 2).TryAcquire(b.ctx, time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 	require.NoError(t, p1.Release(b.ctx))
-	select {
-	case p := <-got:
-		require.Equal(t, p1.Name(), p.Name())
-		require.Greater(t, p.Token(), p1.Token())
-		require.NoError(t, p.Release(b.ctx))
-	case <-time.After(5 * time.Second):
-		t.Fatal("the polling waiter never got the permit a release freed")
-	}
+	got := receive(t, waiting, 5*time.Second)
+	require.NoError(t, got.err)
+	require.Equal(t, p1.Name(), got.lease.Name())
+	require.Greater(t, got.lease.Token(), p1.Token())
+	require.NoError(t, got.lease.Release(b.ctx))
 	require.NoError(t, p2.Release(b.ctx))
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, h))
+}
+
+// permitAsync waits for a permit of s in a goroutine of its own and delivers the result, with
+// the time it came back.
+func permitAsync(ctx context.Context, s *fencelock.Semaphore, ttl time.Duration) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		p, err := s.Acquire(ctx, ttl)
+		ch <- acquired{p, err, time.Now()}
+	}()
+	return ch
 }
