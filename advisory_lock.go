@@ -96,11 +96,18 @@ func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpo
 // first, before the statement is sent (Err then reports [ErrUnlocked]): the statement may hang
 // on a broken network, and the holder must stop trusting the lock it is giving up at once.
 //
+// Unlock runs even when ctx has ended: the statement keeps ctx's values but not its
+// cancellation or deadline, and is bounded by 5 s of its own, so a deferred Unlock with an
+// ended context unlocks and returns the connection to the pool rather than closing it. Past
+// the bound the statement is cancelled and the session closed, which ends the lock too.
+//
 // Errors: an error wrapping [ErrNotHeld] if the lock had already ended (Err says why) or the
 // session no longer held it; otherwise pgx's error, wrapped (the session was closed, so
 // nothing is held).
 func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	what := func() string { return "unlock " + describeLock(lk.name, lk.key) } // for errors only
+	ctx, stop := detached(ctx, cleanupTimeout)
+	defer stop()
 	var err error
 	ended, settled := lk.end(ErrUnlocked, true, func(conn *pgxpool.Conn) {
 		row, uerr := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{

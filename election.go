@@ -66,7 +66,8 @@ func (e *Election) Name() string { return e.name }
 //
 // Errors: an [*ArgumentError] for a bad value (no SQL runs); as for [Lessor.Acquire]
 // (ctx's error, wrapped, when ctx ends first, with nothing held); a [*LeaseLostError] when the
-// term was lost before its value could be proclaimed (the term is then released).
+// term was lost before its value could be proclaimed, or ctx's error, wrapped, when ctx ended
+// just after the grant: the term is then released (as by [Lease.Release], whatever ctx).
 func (e *Election) Campaign(ctx context.Context, value string) (*Term, error) {
 	if err := validateLeaderValue(value); err != nil {
 		return nil, err
@@ -77,9 +78,7 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Term, error) {
 	}
 	t := &Term{election: e, lease: lease}
 	if err := t.Proclaim(ctx, value); err != nil {
-		rctx, stop := detached(ctx, cleanupTimeout)
-		_ = lease.Release(rctx)
-		stop()
+		_ = lease.Release(ctx) // detached from ctx, which may be why Proclaim failed
 		return nil, fmt.Errorf("campaign %q: %w", e.name, err)
 	}
 	return t, nil
@@ -168,12 +167,16 @@ func (t *Term) Proclaim(ctx context.Context, value string) error {
 }
 
 // Resign ends the term: the release hands it to the next candidate in its own statement (a new
-// leader in about a millisecond when one waits), and the election's observers are woken.
+// leader in about a millisecond when one waits), and the election's observers are woken. Two
+// statements. Like [Lease.Release] it runs even when ctx has ended: it keeps ctx's values but
+// not its cancellation or deadline, and is bounded by 5 s of its own for both statements.
 // Errors: as for [Lease.Release]: [ErrNotHeld] when the grant had already expired or been taken
 // over on the server (a term that ended only by its local trust window is still released).
 func (t *Term) Resign(ctx context.Context) error {
-	err := t.lease.Release(ctx)
-	if nerr := t.election.lessor.q.ElectionNotify(ctx, t.election.lessor.pool, t.election.name); nerr != nil && err == nil {
+	rctx, stop := detached(ctx, cleanupTimeout)
+	defer stop()
+	err := t.lease.release(rctx)
+	if nerr := t.election.lessor.q.ElectionNotify(rctx, t.election.lessor.pool, t.election.name); nerr != nil && err == nil {
 		err = wrapPg(fmt.Sprintf("resign %q: wake observers", t.election.name), nerr)
 	}
 	return err

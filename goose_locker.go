@@ -119,7 +119,11 @@ func (g *GooseLocker) Lock(ctx context.Context, _ *sql.DB) error {
 
 // Unlock releases the lease taken by Lock with [Lease.Release], which hands it to the next
 // waiter, if any. The db argument is ignored (see [GooseLocker]). goose calls it when the run
-// ends, with a context that is not cancelled, and adds its error to the run's.
+// ends and adds its error to the run's. Unlock runs even when ctx has ended (goose may pass the
+// context of a run that was cancelled or timed out; its locktesting.TestConcurrentLocking
+// unlocks with the Lock context past its deadline): the release keeps ctx's values but not its
+// cancellation or deadline, and is bounded by 5 s of its own, as goose's own table locker
+// detaches its Unlock from ctx.
 //
 // Errors: an error wrapping [ErrNotHeld] when no Lock holds the lease. When the lease was lost
 // before Unlock (its trust window ended without a renewal, or a renewal found it gone), Unlock

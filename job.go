@@ -130,8 +130,10 @@ func (e *errUnclaimed) Unwrap() error { return e.err }
 // RunSlot runs fn for slot unless the slot has run: it takes the job's lease (waiting with
 // [WithOverlapWait], else trying once), claims the slot in the ledger, runs fn under the
 // lease's context, records its outcome, and releases the lease (after [WithMinHold], if set
-// and fn ran). A slot the ledger has settled (run, running, or not to be run again) is found so
-// with one read, without the lease. slot is truncated to microseconds, as the database keeps it.
+// and fn ran; also when ctx has ended by then: the release is detached from ctx, bounded by
+// 5 s of its own, as [Lease.Release]). A slot the ledger has settled (run, running, or not to
+// be run again) is found so with one read, without the lease. slot is truncated to
+// microseconds, as the database keeps it.
 //
 // Outcomes: fn's nil is recorded as succeeded and fn's error as failed, while the lease is held
 // to the end. A run that lost its lease before it returned is not recorded, nor is one whose
@@ -184,9 +186,8 @@ func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
 			}
 			t.Stop()
 		}
-		rctx, stop := detached(ctx, cleanupTimeout)
-		_ = lease.Release(rctx) // after a loss, ErrNotHeld; else it expires by its TTL
-		stop()
+		// Detached from ctx, which may have ended (a replica shutting down), bounded by 5 s.
+		_ = lease.Release(ctx) // after a loss, ErrNotHeld; else it expires by its TTL
 	}()
 
 	q := j.lessor.q

@@ -212,9 +212,26 @@ func (lease *Lease) Renew(ctx context.Context) error {
 // flush (synchronous_commit off): a release lost in a crash leaves the name held until the
 // grant's TTL ends, never longer, which is safe.
 //
+// Release runs even when ctx has ended (a request cancelled, a deadline passed, a shutdown
+// under way): it keeps ctx's values but not its cancellation or deadline, and is bounded by
+// 5 s of its own instead, the wait for this lessor's other calls on the name included. Past
+// that bound the statement is cancelled and the lease expires within its TTL. So a deferred
+// Release with the context of the work it guarded frees the name at once; it never leaves it
+// held for a TTL because that context has ended.
+//
 // Errors: an error wrapping [ErrNotHeld] when the grant had already expired or been taken over
-// (nothing changed); otherwise the pgx error, wrapped.
+// (nothing changed); otherwise the pgx error, wrapped (context.DeadlineExceeded when the 5 s
+// bound passed).
 func (lease *Lease) Release(ctx context.Context) error {
+	rctx, stop := detached(ctx, cleanupTimeout)
+	defer stop()
+	return lease.release(rctx)
+}
+
+// release is Release on ctx as given: for a caller that has detached ctx from its own
+// caller's cancellation and bounded it already, one bound for several statements (a set's
+// release, a resign).
+func (lease *Lease) release(ctx context.Context) error {
 	l := lease.lessor
 	// Marked as being released by its holder, so that leaving a queue does not hand it on
 	// meanwhile (releaseUnclaimedLocked) and turn this release into ErrNotHeld.
@@ -232,8 +249,8 @@ func (lease *Lease) Release(ctx context.Context) error {
 	// past the trust window.
 	lease.end(ErrReleased)
 	// Inside the name's gate: no attempt of this lessor on the name runs meanwhile, so none
-	// can take this grant for its own while the release is in flight. When ctx has ended the
-	// statement is not sent either.
+	// can take this grant for its own while the release is in flight. When the gate is not
+	// free within the bound, ctx has ended and the statement is not sent either.
 	if exit, err := l.enter(ctx, lease.name); err == nil {
 		defer exit()
 	}

@@ -15,8 +15,9 @@ type LeaseFunc func(ctx context.Context, lease *Lease) error
 // RunLeased acquires the lease name for ttl with [Lessor.Acquire] (waiting in the name's queue
 // until granted or ctx ends), runs fn under the lease's context ([Lease.Context], derived from
 // ctx: cancelled, with the lease's error as cause, the moment the lease is lost), and releases
-// the lease when fn returns, handing it to the next waiter. Arguments are as for Acquire; fn
-// must not be nil.
+// the lease when fn returns, handing it to the next waiter: also when ctx has ended by then
+// (the release is detached from ctx, bounded by 5 s of its own, as [Lease.Release]). Arguments
+// are as for Acquire; fn must not be nil.
 //
 // Errors: fn is not called, and the error is returned, when Acquire fails (ctx's error, wrapped,
 // when ctx ends first; see Acquire for the rest). Otherwise fn's error, as is, while the lease
@@ -60,9 +61,8 @@ func runLeased(ctx context.Context, lease *Lease, fn LeaseFunc) (err error) {
 	var lost error
 	defer func() {
 		cancel()
-		rctx, stop := detached(ctx, cleanupTimeout)
-		_ = lease.Release(rctx) // ErrNotHeld after a loss; any other failure: expires by its TTL
-		stop()
+		// Detached from ctx, which may have ended (often why fn returned), bounded by 5 s.
+		_ = lease.Release(ctx) // ErrNotHeld after a loss; any other failure: expires by its TTL
 	}()
 	err = fn(lctx, lease)
 	lost = lease.Err() // nil while held and trusted: the deferred release ends it

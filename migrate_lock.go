@@ -141,6 +141,12 @@ func (l *migrateLocker) Lock(ctx context.Context, db *sql.DB) (err error) {
 // with it) and closes its connection. The db argument is ignored: the lock lives on the
 // connection Lock took.
 //
+// Unlock does not use ctx: the rollback runs on the transaction's own context, which Lock
+// detached from ctx's cancellation, so it finishes when ctx has ended (a run cancelled
+// midway). It is bounded by cleanupTimeout (5 s) of its own: past it the transaction's context
+// ends, pgx cancels the rollback and closes the connection, which ends the session and the
+// lock with it.
+//
 // Errors: an error when Lock holds nothing; otherwise the rollback's and close's errors, joined
 // and wrapped. When the rollback fails because the connection broke, the server has ended the
 // transaction, and the lock with it, or will once it notices.
@@ -150,7 +156,9 @@ func (l *migrateLocker) Unlock(_ context.Context, _ *sql.DB) error {
 	}
 	conn, tx, cancel := l.conn, l.tx, l.cancel
 	l.conn, l.tx, l.cancel = nil, nil, nil
+	bound := time.AfterFunc(cleanupTimeout, cancel)
 	err := tx.Rollback()
+	bound.Stop()
 	cancel()
 	if err := errors.Join(err, conn.Close()); err != nil {
 		return fmt.Errorf("release migration lock: %w", err)

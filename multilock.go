@@ -81,13 +81,18 @@ func (s *LeaseSet) GuardTx(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// Release releases every member ([Lease.Release], one statement each; a member someone waits
-// for is handed to the head of its queue). Errors: the members' errors, joined; a member that
-// had already expired or been taken over reports [ErrNotHeld].
+// Release releases every member ([Lease.Release], one statement each, in name order; a member
+// someone waits for is handed to the head of its queue). Like [Lease.Release] it runs even
+// when ctx has ended: it keeps ctx's values but not its cancellation or deadline, and is
+// bounded by 5 s of its own for the whole set; a member whose release the bound cuts short
+// expires within its TTL. Errors: the members' errors, joined; a member that had already
+// expired or been taken over reports [ErrNotHeld].
 func (s *LeaseSet) Release(ctx context.Context) error {
+	rctx, stop := detached(ctx, cleanupTimeout)
+	defer stop()
 	var errs []error
 	for _, l := range s.leases {
-		if err := l.Release(ctx); err != nil {
+		if err := l.release(rctx); err != nil {
 			errs = append(errs, err)
 		}
 	}

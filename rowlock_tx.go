@@ -32,6 +32,11 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, token Token) error
 // token sequence, [ErrTokenBudget] when the token budget is spent or [ErrTokenEpochBehind]
 // when the epoch went back; otherwise the pgx error, wrapped.
 //
+// When ctx ends while fn runs, the transaction is rolled back, not committed (even when fn
+// returns nil; the error then wraps ctx's cause), and the rollback itself runs detached from
+// ctx, bounded by 5 s of its own: the row is free and the connection back in the pool when
+// the call returns.
+//
 // Because it needs one transaction only, this mode works behind PgBouncer transaction pooling.
 func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error {
 	if err := validateRunLocked(name, fn); err != nil {
@@ -127,9 +132,10 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	if c := tx.Conn(); c != nil {
 		pid = c.PgConn().PID()
 	}
-	// After Commit this is a no-op. Without ctx's cancellation, so a cancelled ctx still rolls
-	// back (pgx closes the connection when even that fails).
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// After Commit this is a no-op. Detached from ctx, so a cancelled ctx still rolls back and
+	// the connection goes back to the pool; bounded by cleanupTimeout, past which pgx cancels
+	// the rollback and closes the connection, which ends the transaction on the server too.
+	defer rollbackDetached(ctx, tx)
 	_, beginErr := br.Exec()
 	var token int64
 	var expiresAt time.Time
@@ -149,7 +155,7 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	case beginErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q: begin", name), beginErr)
 	case errors.Is(grantErr, pgx.ErrNoRows):
-		_ = tx.Rollback(context.WithoutCancel(ctx))
+		rollbackDetached(ctx, tx)
 		return l.refusedOrAbsent(ctx, name, fn, try, ensured)
 	case grantErr != nil:
 		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
@@ -164,10 +170,25 @@ func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, t
 	if err := fn(ctx, tx, Token(token)); err != nil {
 		return err
 	}
+	if ctx.Err() != nil {
+		// ctx ended during fn: roll back (deferred) rather than send a COMMIT that pgx would
+		// refuse and answer by closing the connection, which would leave the row locked
+		// until the server noticed.
+		return fmt.Errorf("run locked %q: not committed: %w", name, context.Cause(ctx))
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return wrapPg(fmt.Sprintf("run locked %q: commit", name), err)
 	}
 	return nil
+}
+
+// rollbackDetached rolls tx back on ctx's values without its cancellation, bounded by
+// cleanupTimeout: a transaction whose caller's ctx has ended still ends on the server at once,
+// its connection back in the pool. After Commit or an earlier rollback it does nothing.
+func rollbackDetached(ctx context.Context, tx pgx.Tx) {
+	rctx, cancel := detached(ctx, cleanupTimeout)
+	defer cancel()
+	_ = tx.Rollback(rctx)
 }
 
 // endAbandonedGrant cancels the grant statement that the backend with pid may still run for

@@ -28,7 +28,7 @@ type releaseResult struct {
 	NewToken  *int64   `json:"new_token"`  // the token that now fences the old holder out; null when nothing changed (--token did not match)
 	HandedTo  *string  `json:"handed_to"`  // the waiter the lease went to, with NewToken; null if none
 	Waiting   int64    `json:"waiting"`    // live waiters left in the queue
-	Fenced    []string `json:"fenced"`     // resources whose high-water mark is now at least NewToken
+	Fenced    []string `json:"fenced"`     // resources whose high-water mark is now at least NewToken; empty when nothing changed
 }
 
 // stringList is a repeatable string flag.
@@ -39,7 +39,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // releaseCommand is "fencelock release".
 func releaseCommand(fs *flag.FlagSet) func(context.Context, *session, []string) error {
-	force := fs.Bool("force", false, "required: release whoever holds it (an operator's release is always someone else's)")
+	force := fs.Bool("force", false, "required: release whoever holds it (an operator's release is always someone else's); exit 3 when nobody does (a lapsed grant's holder is still fenced out)")
 	var fence stringList
 	fs.Var(&fence, "fence", "also raise this `RESOURCE`'s high-water mark to the new token (repeatable; NAME is always fenced)")
 	lockTimeout := fs.Duration("lock-timeout", defaultLockTimeout, "give up (exit 4) when the lease row stays locked this `duration` (0: wait without limit)")
@@ -93,7 +93,11 @@ func releaseCommand(fs *flag.FlagSet) func(context.Context, *session, []string) 
 const maxLockTimeout = time.Duration(1<<31-1) * time.Millisecond
 
 // releaseLease ends the grant of lease name, whoever holds it, and raises the high-water mark
-// of each resource, by fencelock.force_release in a transaction with lock_timeout.
+// of each resource, by fencelock.force_release in a transaction with lock_timeout. A lease
+// nobody holds exits ExitNotFound: when its last grant had lapsed, its holder is fenced out
+// all the same (committed); when it was never granted (or not since its last forced
+// release), nothing changes (rolled back). With --token, a lapsed grant it names is fenced
+// out and the release exits ExitOK: the grant the operator named is over.
 func (s *session) releaseLease(ctx context.Context, name string, resources []string, lockTimeout time.Duration, expected *int64) error {
 	pool, err := s.pool(ctx)
 	if err != nil {
@@ -140,20 +144,43 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	if err := tx.QueryRow(ctx, `SELECT count(*) FROM fencelock.lease_queue WHERE name = $1`, name).Scan(&res.Waiting); err != nil {
 		return dbError("read the queue", err)
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if res.OldHolder == nil && expected == nil {
+		// Never granted, or not since its last forced release (which fenced that holder out
+		// already): there is no holder to fence out. Roll back, so that a mistyped name leaves
+		// no lease row and no fence behind.
+		if err := tx.Rollback(ctx); err != nil {
+			return dbError(fmt.Sprintf("release lease %q: roll back", name), err)
+		}
+		res.NewToken = nil
+	} else if err := tx.Commit(ctx); err != nil {
 		return dbError(fmt.Sprintf("release lease %q: commit", name), err)
 	}
 	res.Held = res.OldHolder != nil && !res.Lapsed && res.NewToken != nil
-	if res.NewToken == nil { // --token did not match the current grant: nothing changed
+	if res.NewToken == nil { // nothing changed: no grant to end, or --token did not match
+		res.Fenced = []string{}
 		if s.json {
 			if err := s.printJSON(res); err != nil {
 				return err
 			}
 		}
-		if res.OldHolder == nil {
+		switch {
+		case expected == nil:
+			return withCode(ExitNotFound, "release lease %q: not held: never granted (or not since its last forced release); nothing changed, no fence raised", name)
+		case res.OldHolder == nil:
 			return withCode(ExitNotFound, "release lease %q: never granted, so not the grant with token %d; nothing changed", name, *expected)
 		}
 		return withCode(ExitNotFound, "release lease %q: its last grant is %s's with token %d, not %d; nothing changed", name, cell(*res.OldHolder), *res.OldToken, *expected)
+	}
+	if !res.Held && expected == nil {
+		// The last grant had lapsed (expired, not taken over): nobody held the lease, but its
+		// holder may be a zombie still, and is now fenced out.
+		if s.json {
+			if err := s.printJSON(res); err != nil {
+				return err
+			}
+		}
+		return withCode(ExitNotFound, "release lease %q: not held: the grant of %s (token %d) had lapsed; fenced with token %d (%s), so its holder's fenced writes are refused",
+			name, cell(*res.OldHolder), *res.OldToken, *res.NewToken, strings.Join(res.Fenced, ", "))
 	}
 	if s.json {
 		return s.printJSON(res)
@@ -162,7 +189,9 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	return err
 }
 
-// describeRelease renders the outcome of a forced release in one line.
+// describeRelease renders the outcome of a forced release in one line. releaseLease prints it
+// for a release that exits ExitOK: a grant ended, or the lapsed grant that --token named
+// fenced out (a lease nobody held exits ExitNotFound, with a message of its own).
 func describeRelease(r releaseResult) string {
 	fenced := fmt.Sprintf("fenced with token %d (%s)", deref(r.NewToken), strings.Join(r.Fenced, ", "))
 	if r.Lapsed && r.OldHolder != nil {

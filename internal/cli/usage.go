@@ -21,8 +21,10 @@ Exit codes:
      a terminated backend did not exit, a lock held by a prepared transaction, or declined
      at the prompt
   2  usage error: unknown command or flag, missing argument, no database URL
-  3  nothing to do: no holder found (release --advisory), or the lease's last grant is
-     not the one --token names (release; nothing changed)
+  3  nothing held: release found no holder (a lease nobody holds: a lapsed grant's
+     holder is fenced out all the same, a lease never granted is left unchanged;
+     --advisory: no backend holds the lock), or the lease's last grant is not the one
+     --token names (nothing changed)
   4  the lease row is locked by a transaction: lock timeout (release; see --lock-timeout),
      or a deadlock with a holder that fenced before it guarded (retry)
 

@@ -269,24 +269,89 @@ func TestCLIReleaseForce(t *testing.T) {
 	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "cli:other", zombie.Token()) })
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
 
-	// A lease nobody holds is fenced all the same.
-	code, out, errOut = cliRun(t, b, "", "release", "--force", "--json", "cli:idle")
-	require.Equal(t, cli.ExitOK, code, errOut)
-	var res struct {
+}
+
+// release --force on a lease nobody holds exits 3 (not held), as README and --help say, and
+// says whether it raised the fence: a name never granted is left unchanged (no lease row, no
+// fence: a mistyped name leaves nothing behind); a grant that lapsed without a successor has
+// its holder fenced out all the same; a name released by force before, and not granted since,
+// is left as it is.
+func TestCLIReleaseForceNotHeld(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	type result struct {
 		Lease     string   `json:"lease"`
 		Held      bool     `json:"held"`
+		Lapsed    bool     `json:"lapsed"`
 		OldHolder *string  `json:"old_holder"`
-		NewToken  int64    `json:"new_token"`
+		OldToken  *int64   `json:"old_token"`
+		NewToken  *int64   `json:"new_token"`
 		HandedTo  *string  `json:"handed_to"`
 		Fenced    []string `json:"fenced"`
 	}
+	count := func(query, name string) int {
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, query, name).Scan(&n))
+		return n
+	}
+	const leaseRows = `SELECT count(*) FROM fencelock.leases WHERE name = $1`
+	const fenceRows = `SELECT count(*) FROM fencelock.fences WHERE resource = $1`
+
+	// Never granted: exit 3, nothing changed.
+	code, out, errOut := cliRun(t, b, "", "release", "--force", "cli:idle", "--fence", "cli:idle-other")
+	require.Equal(t, cli.ExitNotFound, code, "stdout %q stderr %q", out, errOut)
+	require.Empty(t, out)
+	require.Equal(t, "fencelock: release lease \"cli:idle\": not held: never granted (or not since its last forced release); nothing changed, no fence raised\n", errOut)
+	code, out, errOut = cliRun(t, b, "", "release", "--force", "--json", "cli:idle")
+	require.Equal(t, cli.ExitNotFound, code, errOut)
+	var res result
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
-	require.Equal(t, "cli:idle", res.Lease)
+	require.Equal(t, result{Lease: "cli:idle", Fenced: []string{}}, res)
+	require.Zero(t, count(leaseRows, "cli:idle"), "a lease row was left behind")
+	require.Zero(t, count(fenceRows, "cli:idle"), "a fence was raised")
+	require.Zero(t, count(fenceRows, "cli:idle-other"), "a fence was raised")
+
+	// A lapsed grant, nobody after it: exit 3, and its holder is fenced out.
+	zombie, err := newLessor(t, b.pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.ctx, "cli:lapsed", 300*time.Millisecond)
+	require.NoError(t, err)
+	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.ctx, b.pool, "cli:lapsed").Expired })
+	code, out, errOut = cliRun(t, b, "", "release", "--force", "--json", "cli:lapsed", "--fence", "cli:lapsed-other")
+	require.Equal(t, cli.ExitNotFound, code, errOut)
+	res = result{}
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 	require.False(t, res.Held)
-	require.Nil(t, res.OldHolder)
+	require.True(t, res.Lapsed)
+	require.Equal(t, "zombie", *res.OldHolder)
+	require.EqualValues(t, zombie.Token(), *res.OldToken)
+	require.Greater(t, *res.NewToken, int64(zombie.Token()))
 	require.Nil(t, res.HandedTo)
-	require.Equal(t, []string{"cli:idle"}, res.Fenced)
-	require.Greater(t, res.NewToken, int64(got.lease.Token()))
+	require.Equal(t, []string{"cli:lapsed", "cli:lapsed-other"}, res.Fenced)
+	require.Equal(t, fmt.Sprintf("fencelock: release lease \"cli:lapsed\": not held: the grant of zombie (token %d) had lapsed; fenced with token %d (cli:lapsed, cli:lapsed-other), so its holder's fenced writes are refused\n",
+		zombie.Token(), *res.NewToken), errOut)
+	for _, r := range res.Fenced {
+		err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, r, zombie.Token()) })
+		require.ErrorIs(t, err, fencelock.ErrStaleToken, "the lapsed holder is not fenced out of %q", r)
+	}
+
+	// Released by force already, not granted since: exit 3, nothing changed.
+	code, _, errOut = cliRun(t, b, "", "release", "--force", "cli:lapsed")
+	require.Equal(t, cli.ExitNotFound, code, errOut)
+	require.Contains(t, errOut, "nothing changed, no fence raised")
+	var fence int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT token FROM fencelock.fences WHERE resource = 'cli:lapsed'`).Scan(&fence))
+	require.Equal(t, *res.NewToken, fence, "the fence moved")
+
+	// The lease is granted as usual afterwards, with a token above the fence.
+	lease, err := newLessor(t, b.pool, "next").TryAcquire(b.ctx, "cli:lapsed", time.Minute)
+	require.NoError(t, err)
+	require.Greater(t, int64(lease.Token()), fence)
+	require.NoError(t, lease.Release(b.ctx))
+
+	// --help says the same.
+	code, out, _ = cliRun(t, b, "", "help", "release")
+	require.Equal(t, cli.ExitOK, code)
+	require.Contains(t, out, "exit 3 when nobody does")
+	require.Contains(t, out, "3  nothing held: release found no holder")
 }
 
 // release --force --advisory terminates the backend holding a session advisory lock, after a

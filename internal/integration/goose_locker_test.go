@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -142,6 +143,54 @@ func TestGooseLockerProviderLockingBehindPgBouncer(t *testing.T) {
 	b := setup(t)
 	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
 	providerLocking(t, b, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+}
+
+// concurrentLocking runs goose's other contract test, locktesting.TestConcurrentLocking: five
+// GooseLockers, each on a lessor of its own (its own holder id) on pool, Lock at once with a
+// context that ends after a second; one gets the lease and holds it for two seconds, then
+// calls Unlock with that same context, ended by then, which must succeed (goose's table
+// locker passes: its Unlock detaches the context); the others give up when their context ends.
+// Afterwards exactly one locker had the lease and released it, and the name is free at once:
+// another lessor is granted it, and nothing is left in its queue.
+func concurrentLocking(t *testing.T, b *bundle, pool *pgxpool.Pool) {
+	const name = "goose:concurrent"
+	db := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	var lockers []*fencelock.GooseLocker
+	locktesting.TestConcurrentLocking(t, db, func(t *testing.T) lock.Locker {
+		g, err := fencelock.NewGooseLocker(newLessor(t, pool, fmt.Sprintf("locker-%d", len(lockers))), name, 10*time.Second)
+		require.NoError(t, err)
+		lockers = append(lockers, g)
+		return g
+	}, time.Second)
+	released := 0
+	for _, g := range lockers {
+		if errors.Is(g.Err(), fencelock.ErrReleased) {
+			released++
+		} else {
+			require.ErrorIs(t, g.Err(), fencelock.ErrNotHeld, "a locker that never held the lease")
+		}
+	}
+	require.Equal(t, 1, released)
+	require.Empty(t, readQueue(t, b.ctx, b.pool, name))
+	lease, err := newLessor(t, pool, "after").TryAcquire(b.ctx, name, 10*time.Second)
+	require.NoError(t, err, "the lease is still held after Unlock")
+	require.NoError(t, lease.Release(b.ctx))
+}
+
+// goose's contract test for concurrent lockers, on direct connections.
+func TestGooseLockerConcurrentLocking(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	concurrentLocking(t, b, b.pool)
+}
+
+// The same behind PgBouncer in transaction mode, where the lessors poll.
+func TestGooseLockerConcurrentLockingBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
+	concurrentLocking(t, b, goosePool(t, b.ctx, bouncer.URL(b.db.Name), !bouncer.PreparedStatements()))
 }
 
 // goose's own session locker is not safe behind PgBouncer in transaction mode: its
