@@ -50,8 +50,9 @@
 //	   terminated backend did not exit, a lock held by a prepared transaction, or the
 //	   operator declined ([ExitError])
 //	2  a usage error: unknown command or flag, missing argument or database URL ([ExitUsage])
-//	3  nothing to do: no holder found, or the lease's last grant is not the one --token
-//	   names, and nothing changed ([ExitNotFound])
+//	3  nobody held it: no holder found (a lease never granted: nothing changed; a lapsed
+//	   grant: its holder fenced out all the same), or the lease's last grant is not the one
+//	   --token names, and nothing changed ([ExitNotFound])
 //	4  the lease row is locked by a transaction (a RunLocked, the holder's guarded transaction
 //	   or a grant in flight): lock timeout, or a deadlock with a holder that fenced before it
 //	   guarded; retry ([ExitLockTimeout])

@@ -20,8 +20,10 @@ const (
 	ExitError = 1
 	// ExitUsage: an unknown command or flag, a missing argument, no database URL.
 	ExitUsage = 2
-	// ExitNotFound: nothing to do: release --advisory found no holder, or release --token
-	// named a grant that is not the lease's last one (nothing changed).
+	// ExitNotFound: nobody held it: release --advisory found no holder; release --force found
+	// no current grant (never granted: nothing changed; a lapsed grant: its holder was fenced
+	// out all the same); or release --token named a grant that is not the lease's last one
+	// (nothing changed).
 	ExitNotFound = 3
 	// ExitLockTimeout: release gave up because a transaction (a RunLocked, the holder's
 	// guarded transaction, a grant in flight) holds the lease row: --lock-timeout passed, or
