@@ -172,8 +172,10 @@ func (w *wait) takeHandedLocked() []handoff {
 }
 
 // renewIDLocked gives w a new id, dropping the grants handed to the old one (see
-// takeHandedLocked): after its row's grant was found by a statement, or after an attempt of
-// unknown outcome whose cleanup may have ended that grant. l.mu must be held.
+// takeHandedLocked), after its row's grant was found by a statement: that attempt claims it,
+// or hands it on. Not after an attempt of unknown outcome: its cleanup spares a grant handed
+// to w (LeaseReleaseUnknown), which w's next attempt must still find under the same id (see
+// Lessor.attempt). l.mu must be held.
 func (w *wait) renewIDLocked() {
 	w.id = newWaitID()
 	w.handed = nil

@@ -220,7 +220,7 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 	}
 	defer exit()
 	var row db.LeaseGrantRow
-	sent, _, err := l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
+	sent, err := l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
 		row, err = l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: lt.ttl.Microseconds(), Nowait: true, MayInsert: true})
 		return err
 	})
@@ -257,7 +257,7 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 		}
 	}
 	var row db.LeaseAcquireRow
-	sent, abandoned, err := l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
+	sent, err = l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
 		row, err = l.q.LeaseAcquire(ctx, conn, db.LeaseAcquireParams{
 			Name:    name,
 			Holder:  l.cfg.holder,
@@ -268,22 +268,22 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 		})
 		return err
 	})
-	l.mu.Lock()
-	switch {
-	case abandoned:
-		// grantFailed ended every grant of this holder for name it does not hold, a grant
-		// handed to this wait included: the wait's row and id must not be trusted again.
-		w.renewIDLocked()
-	case err == nil:
-		w.sent, w.serverNow = sent, row.ServerNow
-		if row.Outcome == outcomeMine || row.Outcome == outcomeHanded {
-			w.renewIDLocked() // its row is used up
-		}
-	}
-	l.mu.Unlock()
 	if err != nil {
+		// The wait keeps its id, even after a statement of unknown outcome: the cleanup
+		// (grantFailed) ended what the statement may have granted (outcome 1, which also took
+		// the wait's row out of the queue) and spared any grant a release handed to the wait
+		// (one outcomes 2 and 3 found, or one handed since), which the wait's next attempt (a
+		// sibling's) then claims with that id, from the NOTIFY or from the row, or leaving the
+		// queue hands on. Under a new id the next attempt would reset the row, leaving such a
+		// grant held by nobody for its TTL, and lose the wait's place (outcome 4).
 		return nil, attemptInfo{}, err
 	}
+	l.mu.Lock()
+	w.sent, w.serverNow = sent, row.ServerNow
+	if row.Outcome == outcomeMine || row.Outcome == outcomeHanded {
+		w.renewIDLocked() // its row is used up
+	}
+	l.mu.Unlock()
 	info := attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
 	switch row.Outcome {
 	case outcomeGranted:
@@ -323,15 +323,22 @@ func (l *Lessor) enterFree(ctx context.Context, name string) (exit func(), err e
 }
 
 // grantStatement runs one grant statement (run) on a pooled connection, and returns when it
-// was sent. A failure other than pgx.ErrNoRows goes through grantFailed; abandoned reports
-// that pgx gave the statement up mid-flight (its outcome unknown; grantFailed then cleaned up).
-func (l *Lessor) grantStatement(ctx context.Context, name string, run func(*pgxpool.Conn) error) (sent time.Time, abandoned bool, err error) {
-	return l.runGrant(ctx, fmt.Sprintf("acquire lease %q", name), run, l.endUnknownGrants([]string{name}))
+// was sent. A failure other than pgx.ErrNoRows goes through grantFailed, which cleans up after
+// a statement pgx gave up mid-flight (its outcome unknown) with endUnknownGrants.
+func (l *Lessor) grantStatement(ctx context.Context, name string, run func(*pgxpool.Conn) error) (sent time.Time, err error) {
+	sent, _, err = l.runGrant(ctx, fmt.Sprintf("acquire lease %q", name), run, l.endUnknownGrants([]string{name}))
+	return sent, err
 }
 
 // endUnknownGrants returns the cleanup of a grant statement on names whose outcome is unknown:
 // it ends every grant of those names to this holder but the ones the lessor holds or is
-// releasing (LeaseReleaseUnknown).
+// releasing and the ones a release handed to its waits (LeaseReleaseUnknown).
+//
+// Why it is safe: the statement may have granted only with a token of its own, which none of
+// the spared grants has. A grant handed to a wait of this lessor was made by a release, never
+// by the statement: the query spares it while the wait's row records it, and the keep-list
+// while the wait holds it from the NOTIFY, so the Acquire that claims it (a sibling of the
+// statement's caller, waiting on the name's gate) never trusts a grant this cleanup ended.
 func (l *Lessor) endUnknownGrants(names []string) func(context.Context) error {
 	return func(ctx context.Context) error {
 		keep := []int64{}
@@ -339,6 +346,11 @@ func (l *Lessor) endUnknownGrants(names []string) func(context.Context) error {
 		for _, name := range names {
 			if lease := l.active[name]; lease != nil {
 				keep = append(keep, int64(lease.token))
+			}
+			if w := l.waits[name]; w != nil {
+				for _, h := range w.handed { // its Acquire claims it, or leaving hands it on
+					keep = append(keep, int64(h.token))
+				}
 			}
 		}
 		for token := range l.releasing { // its Release ends it, and must find it current
@@ -351,8 +363,8 @@ func (l *Lessor) endUnknownGrants(names []string) func(context.Context) error {
 }
 
 // runGrant is grantStatement for any grant statement (what names it in errors): unknown ends
-// every grant the statement may have made, sparing the lessor's own current ones, after an
-// outcome left unknown (grantFailed).
+// every grant the statement may have made, sparing the lessor's own current ones and those
+// handed to its waits, after an outcome left unknown (grantFailed).
 func (l *Lessor) runGrant(ctx context.Context, what string, run func(*pgxpool.Conn) error, unknown func(context.Context) error) (sent time.Time, abandoned bool, err error) {
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
@@ -398,8 +410,10 @@ func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token 
 // socket buffer). So grantFailed first waits until that backend has exited (the backend
 // finishes the statement, fails to send the result and exits), then runs unknown, the grant's
 // own cleanup, which ends what the statement may have granted, scoped to this holder and
-// sparing the lessor's own current grants (a lease's: LeaseReleaseUnknown; a permit's: only
-// the permit granted to the attempt's wait; a set's: its members). Behind a pooler the pid is
+// sparing the lessor's own current grants and every grant a release handed to one of its
+// waits, which a sibling goroutine may claim and trust once this returns (a lease's:
+// LeaseReleaseUnknown; a permit's: only the permit granted to the attempt's wait; a set's: its
+// members). Behind a pooler the pid is
 // not the backend's and the wait ends at once: the cleanup is then best effort, and a late
 // grant expires by its TTL. what names the grant in errors.
 func (l *Lessor) grantFailed(ctx context.Context, what string, pid uint32, abandoned bool, err error, unknown func(context.Context) error) error {

@@ -214,10 +214,12 @@ func (q *Queries) LeaseGuard(ctx context.Context, db DBTX, arg LeaseGuardParams)
 }
 
 const leaseReleaseUnknown = `-- name: LeaseReleaseUnknown :execrows
-UPDATE fencelock.leases
+UPDATE fencelock.leases AS l
 SET expires_at = clock_timestamp()
-WHERE name = ANY ($1::text[]) AND holder = $2::text
-  AND token <> ALL ($3::bigint[]) AND expires_at > clock_timestamp()
+WHERE l.name = ANY ($1::text[]) AND l.holder = $2::text
+  AND l.token <> ALL ($3::bigint[]) AND l.expires_at > clock_timestamp()
+  AND NOT EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
+                  WHERE w.name = l.name AND w.holder = l.holder AND w.granted_token = l.token)
 `
 
 type LeaseReleaseUnknownParams struct {
@@ -228,8 +230,36 @@ type LeaseReleaseUnknownParams struct {
 
 // Ends any grant to @holder of a name in @names (one name for a lease, a set's names for
 // TryAcquireAll) except the tokens in @keep_tokens (the lessor's leases it still believes
-// held, or is releasing). Used after a grant statement was abandoned in flight: the server may
-// have granted just as the client gave up, and the token is then unknown to the client.
+// held, or is releasing, and grants handed to its waits that they have not claimed yet) and
+// every grant a release handed to a wait of @holder. Used after a grant statement was abandoned
+// in flight: the server may have granted just as the client gave up, and the token is then
+// unknown to the client.
+//
+// Why it is safe:
+//   - It ends only what the abandoned statement may have granted. A grant statement (LeaseGrant,
+//     LeaseAcquire's granted, fencelock.grant_all) draws a new token, and no queue row records
+//     it: a token gets into fencelock.lease_waiters.granted_token only by fencelock.hand_off,
+//     which draws it when a release hands the lease to a wait. So a grant of @holder whose token
+//     a queue row of @holder records was handed over, never made by the abandoned statement, and
+//     is spared: its wait claims it (from the NOTIFY, or its next attempt finds it in the row),
+//     or hands it on when it leaves the queue. (Ending it let a waiting Acquire of the same
+//     lessor claim and trust a grant the server no longer had: issue 21.)
+//   - A hand-off concurrent with this statement is never ended. It writes the lease row (the new
+//     holder and token) and the queue row (granted_token) in one transaction. Committed before
+//     this statement's snapshot: both are seen, and the grant is spared. Not committed by then:
+//     the lease row's version in the snapshot has the releasing holder, never @holder (a release
+//     does not hand a lease to its own holder's wait), so it does not match, and is neither
+//     locked nor rechecked. A row that matches (a grant of @holder) and is updated meanwhile is
+//     rechecked on its latest version (NOT EXISTS still reads the snapshot): a renewal keeps its
+//     holder and token, a release or a hand-off of it ends it or gives it another holder, so no
+//     recheck meets a grant handed to @holder.
+//   - A queue row loses the grant it records only once its wait has taken the grant to claim it
+//     or hand it on (both under the name's gate, which this cleanup's caller holds too), or to
+//     SweepLeases once the row left the queue more than its grace ago (a minute at least): a
+//     grant delivered by NOTIFY and not claimed yet is in @keep_tokens whatever became of its row.
+//   - The caller runs it once the abandoned statement's backend has exited, so that statement
+//     has committed or rolled back. Behind a pooler it may still run: the cleanup is then best
+//     effort, and a late grant expires by its TTL.
 func (q *Queries) LeaseReleaseUnknown(ctx context.Context, db DBTX, arg LeaseReleaseUnknownParams) (int64, error) {
 	result, err := db.Exec(ctx, leaseReleaseUnknown, arg.Names, arg.Holder, arg.KeepTokens)
 	if err != nil {
