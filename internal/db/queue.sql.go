@@ -264,8 +264,8 @@ type LeaseLeaveQueueRow struct {
 }
 
 // Takes @holder's place out of the queue of @name (a waiter that gave up, or a RunLocked that
-// ran), whatever wait id it has (the caller holds the name's gate and has no other wait on the
-// included), and returns the token a release handed to it meanwhile (0: none), which the caller
+// ran), whatever wait id it has (the caller holds the name's gate and has no other wait on
+// that name, so an earlier id of the same wait is included), and returns the token a release handed to it meanwhile (0: none), which the caller
 // then releases with LeaseRelease, handing it to the next waiter, unless it holds that grant. When the lease is
 // free, it wakes the next head (token 0 in the payload): a release that found this wait at the
 // head woke only it. Committed with synchronous_commit off, as a refused attempt is.
