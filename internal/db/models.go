@@ -168,6 +168,10 @@ type FencelockTokenEpoch struct {
 	LastEpoch   int32
 }
 
+type FencelockTokenEpochMark struct {
+	Epoch int32
+}
+
 type FencelockTokenFlush struct {
 	Pid   int32
 	Token int64
