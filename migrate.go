@@ -63,7 +63,8 @@ const migrateStateSQL = `SELECT pg_catalog.to_regnamespace('fencelock') IS NOT N
 //
 // (plus CONNECT on the database where PUBLIC's was revoked). ALL TABLES covers the views
 // (holders, lease_queue, advisory_locks), fencelock.token_flushes (advisory tokens),
-// fencelock.token_epoch (every token; [RebaseTokenEpoch] too) and the version table, which
+// fencelock.token_epoch and fencelock.token_epoch_marks (every token; [RebaseTokenEpoch] too)
+// and the version table, which
 // Migrate reads. The functions (next_token, hand_off, force_release, rebase_token_epoch) are
 // EXECUTE to PUBLIC unless default privileges revoked that. README.md, "Least privilege", says
 // more.

@@ -14,7 +14,9 @@ SELECT fencelock.rebase_token_epoch($1::integer)::integer AS epoch
 `
 
 // Raises fencelock.token_epoch.epoch_offset so that the next token's epoch is at least
-// @at_least and above every epoch in fencelock's tables; returns that epoch (migration 00003).
+// @at_least and above every epoch in fencelock's tables and every recorded epoch
+// (fencelock.token_epoch.last_epoch, fencelock.token_epoch_marks); returns that epoch
+// (migrations 00003 and 00011).
 func (q *Queries) TokenEpochRebase(ctx context.Context, db DBTX, atLeast int32) (int32, error) {
 	row := db.QueryRow(ctx, tokenEpochRebase, atLeast)
 	var epoch int32

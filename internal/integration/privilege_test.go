@@ -252,7 +252,7 @@ func TestLeastPrivilege(t *testing.T) {
 
 	// A migration pending: the role may not apply it, and says so. The owner takes the version
 	// row of the last migration away (and puts it back after): the role's Migrate takes the lock
-	// and runs that migration, whose first statement (ALTER TABLE fencelock.leases) fails; the
+	// and runs that migration, whose first statement (DDL on fencelock's tables) fails; the
 	// migration's transaction rolls back and no version is recorded.
 	var last int64
 	require.NoError(t, b.pool.QueryRow(ctx, `DELETE FROM fencelock.goose_db_version
