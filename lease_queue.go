@@ -133,9 +133,12 @@ func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bo
 func (l *Lessor) notified(wk wakeup) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if ch := l.semWaits[wk.waitID]; ch != nil { // a Semaphore.Acquire (wait ids are unique)
+	if sw := l.semWaits[wk.waitID]; sw != nil { // a Semaphore.Acquire (wait ids are unique)
+		if wk.token != 0 { // a permit given to it (the name is the permit's)
+			sw.handed = &wk
+		}
 		select {
-		case ch <- struct{}{}:
+		case sw.wake <- struct{}{}:
 		default:
 		}
 		return

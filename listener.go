@@ -170,9 +170,9 @@ func (ls *listener) setReady(ctx context.Context, ready bool) {
 		for _, w := range l.waits {
 			w.signalLocked()
 		}
-		for _, ch := range l.semWaits {
+		for _, sw := range l.semWaits {
 			select {
-			case ch <- struct{}{}:
+			case sw.wake <- struct{}{}:
 			default:
 			}
 		}

@@ -52,17 +52,17 @@ type Lessor struct {
 	heartbeat *loop // heartbeat.go; armed while a lease is held or a renewal is in flight
 
 	mu         sync.Mutex
-	active     map[string]*Lease       // held leases by name (at most one each: no re-entry)
-	queue      leaseHeap               // held leases with a heartbeat, not in flight, by renewal time
-	trust      leaseHeap               // held leases by the end of their trust window (trustwatch.go)
-	trustTimer timer                   // fires at the trust watch's head; nil until the first lease
-	inFlight   int                     // renewal statements in flight
-	gates      map[string]*gate        // per-name serialisation of attempts, claims and releases
-	waits      map[string]*wait        // Acquires in a queue, by name (lease_queue.go)
-	semWaits   map[int64]chan struct{} // Semaphore.Acquires in a queue, by wait id (semaphore.go)
-	releasing  map[Token]int           // grants whose Lease.Release is in progress
-	listener   *listener               // the pool's listening connection, while attached (listener.go)
-	lingering  timer                   // detaches from it once idle; nil until first armed
+	active     map[string]*Lease  // held leases by name (at most one each: no re-entry)
+	queue      leaseHeap          // held leases with a heartbeat, not in flight, by renewal time
+	trust      leaseHeap          // held leases by the end of their trust window (trustwatch.go)
+	trustTimer timer              // fires at the trust watch's head; nil until the first lease
+	inFlight   int                // renewal statements in flight
+	gates      map[string]*gate   // per-name serialisation of attempts, claims and releases
+	waits      map[string]*wait   // Acquires in a queue, by name (lease_queue.go)
+	semWaits   map[int64]*semWait // Semaphore.Acquires in a queue, by wait id (semaphore.go)
+	releasing  map[Token]int      // grants whose Lease.Release is in progress
+	listener   *listener          // the pool's listening connection, while attached (listener.go)
+	lingering  timer              // detaches from it once idle; nil until first armed
 
 	afterGrant func() // tests only: runs after each grant statement returns
 }
@@ -103,7 +103,7 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 		trust:     leaseHeap{which: trustHeap},
 		gates:     make(map[string]*gate),
 		waits:     make(map[string]*wait),
-		semWaits:  make(map[int64]chan struct{}),
+		semWaits:  make(map[int64]*semWait),
 		releasing: make(map[Token]int),
 	}
 	l.cfg.common.resolve()

@@ -12,8 +12,10 @@ import (
 	"github.com/fencelock/fencelock/internal/db"
 )
 
-// MaxSemaphoreLimit is the largest limit a [Semaphore] takes: a grant counts the semaphore's
-// permit rows, so its cost grows with the limit (docs/PERFORMANCE.md).
+// MaxSemaphoreLimit is the largest limit a [Semaphore] takes. A grant and a release cost the
+// same at every limit (free permits are kept in a set); what grows with the limit is the
+// reclaim of permits lost by their TTL (one read of every permit row, at most once a second
+// while permits are short) and [Semaphore.State] (docs/PERFORMANCE.md).
 const MaxSemaphoreLimit = 10_000
 
 // maxSemaphoreName leaves room in a lease name for a permit's "#<slot>" suffix.
@@ -26,30 +28,33 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 // GuardTx, FenceTx and Release as for any lease.
 //
 // Never more than the limit of permits are unexpired at once on the database clock, whatever
-// the faults: a grant happens only while fewer are (the semaphore's row is locked to count
-// them; a permit in the middle of a renewal, or locked by a guarded transaction, counts as
-// held; migrations/00008_semaphores.sql).
-// A permit whose holder died, paused or lost its connection is reclaimed when its TTL ends: it
-// then counts no more, and its renewal can no longer revive it. The limit is stored in the
-// database (table fencelock.semaphores): the first acquire of a semaphore creates it with the
-// limit given to NewSemaphore, and [Semaphore.SetLimit] changes it at run time for everyone.
-// A lower limit ends no permit: nothing is granted until the count falls below it.
+// the faults: permit i is the lease row of slot i < limit, granted only while it is expired,
+// so the limit holds by construction; after a lower limit, grants count the permits until
+// those above it have ended (migrations/00012_semaphore_handoff.sql). A permit whose holder
+// died, paused or lost its connection counts until its TTL ends, and its renewal can no
+// longer revive it; it is reclaimed by the first grant attempt after it expired, at most about
+// a second later while permits are short. The limit is stored in the database (table
+// fencelock.semaphores): the first acquire of a semaphore creates it with the limit given to
+// NewSemaphore, and [Semaphore.SetLimit] changes it at run time for everyone. A lower limit
+// ends no permit: nothing is granted until the count falls below it.
 //
 // Permit i of semaphore S is the lease named "S#i" (0 <= i < limit): fencelock.holders and
 // `fencelock locks` show permits as leases of those names; `fencelock release --force` ends
 // one. Do not take a lease of that form with [Lessor.Acquire]: it would not be counted.
 //
 // Waiters are served first come, first served: a waiting [Semaphore.Acquire] takes a place in
-// the semaphore's queue (fencelock.semaphore_waiters), and is granted only while the free
-// permits cover it and every live waiter ahead of it; a try never takes a permit someone waits
-// for. A release wakes the first two waiters (NOTIFY on the lessor's listening connection:
-// the head, and the next in case the head is leaving or its grant is in flight); a grant
-// wakes the next waiter while permits are still free, and a waiter that gives up wakes the one
-// after it. A permit lost by its TTL, or ended
-// by `fencelock release --force`, wakes nobody: the head tries again just after the first held
-// permit expires, and the others refresh their places every third of their liveness. Each
-// Acquire has a place of its own, so one lessor may hold and wait for several permits of a
-// semaphore at once.
+// the semaphore's queue (fencelock.semaphore_waiters), and a try never takes a permit someone
+// waits for. A release gives its permit to the head of the queue in its own statement (a new
+// grant of that permit, with a fresh token) and tells that waiter alone, by NOTIFY on its
+// lessor's listening connection; the waiter takes it without a statement of its own. A waiter
+// whose place is being refreshed at that instant (every third of its liveness) is passed over
+// for the next. No waiter's statement waits for another's: waiters run no statement between
+// refreshes, and a grant never waits for another grant. A permit lost by its TTL, or ended by
+// `fencelock release --force`, goes to the waiters when it is reclaimed: the head of the queue
+// tries again when the next reclaim is due. Behind a pooler (PgBouncer in transaction mode)
+// waiters poll with the lessor's [Backoff] and find the permit given to them. Each Acquire has
+// a place of its own, so one lessor may hold and wait for several permits of a semaphore at
+// once.
 //
 // A Semaphore is safe for concurrent use. The idea is Dijkstra's semaphore with the leased
 // permits of Curator's InterProcessSemaphoreV2 and Redisson's RPermitExpirableSemaphore.
@@ -110,7 +115,7 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 		return nil, err
 	}
 	start := time.Now()
-	lease, _, err := s.attempt(ctx, lt, newWaitID(), false, "", 0)
+	lease, _, err := s.attempt(ctx, lt, newWaitID(), false, "", 0, nil)
 	err = notAcquired(err)
 	m := s.l.cfg.common.metrics
 	m.acquired(ctx, mSemaphoreTry, start, err)
@@ -125,10 +130,12 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 //
 // The first refused attempt takes a place at the back of the queue, in the same statement; the
 // wait refreshes its place every third of its liveness (the TTL bounded to [250 ms, 5 s]), and
-// a waiter that dies leaves the queue when its place expires. Woken by a release (NOTIFY), the
-// wait tries again at once; not listening (behind a pooler such as PgBouncer in transaction
-// mode), it polls with the lessor's [Backoff], capped by the time until the first permit
-// expires.
+// a waiter that dies leaves the queue when its place expires (a permit given to it meanwhile
+// lapses by its TTL). A release gives the head its permit and a NOTIFY that carries the grant:
+// the wait takes it at once, its trust window mapped onto the local clock through its last
+// statement, as for a lease handed over by [Lessor.Acquire]. At the head, the wait also tries
+// again when the next reclaim of lost permits is due. Not listening (behind a pooler such as
+// PgBouncer in transaction mode), it polls with the lessor's [Backoff].
 //
 // Errors: ctx's error (wrapped) when ctx ends first, with nothing held and no place left in
 // the queue (behind a pooler, where the end of an abandoned statement cannot be awaited, both
@@ -144,9 +151,9 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 	l := s.l
 	live := queueLiveness(ttl)
 	id := newWaitID()
-	wake := make(chan struct{}, 1)
+	sw := &semWait{wake: make(chan struct{}, 1)}
 	l.mu.Lock()
-	l.semWaits[id] = wake
+	l.semWaits[id] = sw
 	l.mu.Unlock()
 	queued := false // counted as waiting (metrics)
 	sent := false   // an attempt that may have put the wait in the queue was sent
@@ -162,10 +169,11 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 		if sent && err != nil {
 			// Out of the queue before returning: a wait that gave up must not hold a place,
 			// even one an attempt of unknown outcome may have taken (its backend has exited by
-			// now: runGrant waited). A granted wait's statement took its row out.
+			// now: runGrant waited), and a permit a release gave it meanwhile goes on to the
+			// next waiter. A granted wait's statement took its row out.
 			cctx, cancel := detached(ctx, cleanupTimeout)
 			defer cancel()
-			if lerr := l.q.SemaphoreLeave(cctx, l.pool, db.SemaphoreLeaveParams{Sem: s.name, WaitID: id}); lerr != nil {
+			if _, lerr := l.q.SemaphoreLeave(cctx, l.pool, db.SemaphoreLeaveParams{Sem: s.name, WaitID: id, Holder: l.cfg.holder}); lerr != nil {
 				l.cfg.common.logger.Error("fencelock: could not leave a semaphore's queue; the place expires by itself",
 					"semaphore", s.name, "holder", l.cfg.holder, "error", lerr)
 			}
@@ -177,12 +185,13 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 			t.Stop()
 		}
 	}()
+	var last semStatement // the wait's last statement, which maps a handed permit's expiry
 	for n := 0; ; n++ {
 		l.mu.Lock()
 		channel := l.listeningChannelLocked()
 		l.mu.Unlock()
 		sent = true
-		lease, info, err := s.attempt(ctx, lt, id, true, channel, live)
+		lease, info, err := s.attempt(ctx, lt, id, true, channel, live, &last)
 		if !errors.Is(err, errRefused) {
 			return lease, err
 		}
@@ -201,9 +210,11 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 			continue
 		}
 		d := queueWait(info.listening, info.ahead, info.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
-		if info.ahead == 0 && n == 0 {
+		if info.ahead == 0 && n == 0 || info.ahead < 0 {
 			// Joined at the head: a release that ran while this attempt did saw no waiter and
-			// woke nobody. Look again soon, once.
+			// freed its permit instead of giving it. Or (ahead -1) a release was giving this
+			// wait a permit as the attempt ran, maybe to a channel it did not know yet. Look
+			// again soon.
 			d = min(d, joinRecheck)
 		}
 		if t == nil {
@@ -215,16 +226,44 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 		case <-ctx.Done():
 			return nil, fmt.Errorf("acquire semaphore %q: %w", s.name, context.Cause(ctx))
 		case <-t.C:
-		case <-wake:
+		case <-sw.wake:
+			l.mu.Lock()
+			h := sw.handed
+			sw.handed = nil
+			l.mu.Unlock()
+			if h == nil {
+				continue // "try now": a permit freed that could not be given
+			}
+			// A release gave this wait a permit, and took its row out of the queue: claim it
+			// without a statement. Refused only when its trust window has already ended (the
+			// permit then goes on to the next waiter), and the wait joins the queue again.
+			lease, err := s.claim(ctx, lt, h.name, h.handoff, last)
+			if !errors.Is(err, errRefused) {
+				return lease, err
+			}
 		}
 	}
 }
 
-// attempt runs one SemaphoreAcquire: the permit, errRefused with what the refusal tells the
-// next attempt's timing, or another error. Attempts of one lessor on one semaphore run side by
-// side: the cleanup of one of unknown outcome ends only the permit granted to its own wait id
-// (the permit row records it), never a sibling's.
-func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, queue bool, channel string, live time.Duration) (*Lease, attemptInfo, error) {
+// semWait is a Semaphore.Acquire in the semaphore's queue: wake is signalled (cap 1) by a
+// notification for its wait id, and handed holds the permit a release gave it, if any (at
+// most one: the release took the wait's row out of the queue). Guarded by the lessor's mu.
+type semWait struct {
+	wake   chan struct{}
+	handed *wakeup
+}
+
+// semStatement is when a wait's statement was sent (local clock) and the database clock
+// during it: the pair that maps a permit given to the wait onto the local clock.
+type semStatement struct{ sent, serverNow time.Time }
+
+// attempt runs one SemaphoreAcquire: the permit (granted by it, outcome 1, or given to the
+// wait by a release, outcome 3), errRefused with what the refusal tells the next attempt's
+// timing, or another error. When last is not nil it records the statement's times there.
+// Attempts of one lessor on one semaphore run side by side: the cleanup of one of unknown
+// outcome ends only the permit granted or given to its own wait id (the permit row records
+// it), never a sibling's.
+func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, queue bool, channel string, live time.Duration, last *semStatement) (*Lease, attemptInfo, error) {
 	l := s.l
 	var row db.SemaphoreAcquireRow
 	sent, _, err := l.runGrant(ctx, fmt.Sprintf("acquire semaphore %q", s.name), func(conn *pgxpool.Conn) (err error) {
@@ -237,8 +276,17 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 	if err != nil {
 		return nil, attemptInfo{}, err
 	}
+	st := semStatement{sent: sent, serverNow: row.ServerNow}
+	if last != nil {
+		*last = st
+	}
 	info := attemptInfo{listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
-	if row.Outcome != outcomeGranted {
+	switch row.Outcome {
+	case outcomeGranted:
+	case outcomeHanded:
+		lease, err := s.claim(ctx, lt, row.Name, handoff{token: Token(row.Token), expiresAt: row.ExpiresAt}, st)
+		return lease, info, err
+	default:
 		return nil, info, errRefused
 	}
 	lease := newLease(l, row.Name, Token(row.Token), lt, sent, row.ExpiresAt)
@@ -248,8 +296,39 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 		l.releasePermitToken(ctx, s.name, row.Name, lease.token)
 		return nil, info, errRefused
 	}
+	s.install(lease)
+	return lease, info, nil
+}
+
+// claim makes a lease of the permit name that a release gave to a wait of this semaphore, with
+// h's token and expiry, its trust window mapped onto the local clock through the wait's
+// statement st (handedGrantSent), as for a lease handed over by [Lessor.Acquire]'s queue. A
+// permit whose window has already ended, or that no statement can map, goes on to the next
+// waiter (released), and the claim is refused.
+func (s *Semaphore) claim(ctx context.Context, lt leaseTimes, name string, h handoff, st semStatement) (*Lease, error) {
+	l := s.l
+	now := l.cfg.clock.Now()
+	grantedAt, ok := handedGrantSent(st.sent, st.serverNow, h.expiresAt, lt.ttl, now)
+	if !ok {
+		l.releasePermitToken(ctx, s.name, name, h.token)
+		return nil, errRefused
+	}
+	lease := newLease(l, name, h.token, lt, grantedAt, h.expiresAt)
+	lease.sem = s.name
+	if !now.Before(lease.TrustedUntil()) {
+		lease.end(ErrReleased)
+		l.releasePermitToken(ctx, s.name, name, h.token)
+		return nil, errRefused
+	}
+	s.install(lease)
+	return lease, nil
+}
+
+// install adds a permit granted to this lessor to its held leases.
+func (s *Semaphore) install(lease *Lease) {
+	l := s.l
 	l.mu.Lock()
-	old := l.active[row.Name]
+	old := l.active[lease.name]
 	l.mu.Unlock()
 	if old != nil {
 		// The database granted this permit anew, so this lessor's earlier grant of it has
@@ -258,11 +337,10 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 		old.lost(errGoneOnServer)
 	}
 	l.add(lease)
-	return lease, info, nil
 }
 
-// releaseUnknown ends the permit granted to the wait waitID, if any, and wakes a waiter for it:
-// after a grant attempt of unknown outcome, which handed no permit to anyone.
+// releaseUnknown ends the permit granted or given to the wait waitID, if any, and gives it to
+// the next waiter: after a grant attempt of unknown outcome, which handed no permit to anyone.
 func (s *Semaphore) releaseUnknown(ctx context.Context, waitID int64) error {
 	l := s.l
 	_, err := l.q.SemaphoreReleaseUnknown(ctx, l.pool, db.SemaphoreReleaseUnknownParams{Sem: s.name, Holder: l.cfg.holder, WaitID: waitID})
@@ -270,13 +348,14 @@ func (s *Semaphore) releaseUnknown(ctx context.Context, waitID int64) error {
 }
 
 // releasePermit runs SemaphoreRelease for the permit (slot, this holder, token) of sem: it ends
-// the permit and wakes the waiters it lets in. It reports whether the grant was current.
+// the permit and gives it to the head of the queue (or frees it). It reports whether the
+// grant was current.
 func (l *Lessor) releasePermit(ctx context.Context, sem, slot string, token Token) (bool, error) {
 	outcome, err := l.q.SemaphoreRelease(ctx, l.pool, db.SemaphoreReleaseParams{Sem: sem, Slot: slot, Holder: l.cfg.holder, Token: int64(token)})
 	if err != nil {
 		return false, wrapPg(fmt.Sprintf("release permit %q of semaphore %q", slot, sem), err)
 	}
-	if outcome == 2 {
+	if outcome >= 2 {
 		wakeups.Add(1)
 	}
 	return outcome != 0, nil

@@ -143,6 +143,12 @@ type FencelockSemaphore struct {
 	PermitLimit int32
 	Slots       int32
 	UpdatedAt   time.Time
+	NextReclaim time.Time
+}
+
+type FencelockSemaphoreFree struct {
+	Semaphore string
+	Slot      int32
 }
 
 type FencelockSemaphoreState struct {
@@ -160,6 +166,7 @@ type FencelockSemaphoreWaiter struct {
 	Channel   pgtype.Text
 	Since     time.Time
 	ExpiresAt time.Time
+	TtlUs     int64
 }
 
 type FencelockTokenEpoch struct {

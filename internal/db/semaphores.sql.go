@@ -41,8 +41,9 @@ type SemaphoreAcquireRow struct {
 	PermitLimit int32
 }
 
-// One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migration 00008).
-// Outcome 1: granted (name is the permit's lease name); 4: refused (queued when @queue).
+// One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migration 00012).
+// Outcome 1: granted (name is the permit's lease name); 3: a release gave this wait a permit
+// (name); 4: refused (queued when @queue).
 func (q *Queries) SemaphoreAcquire(ctx context.Context, db DBTX, arg SemaphoreAcquireParams) (SemaphoreAcquireRow, error) {
 	row := db.QueryRow(ctx, semaphoreAcquire,
 		arg.Sem,
@@ -68,20 +69,24 @@ func (q *Queries) SemaphoreAcquire(ctx context.Context, db DBTX, arg SemaphoreAc
 	return i, err
 }
 
-const semaphoreLeave = `-- name: SemaphoreLeave :exec
-SELECT fencelock.semaphore_leave($1::text, $2::bigint)
+const semaphoreLeave = `-- name: SemaphoreLeave :one
+SELECT fencelock.semaphore_leave($1::text, $2::bigint, $3::text)::integer AS handed_on
 `
 
 type SemaphoreLeaveParams struct {
 	Sem    string
 	WaitID int64
+	Holder string
 }
 
-// Takes the wait @wait_id out of the queue of @sem (a waiter that gave up), and wakes the next
-// waiter if it was there: fencelock.semaphore_leave.
-func (q *Queries) SemaphoreLeave(ctx context.Context, db DBTX, arg SemaphoreLeaveParams) error {
-	_, err := db.Exec(ctx, semaphoreLeave, arg.Sem, arg.WaitID)
-	return err
+// Takes the wait @wait_id out of the queue of @sem (a waiter that gave up), hands on a permit a
+// release gave that wait meanwhile, and wakes the next waiter if it was there and held none:
+// fencelock.semaphore_leave (migration 00012). Returns how many permits it handed on.
+func (q *Queries) SemaphoreLeave(ctx context.Context, db DBTX, arg SemaphoreLeaveParams) (int32, error) {
+	row := db.QueryRow(ctx, semaphoreLeave, arg.Sem, arg.WaitID, arg.Holder)
+	var handed_on int32
+	err := row.Scan(&handed_on)
+	return handed_on, err
 }
 
 const semaphoreRelease = `-- name: SemaphoreRelease :one
@@ -95,8 +100,9 @@ type SemaphoreReleaseParams struct {
 	Token  int64
 }
 
-// Ends the permit (@slot, @holder, @token) of @sem and wakes the waiters it lets in:
-// fencelock.semaphore_release (0: not current, 1: released, 2: released and woke someone).
+// Ends the permit (@slot, @holder, @token) of @sem and gives it to the head of the queue, or
+// frees it: fencelock.semaphore_release (migration 00012; 0: not current, 1: released and
+// freed, 2: given to a waiter that polls, or freed and a waiter woken, 3: given and notified).
 func (q *Queries) SemaphoreRelease(ctx context.Context, db DBTX, arg SemaphoreReleaseParams) (int32, error) {
 	row := db.QueryRow(ctx, semaphoreRelease,
 		arg.Sem,
@@ -110,38 +116,33 @@ func (q *Queries) SemaphoreRelease(ctx context.Context, db DBTX, arg SemaphoreRe
 }
 
 const semaphoreReleaseUnknown = `-- name: SemaphoreReleaseUnknown :one
-WITH ended AS (
-    UPDATE fencelock.leases AS l
-    SET expires_at = clock_timestamp()
-    FROM fencelock.semaphores AS s
-    WHERE s.name = $1::text
-      AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
-      AND l.holder = $2::text AND l.permit_wait = $3::bigint
-      AND l.expires_at > clock_timestamp()
-    RETURNING l.name
-)
-SELECT (SELECT count(*) FROM ended)::bigint AS ended,
-       fencelock.semaphore_wake($1::text, (SELECT count(*) FROM ended), clock_timestamp()) AS woken
+SELECT count(*)::bigint AS ended, count(*) FILTER (WHERE r.outcome >= 2)::bigint AS woken
+FROM (SELECT fencelock.semaphore_release($1::text, l.name, l.holder, l.token) AS outcome
+      FROM fencelock.leases AS l
+      WHERE l.permit_wait = $2::bigint AND l.holder = $3::text
+        AND l.name LIKE $1::text || '#%' AND l.expires_at > clock_timestamp()) AS r
 `
 
 type SemaphoreReleaseUnknownParams struct {
 	Sem    string
-	Holder string
 	WaitID int64
+	Holder string
 }
 
 type SemaphoreReleaseUnknownRow struct {
 	Ended int64
-	Woken int32
+	Woken int64
 }
 
 // Ends the permit of @sem granted to @holder for the wait @wait_id, if any: after a grant
 // attempt whose outcome is unknown (its connection was abandoned mid-flight). That permit was
 // never handed to a caller (the attempt did not return it), and another attempt of the same
-// lessor, granted just then, has a wait of its own. Wakes a waiter for each permit it ends.
-// Returns how many it ended.
+// lessor, granted just then, has a wait of its own. Each permit ended goes on to the head of
+// the queue, or to the free set (fencelock.semaphore_release). One index probe
+// (leases.permit_wait), whatever the limit. Returns how many it ended and how many of them it
+// gave to a waiter.
 func (q *Queries) SemaphoreReleaseUnknown(ctx context.Context, db DBTX, arg SemaphoreReleaseUnknownParams) (SemaphoreReleaseUnknownRow, error) {
-	row := db.QueryRow(ctx, semaphoreReleaseUnknown, arg.Sem, arg.Holder, arg.WaitID)
+	row := db.QueryRow(ctx, semaphoreReleaseUnknown, arg.Sem, arg.WaitID, arg.Holder)
 	var i SemaphoreReleaseUnknownRow
 	err := row.Scan(&i.Ended, &i.Woken)
 	return i, err

@@ -36,6 +36,12 @@ func benchSetup(b *testing.B) *benchEnv {
 	if os.Getenv("FENCELOCK_BENCH_FSYNC") == "on" {
 		opts = append(opts, pgtest.WithSetting("fsync", "on"), pgtest.WithSetting("full_page_writes", "on"))
 	}
+	if dir := os.Getenv("FENCELOCK_BENCH_LOCK_LOG"); dir != "" {
+		// Every lock wait over 1 ms is logged, with the statement and the PL/pgSQL line, to
+		// the server's log files in dir (which outlive the server).
+		opts = append(opts, pgtest.WithSetting("log_lock_waits", "on"), pgtest.WithSetting("deadlock_timeout", "1ms"),
+			pgtest.WithSetting("logging_collector", "on"), pgtest.WithSetting("log_directory", dir))
+	}
 	srv := pgtest.NewServer(b, opts...)
 	db := srv.NewDB(b)
 	ctx := context.Background()

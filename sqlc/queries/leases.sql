@@ -247,8 +247,12 @@ SELECT (SELECT count(*) FROM held)::bigint AS held, (SELECT count(*) FROM advanc
 -- database clock stepped back). Rows locked by anyone (a grant taking the name over, a
 -- transaction-scoped holder) are skipped, never waited for, and rows granted since the
 -- snapshot are re-checked under the row lock and kept. Tokens come from the sequence, not the
--- row, so a name granted again after its row was deleted still gets a larger token. Returns
--- the last name of the page ('' when the page was empty: the sweep is done) and the count.
+-- row, so a name granted again after its row was deleted still gets a larger token. A
+-- semaphore's permit rows (permit_wait set) are kept: at most a limit of them per semaphore,
+-- and a permit's slot is found free again only through its row (migration 00012's reclaim
+-- never inserts a free slot for a row it cannot see, which could be one a grant is creating).
+-- Returns the last name of the page ('' when the page was empty: the sweep is done) and the
+-- count.
 WITH page AS MATERIALIZED (
     SELECT cur.name FROM fencelock.leases AS cur
     WHERE cur.name > sqlc.arg(after)::text
@@ -257,6 +261,7 @@ WITH page AS MATERIALIZED (
 ), doomed AS (
     SELECT l.name FROM fencelock.leases AS l JOIN page ON l.name = page.name
     WHERE l.expires_at < clock_timestamp() - sqlc.arg(grace_us)::bigint * interval '1 microsecond'
+      AND l.permit_wait IS NULL
     FOR UPDATE OF l SKIP LOCKED
 ), deleted AS (
     DELETE FROM fencelock.leases AS l USING doomed WHERE l.name = doomed.name

@@ -1,6 +1,7 @@
 -- name: SemaphoreAcquire :one
--- One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migration 00008).
--- Outcome 1: granted (name is the permit's lease name); 4: refused (queued when @queue).
+-- One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migration 00012).
+-- Outcome 1: granted (name is the permit's lease name); 3: a release gave this wait a permit
+-- (name); 4: refused (queued when @queue).
 SELECT s.outcome::integer AS outcome, coalesce(s.name, '')::text AS name, s.token::bigint AS token,
        coalesce(s.expires_at, s.server_now)::timestamptz AS expires_at, s.server_now::timestamptz AS server_now,
        s.ahead::bigint AS ahead, s.remaining_us::bigint AS remaining_us, s.permit_limit::integer AS permit_limit
@@ -9,33 +10,30 @@ FROM fencelock.semaphore_acquire(sqlc.arg(sem)::text, sqlc.arg(holder)::text, sq
     sqlc.arg(channel)::text, sqlc.arg(live_us)::bigint) AS s;
 
 -- name: SemaphoreRelease :one
--- Ends the permit (@slot, @holder, @token) of @sem and wakes the waiters it lets in:
--- fencelock.semaphore_release (0: not current, 1: released, 2: released and woke someone).
+-- Ends the permit (@slot, @holder, @token) of @sem and gives it to the head of the queue, or
+-- frees it: fencelock.semaphore_release (migration 00012; 0: not current, 1: released and
+-- freed, 2: given to a waiter that polls, or freed and a waiter woken, 3: given and notified).
 SELECT fencelock.semaphore_release(sqlc.arg(sem)::text, sqlc.arg(slot)::text, sqlc.arg(holder)::text, sqlc.arg(token)::bigint)::integer AS outcome;
 
--- name: SemaphoreLeave :exec
--- Takes the wait @wait_id out of the queue of @sem (a waiter that gave up), and wakes the next
--- waiter if it was there: fencelock.semaphore_leave.
-SELECT fencelock.semaphore_leave(sqlc.arg(sem)::text, sqlc.arg(wait_id)::bigint);
+-- name: SemaphoreLeave :one
+-- Takes the wait @wait_id out of the queue of @sem (a waiter that gave up), hands on a permit a
+-- release gave that wait meanwhile, and wakes the next waiter if it was there and held none:
+-- fencelock.semaphore_leave (migration 00012). Returns how many permits it handed on.
+SELECT fencelock.semaphore_leave(sqlc.arg(sem)::text, sqlc.arg(wait_id)::bigint, sqlc.arg(holder)::text)::integer AS handed_on;
 
 -- name: SemaphoreReleaseUnknown :one
 -- Ends the permit of @sem granted to @holder for the wait @wait_id, if any: after a grant
 -- attempt whose outcome is unknown (its connection was abandoned mid-flight). That permit was
 -- never handed to a caller (the attempt did not return it), and another attempt of the same
--- lessor, granted just then, has a wait of its own. Wakes a waiter for each permit it ends.
--- Returns how many it ended.
-WITH ended AS (
-    UPDATE fencelock.leases AS l
-    SET expires_at = clock_timestamp()
-    FROM fencelock.semaphores AS s
-    WHERE s.name = sqlc.arg(sem)::text
-      AND l.name = ANY (fencelock.semaphore_slots(s.name, greatest(s.permit_limit, s.slots)))
-      AND l.holder = sqlc.arg(holder)::text AND l.permit_wait = sqlc.arg(wait_id)::bigint
-      AND l.expires_at > clock_timestamp()
-    RETURNING l.name
-)
-SELECT (SELECT count(*) FROM ended)::bigint AS ended,
-       fencelock.semaphore_wake(sqlc.arg(sem)::text, (SELECT count(*) FROM ended), clock_timestamp()) AS woken;
+-- lessor, granted just then, has a wait of its own. Each permit ended goes on to the head of
+-- the queue, or to the free set (fencelock.semaphore_release). One index probe
+-- (leases.permit_wait), whatever the limit. Returns how many it ended and how many of them it
+-- gave to a waiter.
+SELECT count(*)::bigint AS ended, count(*) FILTER (WHERE r.outcome >= 2)::bigint AS woken
+FROM (SELECT fencelock.semaphore_release(sqlc.arg(sem)::text, l.name, l.holder, l.token) AS outcome
+      FROM fencelock.leases AS l
+      WHERE l.permit_wait = sqlc.arg(wait_id)::bigint AND l.holder = sqlc.arg(holder)::text
+        AND l.name LIKE sqlc.arg(sem)::text || '#%' AND l.expires_at > clock_timestamp()) AS r;
 
 -- name: SemaphoreSetLimit :one
 -- Sets the limit of @sem (fencelock.semaphore_set_limit); returns the previous one (0: new).
