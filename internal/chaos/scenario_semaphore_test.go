@@ -90,6 +90,14 @@ func runSemChild(js string) int {
 	return 0
 }
 
+const (
+	// semPhaseGrants is how many grants each of scenario 14's three phases needs: 3 of them
+	// make more than the 200 grants the scenario asks for power.
+	semPhaseGrants = 70
+	// semDeadline bounds scenario 14's faults: a quiet machine needs 12 s.
+	semDeadline = 2 * time.Minute
+)
+
 // semChild is the test's handle on a semaphore child.
 type semChild struct {
 	cmd    *exec.Cmd
@@ -124,15 +132,20 @@ type permitSpan struct {
 // Scenario 14: a semaphore (limit 5) under 200 goroutines in 4 child processes that wait for,
 // hold and release permits, while the harness pauses whole processes past the TTL (SIGSTOP,
 // SIGCONT), terminates random backends of theirs, and kills processes (SIGKILL) and starts new
-// ones; the limit is lowered to 3 for the middle third of the run. Triggers log every change
-// of a permit row and of the limit; from those logs: never more than 5 permits unexpired at
-// any instant of the database clock, at each grant no more permits unexpired (itself
-// included) than the limit then in force, each permit's tokens rise, and some permits did
-// lapse (the faults bit). Once every child is dead, every permit comes back: all 5 are
+// ones; the limit is lowered to 3 for the middle of the run's three phases. Triggers log every
+// change of a permit row and of the limit; from those logs: never more than 5 permits
+// unexpired at any instant of the database clock, at each grant no more permits unexpired
+// (itself included) than the limit then in force, each permit's tokens rise, and some permits
+// did lapse (the faults bit). Once every child is dead, every permit comes back: all 5 are
 // granted to a newcomer within a TTL, and no waiter is left in the queue.
+//
+// Each phase runs until it has semPhaseGrants grants and has lasted 4 s (12 s in all on a
+// quiet machine), so the grants the checks need for power come from the run's length: a
+// loaded machine runs longer, up to semDeadline, and fails only if a check breaks or the
+// deadline passes with too few grants. It uses only the public Semaphore API and the logs.
 func TestScenarioSemaphoreFaults(t *testing.T) {
 	t.Parallel()
-	e := setup(t, setupOpts{scenario: "14-semaphore-faults", timeout: 3 * time.Minute})
+	e := setup(t, setupOpts{scenario: "14-semaphore-faults", timeout: semDeadline + 2*time.Minute})
 	ctx, db := e.ctx, e.db
 	const (
 		sem   = "chaos:sem"
@@ -160,7 +173,6 @@ func TestScenarioSemaphoreFaults(t *testing.T) {
 			EXECUTE FUNCTION sem_limits();`)
 	require.NoError(t, err)
 
-	d := time.Duration(runs(1)) * 12 * time.Second
 	cfg := semChildConfig{URL: db.URL, Sem: sem, Limit: limit, TTL: ttl, Hold: 30 * time.Millisecond, Goroutines: 50}
 	children := make([]*semChild, 4)
 	next := 0
@@ -174,46 +186,69 @@ func TestScenarioSemaphoreFaults(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 14))
 	var pauses, terminated, kills int
-	began := time.Now()
-	deadline := began.Add(d)
 	setter, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("setter"))
 	require.NoError(t, err)
 	ss, err := fencelock.NewSemaphore(setter, sem, limit)
 	require.NoError(t, err)
-	lowered, raised := false, false
-	for time.Now().Before(deadline) {
-		// The limit changes at run time: 3 from a third of the run, 5 again from two thirds.
-		if !lowered && time.Since(began) > d/3 {
-			_, err := ss.SetLimit(ctx, 3)
+	grantCount := func() int { // grants so far, from the log (a permit's token is its grant's)
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(DISTINCT token) FROM sem_log`).Scan(&n))
+		return n
+	}
+	// Three phases of faults, under the limit of 5, then 3, then 5 again. Each lasts until it
+	// has seen semPhaseGrants grants and minPhase has passed: its grants come from the run's
+	// length, not from the machine's speed. Past semDeadline with a phase still short of
+	// grants, the run fails as too short to say anything.
+	minPhase := time.Duration(runs(1)) * 4 * time.Second
+	perPhase := runs(1) * semPhaseGrants
+	limits := []int{limit, 3, limit}
+	phaseGrants := make([]int, len(limits))
+	began := time.Now()
+	short := "" // why the run said too little, if it did (checked last: a broken invariant comes first)
+phases:
+	for i, lim := range limits {
+		if i > 0 { // the limit changes at run time
+			_, err := ss.SetLimit(ctx, lim)
 			require.NoError(t, err)
-			lowered = true
 		}
-		if !raised && time.Since(began) > 2*d/3 {
-			_, err := ss.SetLimit(ctx, limit)
-			require.NoError(t, err)
-			raised = true
-		}
-		time.Sleep(jitter(300*time.Millisecond, 800*time.Millisecond))
-		i := rng.IntN(len(children))
-		switch rng.IntN(3) {
-		case 0: // pause a whole process past the TTL
-			p := children[i].cmd.Process
-			require.NoError(t, p.Signal(syscall.SIGSTOP))
-			time.Sleep(jitter(ttl+100*time.Millisecond, 2*ttl))
-			require.NoError(t, p.Signal(syscall.SIGCONT))
-			pauses++
-		case 1: // kill a few backends of the children
-			var n int
-			require.NoError(t, db.Pool.QueryRow(ctx, `
-				SELECT count(pg_terminate_backend(pid)) FROM (
-					SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'semchild-%' ORDER BY random() LIMIT 3) AS a`).Scan(&n))
-			terminated += n
-		case 2: // kill a process and start another
-			children[i].kill()
-			start(i)
-			kills++
+		phaseStart, base := time.Now(), grantCount()
+		for {
+			phaseGrants[i] = grantCount() - base
+			if phaseGrants[i] >= perPhase && time.Since(phaseStart) >= minPhase {
+				break
+			}
+			if time.Since(began) > semDeadline {
+				short = fmt.Sprintf("too few grants to say anything: phase %d (limit %d) had %d of %d when the deadline passed, %v into the faults (grants by phase: %v)",
+					i+1, lim, phaseGrants[i], perPhase, time.Since(began).Round(time.Second), phaseGrants)
+				if lim != limit { // the newcomer below counts on the full limit
+					_, err := ss.SetLimit(ctx, limit)
+					require.NoError(t, err)
+				}
+				break phases
+			}
+			time.Sleep(jitter(300*time.Millisecond, 800*time.Millisecond))
+			c := rng.IntN(len(children))
+			switch rng.IntN(3) {
+			case 0: // pause a whole process past the TTL
+				p := children[c].cmd.Process
+				require.NoError(t, p.Signal(syscall.SIGSTOP))
+				time.Sleep(jitter(ttl+100*time.Millisecond, 2*ttl))
+				require.NoError(t, p.Signal(syscall.SIGCONT))
+				pauses++
+			case 1: // kill a few backends of the children
+				var n int
+				require.NoError(t, db.Pool.QueryRow(ctx, `
+					SELECT count(pg_terminate_backend(pid)) FROM (
+						SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'semchild-%' ORDER BY random() LIMIT 3) AS a`).Scan(&n))
+				terminated += n
+			case 2: // kill a process and start another
+				children[c].kill()
+				start(c)
+				kills++
+			}
 		}
 	}
+	faults := time.Since(began)
 	for _, c := range children {
 		c.kill()
 	}
@@ -325,10 +360,12 @@ func TestScenarioSemaphoreFaults(t *testing.T) {
 			require.LessOrEqual(t, n, lim, "grant of %s (token %d) made %d permits unexpired", g.name, g.token, n)
 		}
 	}
-	require.Positive(t, grantsUnderLowered, "no grant while the limit was lowered")
-	t.Logf("chaos: scenario=%s grants=%d (%d under the lowered limit of 3) lapsed=%d max_unexpired=%d limit=%d pauses=%d backends_terminated=%d processes_killed=%d all_permits_back_in=%v",
-		e.report.Scenario, len(spans), grantsUnderLowered, lapsed, maxHeld, limit, pauses, terminated, kills, reclaimed.Round(time.Millisecond))
+	t.Logf("chaos: scenario=%s grants=%d (%d under the lowered limit of 3; by phase %v) lapsed=%d max_unexpired=%d limit=%d pauses=%d backends_terminated=%d processes_killed=%d faults_for=%v all_permits_back_in=%v",
+		e.report.Scenario, len(spans), grantsUnderLowered, phaseGrants, lapsed, maxHeld, limit, pauses, terminated, kills, faults.Round(time.Millisecond), reclaimed.Round(time.Millisecond))
 	require.LessOrEqual(t, maxHeld, limit, "more permits unexpired at once than the limit")
+	// The invariants held; now whether the run had the power to say so.
+	require.Empty(t, short)
+	require.Positive(t, grantsUnderLowered, "no grant while the limit was lowered")
 	require.Equal(t, limit, maxHeld, "the workload never filled the semaphore")
 	require.Greater(t, len(spans), 200, "too few grants to say anything")
 	if pauses+kills > 0 {
