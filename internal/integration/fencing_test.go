@@ -246,16 +246,23 @@ func TestLeaseFenceTx(t *testing.T) {
 // and GuardTx hold the lease row FOR KEY SHARE, which renewals (FOR NO KEY UPDATE) do not
 // conflict with. When they held it FOR SHARE, renewals skipped the row while a guarded
 // transaction was open, and a worker writing continuously lost a 1 s lease within a second.
+//
+// Two workers write until there have been at least 50 writes and 3 s (three TTLs: about nine
+// heartbeats, nearly all of them while a transaction holds the row), under a deadline of a
+// minute for a loaded machine: a slow machine makes the test longer, not its writes fewer.
 func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	createWrites(t, b)
 	lease, err := newLessor(t, b.pool, "busy").TryAcquire(b.ctx, "hot", time.Second)
 	require.NoError(t, err)
-	ctx, stop := context.WithTimeout(b.ctx, 3*time.Second)
-	defer stop()
+	const wantWrites, minRun = 50, 3 * time.Second
+	ctx, stop := context.WithCancel(b.ctx)
 	var wg sync.WaitGroup
+	defer wg.Wait() // after stop, also when the test fails early
+	defer stop()
 	var writes atomic.Int64
+	failed := make(chan error, 2)
 	for range 2 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -270,20 +277,32 @@ func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 					return err
 				})
 				if err != nil {
+					failed <- err
 					return
 				}
 				writes.Add(1)
 			}
 		})
 	}
-	select {
-	case <-lease.Done():
-		t.Fatalf("the holder lost its lease to its own fenced writes: %v", lease.Err())
-	case <-ctx.Done():
+	start := time.Now()
+	deadline := time.After(time.Minute)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for writes.Load() < wantWrites || time.Since(start) < minRun {
+		select {
+		case <-lease.Done():
+			t.Fatalf("the holder lost its lease to its own fenced writes: %v", lease.Err())
+		case err := <-failed:
+			t.Fatalf("a fenced write failed: %v (lease: %v)", err, lease.Err())
+		case <-deadline:
+			t.Fatalf("%d fenced writes in a minute, want %d", writes.Load(), wantWrites)
+		case <-tick.C:
+		}
 	}
+	stop()
 	wg.Wait()
+	t.Logf("%d fenced writes in %v", writes.Load(), time.Since(start).Round(time.Millisecond))
 	require.NoError(t, lease.Err())
-	require.Greater(t, writes.Load(), int64(50))
 	require.NoError(t, lease.Release(b.ctx))
 }
 
