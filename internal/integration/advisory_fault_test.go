@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -238,13 +239,15 @@ func TestAdvisoryUnlockFailureDestroysConnection(t *testing.T) {
 	require.ErrorIs(t, lk.Unlock(b.ctx), fencelock.ErrNotHeld)
 	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
 
-	// The unlock statement fails (ctx already cancelled): the session is closed, which releases
-	// the lock.
+	// The unlock statement fails (the session is in an aborted transaction: "current
+	// transaction is aborted"): the session is closed, which releases the lock. (An ended ctx
+	// no longer makes it fail: Unlock detaches from it; TestEndedContextAdvisoryUnlock.)
 	lk, err = a.TryLock(b.ctx, "job")
 	require.NoError(t, err)
-	cancelled, cancel := context.WithCancel(b.ctx)
-	cancel()
-	require.ErrorIs(t, lk.Unlock(cancelled), context.Canceled)
+	require.Error(t, testhook.ExecOnSession(b.ctx, lk, `BEGIN; SELECT 1/0`))
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, lk.Unlock(b.ctx), &pgErr)
+	require.Equal(t, "25P02", pgErr.Code, "the unlock failed in the aborted transaction")
 	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
 	other, err := newLocker(t, b.pool).TryLock(b.ctx, "job")
 	require.NoError(t, err, "closing the session released the lock")

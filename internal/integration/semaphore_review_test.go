@@ -251,7 +251,7 @@ func TestReviewSemReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
 	defer func() { _ = r.lease.Release(b.ctx) }()
 	took := r.at.Sub(released)
 	t.Logf("granted %v after the release that made room", took.Round(time.Millisecond))
-	require.Less(t, took, 300*time.Millisecond, "the release that made room woke nobody")
+	require.Less(t, took, 1200*time.Millisecond, "the release that made room woke nobody (the refresh is 1.67 s)")
 }
 
 // A3. A larger limit gives its new permits to the waiters (semaphore_dispatch), but stops at
@@ -276,7 +276,7 @@ func TestReviewSemDispatchSkipsRefreshingWaiter(t *testing.T) {
 	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv3', 3)`)
 	require.NoError(t, tx.Commit(ctx))
 
-	ns := collect(300 * time.Millisecond)
+	ns := collect(time.Second)
 	free := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv3'`)
 	w2 := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE wait_id = 102 AND expires_at > clock_timestamp()`)
 	t.Logf("W1 told %q, W2 told %q; free permits %d, W2 waiting %d", rvOn(ns, "rvc1"), rvOn(ns, "rvc2"), free, w2)
@@ -313,7 +313,7 @@ func TestReviewSemTwoReleasesLoseWake(t *testing.T) {
 	require.NoError(t, t1.Commit(ctx))
 	require.NoError(t, t2.Commit(ctx))
 
-	ns := collect(300 * time.Millisecond)
+	ns := collect(time.Second)
 	free := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv4'`)
 	t.Logf("second release: %d; W1 told %q, W2 told %q; free permits %d", r, rvOn(ns, "rvd1"), rvOn(ns, "rvd2"), free)
 	require.NotEmpty(t, rvOn(ns, "rvd2"), "a permit free (%d) and W2 waiting, and W2 never told", free)
@@ -750,7 +750,7 @@ func TestReviewSemCountingGrantLeavesRoomUntold(t *testing.T) {
 	r2 := receive(t, g2, 5*time.Second)
 	require.NoError(t, r2.err)
 	t.Logf("W1 granted %v, W2 %v after the releases (2 of 4 held before them)", r1.at.Sub(released).Round(time.Millisecond), r2.at.Sub(released).Round(time.Millisecond))
-	require.Less(t, r2.at.Sub(released), 300*time.Millisecond, "W2 was not told of the room W1's grant left")
+	require.Less(t, r2.at.Sub(released), 1200*time.Millisecond, "W2 was not told of the room W1's grant left (the refresh is 1.67 s)")
 }
 
 // A7. semaphore_acquire reads t once, at its start, and later treats a free permit whose row
@@ -913,6 +913,15 @@ func TestReviewSemCostReclaimWhileGuarded(t *testing.T) {
 	rvExec(t, ctx, tx, `SELECT 1 FROM fencelock.leases WHERE name = 'rvg#0' FOR KEY SHARE`)
 	measure()
 	guarded := measure()
+	// The invariant behind the cost, whatever the machine's speed: after a refused try, the
+	// next reclaim is still ahead (a reclaim that left the guarded permit moves it at least
+	// 100 ms on), so tries in between read no permit row.
+	for range 5 {
+		_, err := s.TryAcquire(ctx, time.Minute)
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+		require.EqualValues(t, 1, rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphores WHERE name = 'rvg' AND next_reclaim > clock_timestamp()`),
+			"the next reclaim is due at once: every refused try reads every permit while an expired one is guarded")
+	}
 	require.NoError(t, tx.Rollback(ctx))
 	// The same with the expired permit reclaimed and granted (all held): reclaims a second apart.
 	var p *fencelock.Lease
@@ -924,5 +933,4 @@ func TestReviewSemCostReclaimWhileGuarded(t *testing.T) {
 	measure()
 	full := measure()
 	t.Logf("refused try at limit %d, all held: %v; with one expired permit guarded: %v (x%.1f)", n, full, guarded, float64(guarded)/float64(full))
-	require.Less(t, guarded, 5*full, "every refused try reads every permit while an expired one is guarded")
 }
