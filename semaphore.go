@@ -351,14 +351,23 @@ func (s *Semaphore) releaseUnknown(ctx context.Context, waitID int64) error {
 // the permit and gives it to the head of the queue (or frees it). It reports whether the
 // grant was current.
 func (l *Lessor) releasePermit(ctx context.Context, sem, slot string, token Token) (bool, error) {
-	outcome, err := l.q.SemaphoreRelease(ctx, l.pool, db.SemaphoreReleaseParams{Sem: sem, Slot: slot, Holder: l.cfg.holder, Token: int64(token)})
+	row, err := l.q.SemaphoreRelease(ctx, l.pool, db.SemaphoreReleaseParams{Sem: sem, Slot: slot, Holder: l.cfg.holder, Token: int64(token)})
 	if err != nil {
 		return false, wrapPg(fmt.Sprintf("release permit %q of semaphore %q", slot, sem), err)
 	}
-	if outcome >= 2 {
+	if row.NotifyChannel != "" {
+		// The hand-off has committed; tell its waiter now, in a commit that waits for no
+		// flush (see fencelock.semaphore_release). Should this fail, the waiter finds the
+		// permit at its next refresh: logged, not an error of the release.
+		if err := l.q.SemaphoreNotify(ctx, l.pool, db.SemaphoreNotifyParams{Channel: row.NotifyChannel, Payload: row.NotifyPayload}); err != nil {
+			l.cfg.common.logger.Warn("fencelock: could not tell a waiter of the permit given to it; it finds it at its next refresh",
+				"semaphore", sem, "lease", slot, "error", err)
+		}
+	}
+	if row.Outcome >= 2 {
 		wakeups.Add(1)
 	}
-	return outcome != 0, nil
+	return row.Outcome != 0, nil
 }
 
 // releasePermitToken is releasePermit detached from ctx's cancellation, for a permit nobody

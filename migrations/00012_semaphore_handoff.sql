@@ -71,7 +71,9 @@ SELECT fencelock.grant_to_lease_roles('SELECT, INSERT, UPDATE, DELETE', 'fencelo
 -- token of the permit, a force_release's fence included; durable at commit), acquired now,
 -- expiring after the TTL the waiter asked for, recorded for its wait (permit_wait). The
 -- waiter's row leaves the queue, and its channel is told the grant: "<wait_id> <token>
--- <expires_at, us> <octets of holder> <holder><permit name>". Returns 0 (nobody to give it
+-- <expires_at, us> <octets of holder> <holder><permit name>" (with the setting
+-- fencelock.defer_notify on, the channel and payload are left in fencelock.deferred_notify for
+-- the caller to send after the commit instead). Returns 0 (nobody to give it
 -- to: the caller frees the slot), -1 (the permit is held after all: not free), 2 (given to a
 -- waiter that polls) or 3 (given and notified).
 -- +goose StatementBegin
@@ -108,6 +110,14 @@ BEGIN
     DELETE FROM fencelock.semaphore_waiters AS w WHERE w.semaphore = sem AND w.wait_id = h.wait_id;
     IF h.channel IS NULL THEN
         RETURN 2;
+    END IF;
+    IF pg_catalog.current_setting('fencelock.defer_notify', true) = 'on' THEN
+        -- The caller sends it after this transaction commits (SemaphoreRelease, then
+        -- SemaphoreNotify): see semaphore_release.
+        PERFORM pg_catalog.set_config('fencelock.deferred_notify', h.channel || ' ' || pg_catalog.concat_ws(' ', h.wait_id, tok,
+            (EXTRACT(epoch FROM exp) * 1000000)::bigint, pg_catalog.octet_length(h.holder),
+            h.holder || sem || '#' || slot), true);
+        RETURN 3;
     END IF;
     PERFORM pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, tok,
         (EXTRACT(epoch FROM exp) * 1000000)::bigint, pg_catalog.octet_length(h.holder),
@@ -441,8 +451,15 @@ $$;
 --  * Committed with synchronous_commit off when nothing is given (a release lost in a crash
 --    leaves the permit held until its TTL ends, never longer); a hand-off's token makes the
 --    commit synchronous again (next_token). Row locks: its permit row's, and none another
---    transaction holds (the rest is SKIP LOCKED); a release that notifies takes PostgreSQL's
---    notification queue lock at commit, as every NOTIFY does. It reads no other permit.
+--    transaction holds (the rest is SKIP LOCKED). It reads no other permit.
+--  * The NOTIFY of a hand-off: PostgreSQL serialises the commits of transactions that NOTIFY
+--    (an exclusive lock from the commit's start to its end, WAL flush included), so releases
+--    that notify in their own durable commit queue one behind the other: measured, 690 waits
+--    for that lock and a hand-off p50 of 188 ms with 100 permits and 200 waiters. The client's
+--    release (SemaphoreRelease) sets fencelock.defer_notify, and sends the notification in a
+--    statement of its own once the hand-off has committed (SemaphoreNotify, committed without
+--    waiting for a flush: the lock is held for microseconds). A releaser that dies in between
+--    leaves the waiter to find its permit at its next refresh.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fencelock.semaphore_release(sem text, slot text, who text, tok bigint) RETURNS integer
 LANGUAGE plpgsql VOLATILE

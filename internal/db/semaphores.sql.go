@@ -89,8 +89,36 @@ func (q *Queries) SemaphoreLeave(ctx context.Context, db DBTX, arg SemaphoreLeav
 	return handed_on, err
 }
 
+const semaphoreNotify = `-- name: SemaphoreNotify :exec
+SELECT set_config('synchronous_commit', 'off', true), pg_notify($1::text, $2::text)
+`
+
+type SemaphoreNotifyParams struct {
+	Channel string
+	Payload string
+}
+
+// Sends a hand-off's NOTIFY that SemaphoreRelease left to its caller, in a transaction of its
+// own committed without waiting for a flush (the hand-off it announces is durable already):
+// PostgreSQL's lock on notifying commits is then held for microseconds, not for a flush.
+func (q *Queries) SemaphoreNotify(ctx context.Context, db DBTX, arg SemaphoreNotifyParams) error {
+	_, err := db.Exec(ctx, semaphoreNotify, arg.Channel, arg.Payload)
+	return err
+}
+
 const semaphoreRelease = `-- name: SemaphoreRelease :one
-SELECT fencelock.semaphore_release($1::text, $2::text, $3::text, $4::bigint)::integer AS outcome
+WITH cfg AS MATERIALIZED (
+    SELECT set_config('fencelock.defer_notify', 'on', true) AS defer,
+           set_config('fencelock.deferred_notify', '', true) AS pending
+), r AS MATERIALIZED (
+    SELECT fencelock.semaphore_release($1::text, $2::text, $3::text, $4::bigint) AS outcome
+    FROM cfg
+)
+SELECT r.outcome::integer AS outcome,
+       split_part(coalesce(current_setting('fencelock.deferred_notify', true), ''), ' ', 1)::text AS notify_channel,
+       substr(coalesce(current_setting('fencelock.deferred_notify', true), ''),
+              length(split_part(coalesce(current_setting('fencelock.deferred_notify', true), ''), ' ', 1)) + 2)::text AS notify_payload
+FROM r
 `
 
 type SemaphoreReleaseParams struct {
@@ -100,19 +128,27 @@ type SemaphoreReleaseParams struct {
 	Token  int64
 }
 
+type SemaphoreReleaseRow struct {
+	Outcome       int32
+	NotifyChannel string
+	NotifyPayload string
+}
+
 // Ends the permit (@slot, @holder, @token) of @sem and gives it to the head of the queue, or
 // frees it: fencelock.semaphore_release (migration 00012; 0: not current, 1: released and
 // freed, 2: given to a waiter that polls, or freed and a waiter woken, 3: given and notified).
-func (q *Queries) SemaphoreRelease(ctx context.Context, db DBTX, arg SemaphoreReleaseParams) (int32, error) {
+// With fencelock.defer_notify on, a hand-off's NOTIFY is not sent here: notify_channel and
+// notify_payload carry it (” when none), for SemaphoreNotify once this has committed.
+func (q *Queries) SemaphoreRelease(ctx context.Context, db DBTX, arg SemaphoreReleaseParams) (SemaphoreReleaseRow, error) {
 	row := db.QueryRow(ctx, semaphoreRelease,
 		arg.Sem,
 		arg.Slot,
 		arg.Holder,
 		arg.Token,
 	)
-	var outcome int32
-	err := row.Scan(&outcome)
-	return outcome, err
+	var i SemaphoreReleaseRow
+	err := row.Scan(&i.Outcome, &i.NotifyChannel, &i.NotifyPayload)
+	return i, err
 }
 
 const semaphoreReleaseUnknown = `-- name: SemaphoreReleaseUnknown :one

@@ -13,7 +13,26 @@ FROM fencelock.semaphore_acquire(sqlc.arg(sem)::text, sqlc.arg(holder)::text, sq
 -- Ends the permit (@slot, @holder, @token) of @sem and gives it to the head of the queue, or
 -- frees it: fencelock.semaphore_release (migration 00012; 0: not current, 1: released and
 -- freed, 2: given to a waiter that polls, or freed and a waiter woken, 3: given and notified).
-SELECT fencelock.semaphore_release(sqlc.arg(sem)::text, sqlc.arg(slot)::text, sqlc.arg(holder)::text, sqlc.arg(token)::bigint)::integer AS outcome;
+-- With fencelock.defer_notify on, a hand-off's NOTIFY is not sent here: notify_channel and
+-- notify_payload carry it ('' when none), for SemaphoreNotify once this has committed.
+WITH cfg AS MATERIALIZED (
+    SELECT set_config('fencelock.defer_notify', 'on', true) AS defer,
+           set_config('fencelock.deferred_notify', '', true) AS pending
+), r AS MATERIALIZED (
+    SELECT fencelock.semaphore_release(sqlc.arg(sem)::text, sqlc.arg(slot)::text, sqlc.arg(holder)::text, sqlc.arg(token)::bigint) AS outcome
+    FROM cfg
+)
+SELECT r.outcome::integer AS outcome,
+       split_part(coalesce(current_setting('fencelock.deferred_notify', true), ''), ' ', 1)::text AS notify_channel,
+       substr(coalesce(current_setting('fencelock.deferred_notify', true), ''),
+              length(split_part(coalesce(current_setting('fencelock.deferred_notify', true), ''), ' ', 1)) + 2)::text AS notify_payload
+FROM r;
+
+-- name: SemaphoreNotify :exec
+-- Sends a hand-off's NOTIFY that SemaphoreRelease left to its caller, in a transaction of its
+-- own committed without waiting for a flush (the hand-off it announces is durable already):
+-- PostgreSQL's lock on notifying commits is then held for microseconds, not for a flush.
+SELECT set_config('synchronous_commit', 'off', true), pg_notify(sqlc.arg(channel)::text, sqlc.arg(payload)::text);
 
 -- name: SemaphoreLeave :one
 -- Takes the wait @wait_id out of the queue of @sem (a waiter that gave up), hands on a permit a
