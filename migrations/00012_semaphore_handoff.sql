@@ -363,13 +363,16 @@ BEGIN
                         nr := t; -- locked by someone: try again soon
                         CONTINUE;
                     END IF;
+                    -- The grant starts now, after the row's lock and its expiry check: never
+                    -- before the end of the permit it replaces.
+                    t := pg_catalog.clock_timestamp();
                     INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at, permit_wait)
                     VALUES (sem || '#' || i, who, fencelock.next_token(false), t, t + ttl_us * interval '1 microsecond', wait)
                     ON CONFLICT ON CONSTRAINT leases_pkey DO UPDATE
                         SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
                             acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
                             permit_wait = excluded.permit_wait
-                        WHERE l.expires_at <= pg_catalog.clock_timestamp()
+                        WHERE l.expires_at <= t
                     RETURNING l.token, l.expires_at INTO tok, exp;
                     CONTINUE WHEN tok IS NULL; -- created and held meanwhile
                     DELETE FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem AND f.slot = i;
