@@ -168,8 +168,22 @@ func TestElectionRun(t *testing.T) {
 					mu.Unlock()
 					if n >= 4 {
 						cancel() // enough terms: stop the candidates
+						return
 					}
-					<-time.After(20 * time.Millisecond) // the leader's work
+					// The leader's work lasts until the other candidate waits in the queue: the
+					// resign then hands it the term. (A fixed 20 ms of work was not always
+					// enough for the other's Campaign to join the queue on a loaded machine.)
+					for tctx.Err() == nil {
+						var waiting int
+						if err := b.pool.QueryRow(tctx, `SELECT count(*) FROM fencelock.lease_waiters
+							WHERE name = $1 AND holder <> $2 AND granted_token = 0 AND expires_at > clock_timestamp()`, name, id).Scan(&waiting); err == nil && waiting > 0 {
+							return
+						}
+						select {
+						case <-tctx.Done():
+						case <-time.After(5 * time.Millisecond):
+						}
+					}
 				},
 				OnStoppedLeading: func(term *fencelock.Term, err error) {
 					mu.Lock()
