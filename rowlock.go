@@ -326,8 +326,7 @@ func (l *Lessor) enterFree(ctx context.Context, name string) (exit func(), err e
 // was sent. A failure other than pgx.ErrNoRows goes through grantFailed, which cleans up after
 // a statement pgx gave up mid-flight (its outcome unknown) with endUnknownGrants.
 func (l *Lessor) grantStatement(ctx context.Context, name string, run func(*pgxpool.Conn) error) (sent time.Time, err error) {
-	sent, _, err = l.runGrant(ctx, fmt.Sprintf("acquire lease %q", name), run, l.endUnknownGrants([]string{name}))
-	return sent, err
+	return l.runGrant(ctx, fmt.Sprintf("acquire lease %q", name), run, l.endUnknownGrants([]string{name}))
 }
 
 // endUnknownGrants returns the cleanup of a grant statement on names whose outcome is unknown:
@@ -365,10 +364,10 @@ func (l *Lessor) endUnknownGrants(names []string) func(context.Context) error {
 // runGrant is grantStatement for any grant statement (what names it in errors): unknown ends
 // every grant the statement may have made, sparing the lessor's own current ones and those
 // handed to its waits, after an outcome left unknown (grantFailed).
-func (l *Lessor) runGrant(ctx context.Context, what string, run func(*pgxpool.Conn) error, unknown func(context.Context) error) (sent time.Time, abandoned bool, err error) {
+func (l *Lessor) runGrant(ctx context.Context, what string, run func(*pgxpool.Conn) error, unknown func(context.Context) error) (sent time.Time, err error) {
 	conn, err := l.pool.Acquire(ctx)
 	if err != nil {
-		return time.Time{}, false, wrapPg(what, err)
+		return time.Time{}, wrapPg(what, err)
 	}
 	pid := conn.Conn().PgConn().PID()
 	sent = l.cfg.clock.Now()
@@ -378,12 +377,12 @@ func (l *Lessor) runGrant(ctx context.Context, what string, run func(*pgxpool.Co
 	}
 	// pgx closes a connection whose statement it abandoned mid-flight; an open one means the
 	// outcome is known (the statement failed, or was never sent).
-	abandoned = err != nil && conn.Conn().IsClosed()
+	abandoned := err != nil && conn.Conn().IsClosed()
 	conn.Release()
 	if err == nil || errors.Is(err, pgx.ErrNoRows) {
-		return sent, false, err
+		return sent, err
 	}
-	return sent, abandoned, l.grantFailed(ctx, what, pid, abandoned, err, unknown)
+	return sent, l.grantFailed(ctx, what, pid, abandoned, err, unknown)
 }
 
 // granted makes a lease of a grant sent at sent, unless its reply came after its trust window.

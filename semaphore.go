@@ -266,7 +266,7 @@ type semStatement struct{ sent, serverNow time.Time }
 func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, queue bool, channel string, live time.Duration, last *semStatement) (*Lease, attemptInfo, error) {
 	l := s.l
 	var row db.SemaphoreAcquireRow
-	sent, _, err := l.runGrant(ctx, fmt.Sprintf("acquire semaphore %q", s.name), func(conn *pgxpool.Conn) (err error) {
+	sent, err := l.runGrant(ctx, fmt.Sprintf("acquire semaphore %q", s.name), func(conn *pgxpool.Conn) (err error) {
 		row, err = l.q.SemaphoreAcquire(ctx, conn, db.SemaphoreAcquireParams{
 			Sem: s.name, Holder: l.cfg.holder, WaitID: waitID, TtlUs: lt.ttl.Microseconds(),
 			DefaultLimit: int32(s.limit), Queue: queue, Channel: channel, LiveUs: live.Microseconds(),
