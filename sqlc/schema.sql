@@ -1,0 +1,1310 @@
+-- GENERATED, DO NOT EDIT. fencelock's schema at the head: every table, index, view, sequence,
+-- function and trigger of schema fencelock as the last migration of migrations/ leaves it.
+-- The migrations are the history (and what fencelock.Migrate applies); this file is the SQL
+-- that runs today. sqlc reads it (sqlc/sqlc.yaml). To change the schema, add a migration,
+-- then regenerate this file:
+--
+--   FENCELOCK_UPDATE_SCHEMA=1 go test -count=1 -run TestHeadSchemaIsCurrent github.com/fencelock/fencelock/internal/integration/
+--
+-- That applies the migrations with fencelock.Migrate to a fresh database of the test server,
+-- runs pg_dump --schema-only --schema=fencelock --exclude-table=fencelock.goose_db_version
+-- --no-owner --no-privileges (the pg_dump of the server's binaries) and drops what varies
+-- between runs and pg_dump versions (version comments, SET and set_config lines, \restrict
+-- keys, runs of blank lines). TestHeadSchemaIsCurrent (in CI) fails when this file differs.
+
+--
+-- PostgreSQL database dump
+--
+
+--
+-- Name: fencelock; Type: SCHEMA; Schema: -; Owner: -
+--
+
+CREATE SCHEMA fencelock;
+
+--
+-- Name: force_release(text, text[], bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.force_release(lease_name text, fence text[], expected_token bigint DEFAULT NULL::bigint) RETURNS TABLE(old_holder text, old_token bigint, lapsed boolean, new_token bigint, handed_to text)
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    cur record;
+    outcome integer;
+BEGIN
+    LOOP
+        INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+        VALUES (lease_name, 'fencelock force-release', 0, now(), now())
+        ON CONFLICT (name) DO NOTHING;
+        SELECT l.holder, l.token, l.token > 0 AND l.expires_at > pg_catalog.clock_timestamp() AS held INTO cur
+        FROM fencelock.leases AS l
+        WHERE l.name = lease_name
+        FOR UPDATE;
+        EXIT WHEN FOUND; -- else a sweep deleted the row while this waited for it: again
+    END LOOP;
+    IF cur.token > 0 AND cur.holder <> 'fencelock force-release' THEN
+        old_holder := cur.holder;
+        old_token := cur.token;
+        lapsed := NOT cur.held;
+    END IF;
+    IF expected_token IS NOT NULL AND old_token IS DISTINCT FROM expected_token THEN
+        RETURN NEXT; -- not the grant the caller meant: nothing changed
+        RETURN;
+    END IF;
+    IF cur.held THEN
+        outcome := fencelock.hand_off(lease_name, cur.holder, cur.token);
+    END IF;
+    IF outcome IN (2, 3) THEN
+        SELECT l.token, l.holder INTO new_token, handed_to FROM fencelock.leases AS l WHERE l.name = lease_name;
+    ELSE
+        new_token := fencelock.next_token(false);
+        UPDATE fencelock.leases AS l
+        SET token = new_token, holder = 'fencelock force-release', expires_at = pg_catalog.clock_timestamp()
+        WHERE l.name = lease_name;
+    END IF;
+    INSERT INTO fencelock.fences AS f (resource, token)
+    SELECT DISTINCT r, new_token FROM unnest(fence) AS r
+    ON CONFLICT (resource) DO UPDATE SET token = greatest(f.token, excluded.token);
+    RETURN NEXT;
+END
+$$;
+
+--
+-- Name: grant_all(text[], text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.grant_all(names text[], who text, ttl_us bigint) RETURNS TABLE(name text, token bigint, expires_at timestamp with time zone, remaining_us bigint)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    sorted text[];
+    soonest timestamptz;
+    locked integer;
+BEGIN
+    sorted := ARRAY(SELECT DISTINCT x COLLATE "C" FROM pg_catalog.unnest(names) AS u(x) ORDER BY 1);
+    SELECT min(l.expires_at) INTO soonest FROM fencelock.leases AS l
+    WHERE l.name = ANY (sorted) AND l.expires_at > pg_catalog.clock_timestamp();
+    IF soonest IS NOT NULL OR EXISTS (
+        SELECT 1 FROM fencelock.lease_waiters AS w
+        WHERE w.name = ANY (sorted) AND w.holder <> who AND w.granted_token = 0
+          AND w.expires_at > pg_catalog.clock_timestamp()) THEN
+        RETURN QUERY SELECT NULL::text, 0::bigint, NULL::timestamptz,
+            CASE WHEN soonest IS NULL THEN 0
+                 ELSE greatest(0, (EXTRACT(epoch FROM soonest - pg_catalog.clock_timestamp()) * 1000000)::bigint) END;
+        RETURN;
+    END IF;
+    INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
+    SELECT u.x, who, 0, now(), now() FROM pg_catalog.unnest(sorted) WITH ORDINALITY AS u(x, i)
+    ORDER BY u.i
+    ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
+    WITH lk AS (
+        SELECT l.name FROM fencelock.leases AS l
+        WHERE l.name = ANY (sorted) AND l.expires_at <= pg_catalog.clock_timestamp()
+        ORDER BY l.name COLLATE "C"
+        FOR UPDATE OF l SKIP LOCKED
+    )
+    SELECT count(*) INTO locked FROM lk;
+    IF locked < pg_catalog.cardinality(sorted) THEN
+        RETURN QUERY SELECT NULL::text, 0::bigint, NULL::timestamptz, 0::bigint;
+        RETURN;
+    END IF;
+    RETURN QUERY
+    UPDATE fencelock.leases AS l
+    SET holder = who, token = fencelock.next_token(false), acquired_at = now(),
+        expires_at = now() + ttl_us * interval '1 microsecond'
+    WHERE l.name = ANY (sorted)
+    RETURNING l.name, l.token, l.expires_at, 0::bigint;
+END
+$$;
+
+--
+-- Name: grant_to_lease_roles(text, text); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.grant_to_lease_roles(privileges text, objects text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    r regrole;
+BEGIN
+    FOR r IN
+        SELECT DISTINCT a.grantee::regrole
+        FROM pg_catalog.pg_class AS c, LATERAL pg_catalog.aclexplode(c.relacl) AS a
+        WHERE c.oid = 'fencelock.leases'::regclass
+          AND a.privilege_type = 'INSERT' AND a.grantee <> 0
+          AND a.grantee <> c.relowner
+    LOOP
+        EXECUTE format('GRANT %s ON %s TO %s', privileges, objects, r);
+    END LOOP;
+    IF EXISTS (SELECT FROM pg_catalog.pg_class AS c, LATERAL pg_catalog.aclexplode(c.relacl) AS a
+               WHERE c.oid = 'fencelock.leases'::regclass
+                 AND a.privilege_type = 'INSERT' AND a.grantee = 0) THEN
+        EXECUTE format('GRANT %s ON %s TO PUBLIC', privileges, objects);
+    END IF;
+END
+$$;
+
+--
+-- Name: hand_off(text, text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.hand_off(lease_name text, from_holder text, from_token bigint) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    h record;
+    tok bigint;
+    exp timestamptz;
+    woke boolean;
+BEGIN
+    -- The grant, locked FOR UPDATE as a grant needs it; skipped when someone else holds a lock
+    -- on the row: a guarded transaction of the holder (FOR KEY SHARE), or the holder's
+    -- renewal in flight.
+    PERFORM 1 FROM fencelock.leases AS l
+    WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token
+      AND l.expires_at > pg_catalog.clock_timestamp()
+    FOR UPDATE SKIP LOCKED;
+    IF FOUND THEN
+        -- The head, locked. Its row may be deleted (the head gave up) while this waits for
+        -- its lock: look again, a few times, while anyone live waits.
+        FOR i IN 1..3 LOOP
+            SELECT w.holder, w.wait_id, w.channel, w.ttl_us INTO h
+            FROM fencelock.lease_waiters AS w
+            WHERE w.name = lease_name AND w.holder <> from_holder AND w.granted_token = 0
+              AND w.expires_at > pg_catalog.clock_timestamp()
+            ORDER BY w.seq
+            LIMIT 1
+            FOR UPDATE;
+            EXIT WHEN FOUND OR NOT EXISTS (
+                SELECT 1 FROM fencelock.lease_waiters AS q
+                WHERE q.name = lease_name AND q.holder <> from_holder AND q.granted_token = 0
+                  AND q.expires_at > pg_catalog.clock_timestamp());
+        END LOOP;
+        -- A head that waits for a TTL grant takes it here; one that waits to run a
+        -- transaction-scoped grant (ttl_us 0) is woken below to take the free lease itself.
+        IF h.holder IS NOT NULL AND h.ttl_us > 0 THEN
+            tok := fencelock.next_token(false);
+            UPDATE fencelock.lease_waiters AS w
+            SET granted_token = tok, granted_expires_at = pg_catalog.clock_timestamp() + h.ttl_us * interval '1 microsecond',
+                expires_at = pg_catalog.clock_timestamp()
+            WHERE w.name = lease_name AND w.holder = h.holder
+            RETURNING w.granted_expires_at INTO exp;
+            UPDATE fencelock.leases AS l
+            SET holder = h.holder, token = tok, acquired_at = pg_catalog.clock_timestamp(), expires_at = exp
+            WHERE l.name = lease_name
+            RETURNING CASE WHEN h.channel IS NULL THEN false ELSE
+                pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, tok,
+                    (EXTRACT(epoch FROM exp) * 1000000)::bigint,
+                    pg_catalog.octet_length(h.holder), h.holder || lease_name)) IS NOT NULL END INTO woke;
+            RETURN CASE WHEN woke THEN 3 ELSE 2 END;
+        END IF;
+    ELSE
+        -- Locked by someone else: release without a hand-off (below) once the renewal in
+        -- flight, if any, has committed (FOR NO KEY UPDATE does not wait for FOR KEY SHARE).
+        PERFORM 1 FROM fencelock.leases AS l
+        WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token
+          AND l.expires_at > pg_catalog.clock_timestamp()
+        FOR NO KEY UPDATE;
+        IF NOT FOUND THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    UPDATE fencelock.leases AS l
+    SET expires_at = pg_catalog.clock_timestamp()
+    WHERE l.name = lease_name AND l.holder = from_holder AND l.token = from_token;
+    -- Wake the head, without a grant, to try for itself.
+    PERFORM pg_catalog.pg_notify(q.channel, pg_catalog.concat_ws(' ', q.wait_id, 0, 0,
+                pg_catalog.octet_length(q.holder), q.holder || lease_name))
+    FROM (SELECT w.holder, w.wait_id, w.channel FROM fencelock.lease_waiters AS w
+          WHERE w.name = lease_name AND w.holder <> from_holder AND w.granted_token = 0
+            AND w.expires_at > pg_catalog.clock_timestamp()
+          ORDER BY w.seq LIMIT 1) AS q
+    WHERE q.channel IS NOT NULL;
+    RETURN 1;
+END
+$$;
+
+--
+-- Name: next_token(boolean); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.next_token(durable boolean) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    seq_cache bigint;
+    seq_cycle boolean;
+    seq_increment bigint;
+    s bigint;
+    off bigint;
+    last bigint;
+    marked bigint;
+    recorded bigint;
+    epoch bigint;
+    t bigint;
+BEGIN
+    SELECT q.seqcache, q.seqcycle, q.seqincrement INTO seq_cache, seq_cycle, seq_increment
+    FROM pg_catalog.pg_sequence AS q
+    WHERE q.seqrelid = 'fencelock.leases_token_seq'::regclass;
+    IF seq_cache IS DISTINCT FROM 1 OR seq_cycle OR seq_increment <= 0 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'FL001',
+            MESSAGE = format('fencelock: token sequence fencelock.leases_token_seq has CACHE %s, INCREMENT %s%s; tokens would not rise in grant order',
+                             seq_cache, seq_increment, CASE WHEN seq_cycle THEN ', CYCLE' ELSE '' END),
+            HINT = 'ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 INCREMENT 1 NO CYCLE';
+    END IF;
+    -- nextval first: on a hot standby it fails with SQLSTATE 25006 (fencelock.ErrReadOnly),
+    -- where pg_current_wal_insert_lsn would fail with a less telling error.
+    s := pg_catalog.nextval('fencelock.leases_token_seq');
+    IF s >= 140737488355328 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'FL002',
+            MESSAGE = format('fencelock: token budget exhausted: sequence value %s is past 2^47 - 1', s),
+            HINT = 'see fencelock migration 00003 for the layout of a token';
+    END IF;
+    -- One statement reads the row and the highest mark (one row even where the row is
+    -- missing, as after a copy that left it out).
+    SELECT e.epoch_offset, e.last_epoch, k.top INTO off, last, marked
+    FROM (SELECT max(m.epoch) AS top FROM fencelock.token_epoch_marks AS m) AS k
+    LEFT JOIN fencelock.token_epoch AS e ON e.id;
+    epoch := fencelock.timeline() + coalesce(off, 0);
+    recorded := greatest(coalesce(last, 0), coalesce(marked, 0));
+    IF epoch < recorded THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'FL003',
+            MESSAGE = format('fencelock: token epoch %s is below epoch %s, the highest this database has issued tokens in: the timeline went back (pg_upgrade, a logical copy)', epoch, recorded),
+            HINT = 'SELECT fencelock.rebase_token_epoch() (fencelock.RebaseTokenEpoch) raises the epoch above every earlier one';
+    END IF;
+    IF epoch > 65535 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'FL002',
+            MESSAGE = format('fencelock: token budget exhausted: epoch %s (timeline plus fencelock.token_epoch.epoch_offset) is past the 65535 that epoch tokens allow', epoch),
+            HINT = 'see fencelock migration 00003 for the layout of a token';
+    END IF;
+    IF epoch > coalesce(last, 0) OR marked IS NOT NULL THEN
+        -- A new epoch, or marks to fold: taken by whichever token can lock the row. Rare (around
+        -- a promotion or a rebase), so the subtransaction of the block costs the common path
+        -- nothing.
+        BEGIN
+            -- SKIP LOCKED: never wait for the row's holder, which may be a transaction that
+            -- stays open for as long as its caller likes. In READ COMMITTED, FOR UPDATE returns
+            -- the row as last committed, so last is then current.
+            SELECT e.last_epoch INTO last FROM fencelock.token_epoch AS e WHERE e.id FOR UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                -- The row's holder records the epoch in it, and folds the marks that last_epoch
+                -- now covers (committed ones: a mark still being inserted is not seen, and
+                -- stays). Only the row's holder deletes marks, so no delete waits for another.
+                IF epoch > last THEN
+                    UPDATE fencelock.token_epoch AS e SET last_epoch = epoch WHERE e.id;
+                    last := epoch;
+                END IF;
+                DELETE FROM fencelock.token_epoch_marks AS m WHERE m.epoch <= last;
+            END IF;
+        EXCEPTION WHEN serialization_failure THEN
+            -- REPEATABLE READ or SERIALIZABLE: the row, or a mark this transaction saw, was
+            -- changed by a transaction that committed after its snapshot (a record or a fold of
+            -- the same moment). The block's writes are undone; the mark below records the epoch
+            -- instead, and the grant goes on rather than fail for the record's sake.
+            last := NULL;
+        END;
+        IF last IS NULL AND epoch > recorded THEN
+            -- Another transaction holds the row and may roll back (or the row is missing): record
+            -- the epoch in a row of this transaction's own, which commits with this token (no
+            -- unique key: never waits).
+            INSERT INTO fencelock.token_epoch_marks (epoch) VALUES (epoch);
+        END IF;
+    END IF;
+    t := (epoch << 47) | s;
+    -- With synchronous_commit = off (a server, role or session default), the commit would not
+    -- wait for its flush. Any other setting waits for at least the local flush: kept as it is.
+    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF durable THEN
+        INSERT INTO fencelock.token_flushes AS f (pid, token) VALUES (pg_catalog.pg_backend_pid(), t)
+        ON CONFLICT (pid) DO UPDATE SET token = excluded.token;
+    END IF;
+    RETURN t;
+END
+$$;
+
+--
+-- Name: rebase_token_epoch(integer); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.rebase_token_epoch(at_least integer DEFAULT 0) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    top bigint;
+    tli bigint;
+    off bigint;
+    last bigint;
+    marked bigint;
+BEGIN
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = '25006',
+            MESSAGE = 'fencelock: rebase_token_epoch on a hot standby: run it on the primary';
+    END IF;
+    tli := fencelock.timeline();
+    SELECT greatest(
+        (SELECT max(l.token) FROM fencelock.leases AS l),
+        (SELECT max(f.token) FROM fencelock.fences AS f),
+        (SELECT max(k.token) FROM fencelock.token_flushes AS k)) INTO top;
+    SELECT e.epoch_offset, e.last_epoch INTO off, last FROM fencelock.token_epoch AS e FOR UPDATE;
+    -- Read after the row's lock: a mark committed since is counted too. One committed later
+    -- carries an epoch drawn with the offset before this one, which this never lowers.
+    SELECT max(m.epoch) INTO marked FROM fencelock.token_epoch_marks AS m;
+    off := greatest(coalesce(off, 0), coalesce(top >> 47, 0) + 1 - tli, coalesce(last, 0) + 1 - tli,
+                    coalesce(marked, 0) + 1 - tli, at_least - tli);
+    IF tli + off > 65535 THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'FL002',
+            MESSAGE = format('fencelock: token budget exhausted: epoch %s is past the 65535 that epoch tokens allow', tli + off);
+    END IF;
+    INSERT INTO fencelock.token_epoch AS e (id, epoch_offset) VALUES (true, off)
+    ON CONFLICT (id) DO UPDATE SET epoch_offset = excluded.epoch_offset;
+    RETURN tli + off;
+END
+$$;
+
+--
+-- Name: semaphore_acquire(text, text, bigint, bigint, integer, boolean, text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_acquire(sem text, who text, wait bigint, ttl_us bigint, default_limit integer, queue boolean, chan text, live_us bigint) RETURNS TABLE(outcome integer, name text, token bigint, expires_at timestamp with time zone, server_now timestamp with time zone, ahead bigint, remaining_us bigint, permit_limit integer)
+    LANGUAGE plpgsql
+    AS $$
+#variable_conflict use_column
+DECLARE
+    t timestamptz := pg_catalog.clock_timestamp();
+    g record;
+    myseq bigint;
+    n_ahead bigint := 0;
+    lim integer := 0;
+    hw integer;
+    nr timestamptz := t;
+    counting boolean := false;
+    held integer := 0;
+    high integer;
+    i integer;
+    tok bigint;
+    exp timestamptz;
+    granted boolean := false;
+    reclaimed boolean := false;
+BEGIN
+    IF queue THEN
+        SELECT w.seq, w.expires_at INTO myseq, exp FROM fencelock.semaphore_waiters AS w
+        WHERE w.semaphore = sem AND w.wait_id = wait
+        FOR UPDATE SKIP LOCKED;
+        IF NOT FOUND AND EXISTS (SELECT 1 FROM fencelock.semaphore_waiters AS w
+                                 WHERE w.semaphore = sem AND w.wait_id = wait) THEN
+            -- A release is giving this wait a permit right now (ahead -1: look again at once;
+            -- the release may not have seen this wait's channel yet, and then tells nobody).
+            PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+            RETURN QUERY SELECT 4, NULL::text, 0::bigint, NULL::timestamptz, pg_catalog.clock_timestamp(),
+                -1::bigint, 0::bigint, 0;
+            RETURN;
+        END IF;
+        IF exp IS NULL OR exp <= t THEN -- not in the queue, or its place expired
+            myseq := NULL;
+        END IF;
+        SELECT l.name, l.token, l.expires_at INTO g FROM fencelock.leases AS l
+        WHERE l.permit_wait = wait AND l.holder = who AND l.expires_at > pg_catalog.clock_timestamp();
+        IF FOUND THEN
+            DELETE FROM fencelock.semaphore_waiters AS w WHERE w.semaphore = sem AND w.wait_id = wait;
+            RETURN QUERY SELECT 3, g.name, g.token, g.expires_at, pg_catalog.clock_timestamp(), 0::bigint, 0::bigint, 0;
+            RETURN;
+        END IF;
+    END IF;
+    SELECT count(*) INTO n_ahead FROM (
+        SELECT 1 FROM fencelock.semaphore_waiters AS w
+        WHERE w.semaphore = sem AND w.wait_id <> wait AND w.expires_at > t
+          AND w.seq < coalesce(myseq, 9223372036854775807)
+        LIMIT 1) AS a;
+    IF n_ahead = 0 THEN
+        SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
+        FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+        IF NOT FOUND THEN
+            INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, default_limit, default_limit)
+            ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
+            IF FOUND THEN
+                INSERT INTO fencelock.semaphore_free (semaphore, slot)
+                SELECT sem, g2.i FROM pg_catalog.generate_series(0, default_limit - 1) AS g2(i)
+                ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+            END IF;
+            SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
+            FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+        END IF;
+        IF hw > lim THEN
+            -- After a lower limit: count, one counting grant at a time.
+            PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR NO KEY UPDATE;
+            SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem;
+            counting := hw > lim;
+        END IF;
+        t := pg_catalog.clock_timestamp(); -- after the locks: a statement that waited decides now
+        IF counting THEN
+            WITH rd AS MATERIALIZED (
+                SELECT l.name, l.expires_at FROM fencelock.leases AS l
+                WHERE l.name = ANY (fencelock.semaphore_slots(sem, hw))
+            ), lk AS MATERIALIZED (
+                SELECT l.name FROM fencelock.leases AS l
+                WHERE l.name = ANY (ARRAY(SELECT rd.name FROM rd WHERE rd.expires_at <= t)) AND l.expires_at <= t
+                FOR UPDATE OF l SKIP LOCKED
+            )
+            SELECT (SELECT count(*) FROM rd) - (SELECT count(*) FROM lk),
+                   (SELECT count(*) FROM rd
+                    WHERE substr(rd.name, length(sem) + 2)::integer >= lim
+                      AND rd.name NOT IN (SELECT lk.name FROM lk))
+            INTO held, high;
+            IF high = 0 THEN
+                UPDATE fencelock.semaphores AS s SET slots = lim WHERE s.name = sem;
+                DELETE FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem AND f.slot >= lim;
+            END IF;
+            IF held < lim THEN
+                PERFORM fencelock.semaphore_reclaim(sem, lim, lim, t);
+            END IF;
+        END IF;
+        IF NOT counting OR held < lim THEN
+            FOR attempt IN 1..2 LOOP
+                i := -1;
+                LOOP
+                    SELECT f.slot INTO i FROM fencelock.semaphore_free AS f
+                    WHERE f.semaphore = sem AND f.slot > i AND f.slot < lim
+                    ORDER BY f.slot LIMIT 1
+                    FOR UPDATE SKIP LOCKED;
+                    EXIT WHEN NOT FOUND;
+                    SELECT l.expires_at INTO exp FROM fencelock.leases AS l
+                    WHERE l.name = sem || '#' || i FOR UPDATE SKIP LOCKED;
+                    IF FOUND THEN
+                        IF exp > pg_catalog.clock_timestamp() THEN -- held after all: not free
+                            DELETE FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem AND f.slot = i;
+                            CONTINUE;
+                        END IF;
+                    ELSIF EXISTS (SELECT 1 FROM fencelock.leases AS l WHERE l.name = sem || '#' || i) THEN
+                        nr := t; -- locked by someone: try again soon
+                        CONTINUE;
+                    END IF;
+                    -- The grant starts now, after the row's lock and its expiry check: never
+                    -- before the end of the permit it replaces.
+                    t := pg_catalog.clock_timestamp();
+                    INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at, permit_wait)
+                    VALUES (sem || '#' || i, who, fencelock.next_token(false), t, t + ttl_us * interval '1 microsecond', wait)
+                    ON CONFLICT ON CONSTRAINT leases_pkey DO UPDATE
+                        SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
+                            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+                            permit_wait = excluded.permit_wait
+                        WHERE l.expires_at <= t
+                    RETURNING l.token, l.expires_at INTO tok, exp;
+                    CONTINUE WHEN tok IS NULL; -- created and held meanwhile
+                    DELETE FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem AND f.slot = i;
+                    granted := true;
+                    EXIT;
+                END LOOP;
+                EXIT WHEN granted OR reclaimed OR t < nr;
+                -- No free permit: reclaim the expired ones, if no other attempt is at it.
+                PERFORM 1 FROM fencelock.semaphores AS s
+                WHERE s.name = sem AND s.next_reclaim <= t FOR NO KEY UPDATE SKIP LOCKED;
+                EXIT WHEN NOT FOUND;
+                nr := least(greatest(coalesce(fencelock.semaphore_reclaim(sem, lim, hw, t), t + interval '1 second'),
+                                     t + interval '100 milliseconds'),
+                            t + interval '1 second');
+                UPDATE fencelock.semaphores AS s SET next_reclaim = nr WHERE s.name = sem;
+                reclaimed := true;
+            END LOOP;
+        END IF;
+        IF granted THEN
+            IF queue THEN
+                DELETE FROM fencelock.semaphore_waiters AS w WHERE w.semaphore = sem AND w.wait_id = wait;
+            END IF;
+            IF counting THEN
+                IF held + 1 < lim THEN -- room left: tell the waiters behind
+                    PERFORM fencelock.semaphore_wake(sem, lim - held - 1, pg_catalog.clock_timestamp());
+                END IF;
+            ELSIF EXISTS (SELECT 1 FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem AND f.slot < lim) THEN
+                -- Free permits left (a reclaim found several, or a limit was raised): wake the
+                -- next two waiters to take them, each in its own statement (each granted one
+                -- wakes two more while permits are left). Woken, not given: giving would lock
+                -- their queue rows until this transaction ends, and a waiter's own statement
+                -- (a refresh, leaving) would wait behind this one.
+                PERFORM fencelock.semaphore_wake(sem, 2, pg_catalog.clock_timestamp());
+            END IF;
+            RETURN QUERY SELECT 1, sem || '#' || i, tok, exp, pg_catalog.clock_timestamp(), 0::bigint, 0::bigint, lim;
+            RETURN;
+        END IF;
+    ELSIF queue AND EXISTS (SELECT 1 FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem) THEN
+        -- Someone is ahead, yet a permit is free (the head is taking it, or is about to be
+        -- woken for it): look again soon rather than at the next refresh.
+        n_ahead := 0;
+        nr := t;
+    END IF;
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    IF queue THEN
+        INSERT INTO fencelock.semaphore_waiters AS w (semaphore, wait_id, holder, seq, channel, since, expires_at, ttl_us)
+        VALUES (sem, wait, who, nextval('fencelock.semaphore_waiters_seq'), nullif(chan, ''), t,
+                t + live_us * interval '1 microsecond', ttl_us)
+        ON CONFLICT ON CONSTRAINT semaphore_waiters_pkey DO UPDATE
+            SET seq = CASE WHEN w.expires_at > t THEN w.seq ELSE excluded.seq END,
+                since = CASE WHEN w.expires_at > t THEN w.since ELSE excluded.since END,
+                channel = excluded.channel, expires_at = excluded.expires_at, ttl_us = excluded.ttl_us;
+    END IF;
+    RETURN QUERY SELECT 4, NULL::text, 0::bigint, NULL::timestamptz, pg_catalog.clock_timestamp(), n_ahead,
+        CASE WHEN n_ahead > 0 OR nr IS NULL OR NOT isfinite(nr) THEN 0
+             ELSE greatest(0, (EXTRACT(epoch FROM nr - pg_catalog.clock_timestamp()) * 1000000)::bigint) END,
+        lim;
+END
+$$;
+
+--
+-- Name: semaphore_dispatch(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_dispatch(sem text, lim integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    i integer := -1;
+    n integer := 0;
+    r integer;
+BEGIN
+    LOOP
+        SELECT f.slot INTO i FROM fencelock.semaphore_free AS f
+        WHERE f.semaphore = sem AND f.slot > i AND f.slot < lim
+        ORDER BY f.slot LIMIT 1
+        FOR UPDATE SKIP LOCKED;
+        EXIT WHEN NOT FOUND;
+        CONTINUE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS l WHERE l.name = sem || '#' || i)
+                 AND NOT EXISTS (SELECT 1 FROM fencelock.leases AS l WHERE l.name = sem || '#' || i
+                                 FOR UPDATE SKIP LOCKED);
+        r := fencelock.semaphore_give(sem, i);
+        IF r = 0 THEN
+            PERFORM fencelock.semaphore_wake(sem, 2, pg_catalog.clock_timestamp());
+            EXIT;
+        END IF;
+        DELETE FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem AND f.slot = i;
+        IF r > 0 THEN
+            n := n + 1;
+        END IF;
+    END LOOP;
+    RETURN n;
+END
+$$;
+
+--
+-- Name: semaphore_give(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_give(sem text, slot integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    h record;
+    tok bigint;
+    t timestamptz := pg_catalog.clock_timestamp();
+    exp timestamptz;
+BEGIN
+    SELECT w.wait_id, w.holder, w.channel, w.ttl_us INTO h
+    FROM fencelock.semaphore_waiters AS w
+    WHERE w.semaphore = sem AND w.expires_at > t AND w.ttl_us > 0
+    ORDER BY w.seq
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    exp := t + h.ttl_us * interval '1 microsecond';
+    INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at, permit_wait)
+    VALUES (sem || '#' || slot, h.holder, fencelock.next_token(false), t, exp, h.wait_id)
+    ON CONFLICT ON CONSTRAINT leases_pkey DO UPDATE
+        SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
+            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at,
+            permit_wait = excluded.permit_wait
+        WHERE l.expires_at <= pg_catalog.clock_timestamp()
+    RETURNING l.token INTO tok;
+    IF tok IS NULL THEN
+        RETURN -1;
+    END IF;
+    DELETE FROM fencelock.semaphore_waiters AS w WHERE w.semaphore = sem AND w.wait_id = h.wait_id;
+    IF h.channel IS NULL THEN
+        RETURN 2;
+    END IF;
+    IF pg_catalog.current_setting('fencelock.defer_notify', true) = 'on' THEN
+        -- The caller sends it after this transaction commits (SemaphoreRelease, then
+        -- SemaphoreNotify): see semaphore_release.
+        PERFORM pg_catalog.set_config('fencelock.deferred_notify', h.channel || ' ' || pg_catalog.concat_ws(' ', h.wait_id, tok,
+            (EXTRACT(epoch FROM exp) * 1000000)::bigint, pg_catalog.octet_length(h.holder),
+            h.holder || sem || '#' || slot), true);
+        RETURN 3;
+    END IF;
+    PERFORM pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, tok,
+        (EXTRACT(epoch FROM exp) * 1000000)::bigint, pg_catalog.octet_length(h.holder),
+        h.holder || sem || '#' || slot));
+    RETURN 3;
+END
+$$;
+
+--
+-- Name: semaphore_leave(text, bigint, text); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_leave(sem text, wait bigint, who text) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    gone boolean;
+    n integer;
+BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    DELETE FROM fencelock.semaphore_waiters AS w WHERE w.semaphore = sem AND w.wait_id = wait;
+    gone := FOUND;
+    SELECT count(fencelock.semaphore_release(sem, l.name, l.holder, l.token)) INTO n
+    FROM fencelock.leases AS l
+    WHERE l.permit_wait = wait AND l.holder = who AND l.expires_at > pg_catalog.clock_timestamp();
+    IF gone AND n = 0 THEN
+        PERFORM fencelock.semaphore_wake(sem, 1, pg_catalog.clock_timestamp());
+    END IF;
+    RETURN n;
+END
+$$;
+
+--
+-- Name: semaphore_reclaim(text, integer, integer, timestamp with time zone); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_reclaim(sem text, lim integer, n integer, t timestamp with time zone) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    soonest timestamptz;
+BEGIN
+    WITH rd AS MATERIALIZED (
+        SELECT l.name, l.expires_at FROM fencelock.leases AS l
+        WHERE l.name = ANY (fencelock.semaphore_slots(sem, n))
+    ), lk AS MATERIALIZED (
+        SELECT l.name FROM fencelock.leases AS l
+        WHERE l.name = ANY (ARRAY(SELECT rd.name FROM rd WHERE rd.expires_at <= t)) AND l.expires_at <= t
+        FOR UPDATE OF l SKIP LOCKED
+    ), freed AS (
+        INSERT INTO fencelock.semaphore_free (semaphore, slot)
+        SELECT sem, substr(lk.name, length(sem) + 2)::integer FROM lk
+        WHERE substr(lk.name, length(sem) + 2)::integer < lim
+        ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING
+    )
+    SELECT CASE WHEN (SELECT count(*) FROM rd WHERE rd.expires_at <= t) > (SELECT count(*) FROM lk) THEN t
+                ELSE (SELECT min(rd.expires_at) FROM rd WHERE rd.expires_at > t) END
+    INTO soonest;
+    RETURN soonest;
+END
+$$;
+
+--
+-- Name: semaphore_release(text, text, text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_release(sem text, slot text, who text, tok bigint) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    t timestamptz := pg_catalog.clock_timestamp();
+    i integer := pg_catalog.substr(slot, pg_catalog.length(sem) + 2)::integer;
+    lim integer;
+    hw integer;
+    r integer;
+    locked boolean;
+BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+    PERFORM 1 FROM fencelock.leases AS l
+    WHERE l.name = slot AND l.holder = who AND l.token = tok AND l.expires_at > t
+    FOR UPDATE SKIP LOCKED;
+    locked := FOUND;
+    IF locked THEN
+        UPDATE fencelock.leases AS l SET expires_at = t WHERE l.name = slot;
+    ELSE
+        UPDATE fencelock.leases AS l SET expires_at = pg_catalog.clock_timestamp()
+        WHERE l.name = slot AND l.holder = who AND l.token = tok AND l.expires_at > pg_catalog.clock_timestamp();
+        IF NOT FOUND THEN
+            RETURN 0;
+        END IF;
+    END IF;
+    SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+    IF locked AND i < lim AND hw <= lim THEN
+        r := fencelock.semaphore_give(sem, i);
+        IF r > 0 THEN
+            RETURN r;
+        END IF;
+    END IF;
+    IF i < lim THEN
+        INSERT INTO fencelock.semaphore_free (semaphore, slot) VALUES (sem, i)
+        ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+    END IF;
+    IF fencelock.semaphore_wake(sem, 2, pg_catalog.clock_timestamp()) > 0 THEN
+        RETURN 2;
+    END IF;
+    RETURN 1;
+END
+$$;
+
+--
+-- Name: semaphore_set_limit(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_set_limit(sem text, n integer) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    prev integer;
+    hw integer;
+BEGIN
+    SELECT s.permit_limit, s.slots INTO prev, hw FROM fencelock.semaphores AS s WHERE s.name = sem FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, n, n)
+        ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
+        IF FOUND THEN
+            INSERT INTO fencelock.semaphore_free (semaphore, slot)
+            SELECT sem, g.i FROM pg_catalog.generate_series(0, n - 1) AS g(i)
+            ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+            RETURN 0;
+        END IF;
+        -- created meanwhile (by a first acquire)
+        SELECT s.permit_limit, s.slots INTO prev, hw FROM fencelock.semaphores AS s WHERE s.name = sem FOR UPDATE;
+    END IF;
+    IF n > prev THEN
+        INSERT INTO fencelock.semaphore_free (semaphore, slot)
+        SELECT sem, g.i FROM pg_catalog.generate_series(prev, n - 1) AS g(i)
+        WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS l
+                          WHERE l.name = sem || '#' || g.i AND l.expires_at > pg_catalog.clock_timestamp())
+        ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+    ELSIF n < prev THEN
+        DELETE FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem AND f.slot >= n;
+    END IF;
+    UPDATE fencelock.semaphores AS s
+    SET permit_limit = n, slots = greatest(hw, n), updated_at = now(), next_reclaim = '-infinity'
+    WHERE s.name = sem;
+    IF n > prev THEN
+        IF greatest(hw, n) <= n THEN
+            PERFORM fencelock.semaphore_dispatch(sem, n);
+        ELSE
+            PERFORM fencelock.semaphore_wake(sem, n - prev, pg_catalog.clock_timestamp());
+        END IF;
+    END IF;
+    RETURN prev;
+END
+$$;
+
+--
+-- Name: semaphore_slots(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_slots(sem text, n integer) RETURNS text[]
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT ARRAY(SELECT sem || '#' || i FROM pg_catalog.generate_series(0, n - 1) AS i) $$;
+
+--
+-- Name: semaphore_wake(text, bigint, timestamp with time zone); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_wake(sem text, k bigint, at timestamp with time zone) RETURNS integer
+    LANGUAGE sql
+    AS $$
+    SELECT count(pg_catalog.pg_notify(q.channel, pg_catalog.concat_ws(' ', q.wait_id, 0, 0,
+               pg_catalog.octet_length(q.holder), q.holder || sem)))::integer
+    FROM (SELECT w.channel, w.wait_id, w.holder FROM fencelock.semaphore_waiters AS w
+          WHERE w.semaphore = sem AND w.expires_at > at
+          ORDER BY w.seq LIMIT greatest(k, 0)) AS q
+    WHERE q.channel IS NOT NULL;
+$$;
+
+--
+-- Name: timeline(); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.timeline() RETURNS bigint
+    LANGUAGE sql
+    AS $$
+SELECT ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint
+$$;
+
+--
+-- Name: advisory_locks; Type: VIEW; Schema: fencelock; Owner: -
+--
+
+CREATE VIEW fencelock.advisory_locks AS
+ SELECT
+        CASE
+            WHEN (k.objsubid = 1) THEN (((k.classid)::bigint << 32) | (k.objid)::bigint)
+            ELSE NULL::bigint
+        END AS key,
+        CASE
+            WHEN (k.objsubid = 2) THEN (k.classid)::integer
+            ELSE NULL::integer
+        END AS key1,
+        CASE
+            WHEN (k.objsubid = 2) THEN (k.objid)::integer
+            ELSE NULL::integer
+        END AS key2,
+        CASE
+            WHEN ((a.application_name ~~ 'fencelock %'::text) AND (a.application_name !~~ 'fencelock key %'::text)) THEN substr(a.application_name, 11)
+            ELSE NULL::text
+        END AS name,
+        CASE k.mode
+            WHEN 'ExclusiveLock'::text THEN 'exclusive'::text
+            ELSE 'shared'::text
+        END AS mode,
+    k.granted,
+    k.pid,
+    a.application_name,
+    a.client_addr,
+    a.backend_start,
+    a.xact_start,
+    a.state,
+    a.state_change,
+    k.waitstart,
+        CASE
+            WHEN (NOT k.granted) THEN pg_blocking_pids(k.pid)
+            ELSE NULL::integer[]
+        END AS blocked_by
+   FROM (pg_locks k
+     LEFT JOIN pg_stat_activity a ON ((a.pid = k.pid)))
+  WHERE ((k.locktype = 'advisory'::text) AND (k.database = ( SELECT d.oid
+           FROM pg_database d
+          WHERE (d.datname = current_database()))));
+
+--
+-- Name: election_values; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.election_values (
+    name text NOT NULL,
+    token bigint NOT NULL,
+    value text NOT NULL,
+    proclaimed_at timestamp with time zone NOT NULL,
+    CONSTRAINT election_values_name_length CHECK (((octet_length(name) >= 1) AND (octet_length(name) <= 1024))),
+    CONSTRAINT election_values_value_length CHECK ((octet_length(value) <= 4096))
+)
+WITH (fillfactor='70');
+
+--
+-- Name: fences; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.fences (
+    resource text NOT NULL COLLATE pg_catalog."C",
+    token bigint NOT NULL,
+    CONSTRAINT fences_resource_length CHECK (((octet_length(resource) >= 1) AND (octet_length(resource) <= 1024))),
+    CONSTRAINT fences_token_positive CHECK ((token > 0))
+)
+WITH (fillfactor='70');
+
+--
+-- Name: lease_waiters; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.lease_waiters (
+    name text NOT NULL,
+    holder text NOT NULL,
+    wait_id bigint NOT NULL,
+    seq bigint NOT NULL,
+    channel text,
+    ttl_us bigint NOT NULL,
+    since timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    granted_token bigint DEFAULT 0 NOT NULL,
+    granted_expires_at timestamp with time zone,
+    CONSTRAINT lease_waiters_ttl_us_check CHECK ((ttl_us >= 0))
+)
+WITH (fillfactor='70');
+
+--
+-- Name: lease_queue; Type: VIEW; Schema: fencelock; Owner: -
+--
+
+CREATE VIEW fencelock.lease_queue AS
+ SELECT w.name,
+    w.holder,
+    row_number() OVER (PARTITION BY w.name ORDER BY w.seq) AS "position",
+    w.since,
+    (clock_timestamp() - w.since) AS waited,
+    (w.channel IS NOT NULL) AS woken_by_notify
+   FROM fencelock.lease_waiters w
+  WHERE ((w.granted_token = 0) AND (w.expires_at > clock_timestamp()));
+
+--
+-- Name: lease_queue_summary; Type: VIEW; Schema: fencelock; Owner: -
+--
+
+CREATE VIEW fencelock.lease_queue_summary AS
+ SELECT q.name,
+    count(*) AS waiters,
+    (array_agg(q.holder ORDER BY q."position"))[1] AS head_holder,
+    max(q.waited) AS head_waited
+   FROM fencelock.lease_queue q
+  GROUP BY q.name;
+
+--
+-- Name: leases; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.leases (
+    name text NOT NULL,
+    holder text NOT NULL,
+    token bigint NOT NULL,
+    acquired_at timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    renewals bigint DEFAULT 0 NOT NULL,
+    renewed_token bigint DEFAULT 0 NOT NULL,
+    renewed_at timestamp with time zone,
+    permit_wait bigint,
+    CONSTRAINT leases_holder_length CHECK (((octet_length(holder) >= 1) AND (octet_length(holder) <= 1024))),
+    CONSTRAINT leases_name_length CHECK (((octet_length(name) >= 1) AND (octet_length(name) <= 1024)))
+)
+WITH (fillfactor='70');
+
+--
+-- Name: holders; Type: VIEW; Schema: fencelock; Owner: -
+--
+
+CREATE VIEW fencelock.holders AS
+ SELECT l.name,
+    l.holder,
+    l.token,
+    l.acquired_at,
+    (clock_timestamp() - l.acquired_at) AS held_for,
+    l.expires_at,
+    (l.expires_at - clock_timestamp()) AS ttl_left,
+    (l.expires_at - COALESCE(
+        CASE
+            WHEN (l.renewed_token = l.token) THEN l.renewed_at
+            ELSE NULL::timestamp with time zone
+        END, l.acquired_at)) AS ttl,
+        CASE
+            WHEN (l.renewed_token = l.token) THEN l.renewals
+            ELSE (0)::bigint
+        END AS renewals,
+        CASE
+            WHEN (l.renewed_token = l.token) THEN l.renewed_at
+            ELSE NULL::timestamp with time zone
+        END AS last_renewal,
+        CASE
+            WHEN ((clock_timestamp() - COALESCE(
+            CASE
+                WHEN (l.renewed_token = l.token) THEN l.renewed_at
+                ELSE NULL::timestamp with time zone
+            END, l.acquired_at)) < ((l.expires_at - COALESCE(
+            CASE
+                WHEN (l.renewed_token = l.token) THEN l.renewed_at
+                ELSE NULL::timestamp with time zone
+            END, l.acquired_at)) / (2)::double precision)) THEN 'ok'::text
+            ELSE 'late'::text
+        END AS heartbeat,
+    COALESCE(q.waiters, (0)::bigint) AS waiters,
+    q.head_holder AS next_holder
+   FROM (fencelock.leases l
+     LEFT JOIN fencelock.lease_queue_summary q ON ((q.name = l.name)))
+  WHERE ((l.token > 0) AND (l.expires_at > clock_timestamp()));
+
+--
+-- Name: job_runs; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.job_runs (
+    job text NOT NULL,
+    slot timestamp with time zone NOT NULL,
+    holder text NOT NULL,
+    token bigint NOT NULL,
+    attempt integer NOT NULL,
+    started_at timestamp with time zone NOT NULL,
+    finished_at timestamp with time zone,
+    succeeded boolean,
+    error text,
+    CONSTRAINT job_runs_job_length CHECK (((octet_length(job) >= 1) AND (octet_length(job) <= 1024)))
+)
+WITH (fillfactor='70');
+
+--
+-- Name: job_ledger; Type: VIEW; Schema: fencelock; Owner: -
+--
+
+CREATE VIEW fencelock.job_ledger AS
+ SELECT r.job,
+    r.slot,
+    r.holder,
+    r.token,
+    r.attempt,
+    r.started_at,
+    r.finished_at,
+        CASE
+            WHEN (r.token = 0) THEN 'missed'::text
+            WHEN ((r.finished_at IS NOT NULL) AND r.succeeded) THEN 'succeeded'::text
+            WHEN (r.finished_at IS NOT NULL) THEN 'failed'::text
+            WHEN (EXISTS ( SELECT 1
+               FROM fencelock.leases l
+              WHERE ((l.name = r.job) AND (l.token = r.token) AND (l.expires_at > clock_timestamp())))) THEN 'running'::text
+            ELSE 'crashed'::text
+        END AS outcome,
+    r.error
+   FROM fencelock.job_runs r;
+
+--
+-- Name: leaders; Type: VIEW; Schema: fencelock; Owner: -
+--
+
+CREATE VIEW fencelock.leaders AS
+ SELECT l.name,
+    l.holder,
+    l.token,
+        CASE
+            WHEN (v.token = l.token) THEN v.value
+            ELSE NULL::text
+        END AS value,
+    l.acquired_at AS elected_at,
+    l.expires_at
+   FROM (fencelock.election_values v
+     JOIN fencelock.leases l ON ((l.name = v.name)))
+  WHERE ((l.token > 0) AND (l.expires_at > clock_timestamp()));
+
+--
+-- Name: lease_waiters_seq; Type: SEQUENCE; Schema: fencelock; Owner: -
+--
+
+CREATE SEQUENCE fencelock.lease_waiters_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: leases_token_seq; Type: SEQUENCE; Schema: fencelock; Owner: -
+--
+
+CREATE SEQUENCE fencelock.leases_token_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: leases_token_seq; Type: SEQUENCE OWNED BY; Schema: fencelock; Owner: -
+--
+
+ALTER SEQUENCE fencelock.leases_token_seq OWNED BY fencelock.leases.token;
+
+--
+-- Name: rate_limits; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.rate_limits (
+    key text NOT NULL,
+    tat timestamp with time zone NOT NULL,
+    allowed boolean NOT NULL,
+    decided_at timestamp with time zone NOT NULL
+)
+WITH (fillfactor='70');
+
+--
+-- Name: semaphore_free; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.semaphore_free (
+    semaphore text NOT NULL,
+    slot integer NOT NULL
+);
+
+--
+-- Name: semaphore_waiters; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.semaphore_waiters (
+    semaphore text NOT NULL,
+    wait_id bigint NOT NULL,
+    holder text NOT NULL,
+    seq bigint NOT NULL,
+    channel text,
+    since timestamp with time zone NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    ttl_us bigint DEFAULT 0 NOT NULL
+)
+WITH (fillfactor='70');
+
+--
+-- Name: semaphores; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.semaphores (
+    name text NOT NULL,
+    permit_limit integer NOT NULL,
+    slots integer DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    next_reclaim timestamp with time zone DEFAULT '-infinity'::timestamp with time zone NOT NULL,
+    CONSTRAINT semaphores_permit_limit_check CHECK ((permit_limit > 0)),
+    CONSTRAINT semaphores_slots_check CHECK ((slots >= 0))
+);
+
+--
+-- Name: semaphore_state; Type: VIEW; Schema: fencelock; Owner: -
+--
+
+CREATE VIEW fencelock.semaphore_state AS
+ SELECT s.name,
+    s.permit_limit,
+    ( SELECT count(*) AS count
+           FROM fencelock.leases l
+          WHERE ((l.name = ANY (fencelock.semaphore_slots(s.name, GREATEST(s.permit_limit, s.slots)))) AND (l.expires_at > clock_timestamp()))) AS held,
+    ( SELECT count(*) AS count
+           FROM fencelock.semaphore_waiters w
+          WHERE ((w.semaphore = s.name) AND (w.expires_at > clock_timestamp()))) AS waiting
+   FROM fencelock.semaphores s;
+
+--
+-- Name: semaphore_waiters_seq; Type: SEQUENCE; Schema: fencelock; Owner: -
+--
+
+CREATE SEQUENCE fencelock.semaphore_waiters_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+--
+-- Name: token_epoch; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.token_epoch (
+    id boolean DEFAULT true NOT NULL,
+    epoch_offset integer DEFAULT 0 NOT NULL,
+    last_epoch integer DEFAULT 0 NOT NULL,
+    CONSTRAINT token_epoch_epoch_offset_check CHECK ((epoch_offset >= 0)),
+    CONSTRAINT token_epoch_id_check CHECK (id),
+    CONSTRAINT token_epoch_last_epoch_check CHECK ((last_epoch >= 0))
+);
+
+--
+-- Name: token_epoch_marks; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.token_epoch_marks (
+    epoch integer NOT NULL,
+    CONSTRAINT token_epoch_marks_epoch_check CHECK ((epoch > 0))
+);
+
+ALTER TABLE ONLY fencelock.token_epoch_marks REPLICA IDENTITY FULL;
+
+--
+-- Name: token_flushes; Type: TABLE; Schema: fencelock; Owner: -
+--
+
+CREATE TABLE fencelock.token_flushes (
+    pid integer NOT NULL,
+    token bigint NOT NULL
+)
+WITH (fillfactor='50');
+
+--
+-- Name: leases token; Type: DEFAULT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.leases ALTER COLUMN token SET DEFAULT nextval('fencelock.leases_token_seq'::regclass);
+
+--
+-- Name: election_values election_values_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.election_values
+    ADD CONSTRAINT election_values_pkey PRIMARY KEY (name);
+
+--
+-- Name: fences fences_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.fences
+    ADD CONSTRAINT fences_pkey PRIMARY KEY (resource);
+
+--
+-- Name: job_runs job_runs_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.job_runs
+    ADD CONSTRAINT job_runs_pkey PRIMARY KEY (job, slot);
+
+--
+-- Name: lease_waiters lease_waiters_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.lease_waiters
+    ADD CONSTRAINT lease_waiters_pkey PRIMARY KEY (name, holder);
+
+--
+-- Name: leases leases_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.leases
+    ADD CONSTRAINT leases_pkey PRIMARY KEY (name);
+
+--
+-- Name: rate_limits rate_limits_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.rate_limits
+    ADD CONSTRAINT rate_limits_pkey PRIMARY KEY (key);
+
+--
+-- Name: semaphore_free semaphore_free_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.semaphore_free
+    ADD CONSTRAINT semaphore_free_pkey PRIMARY KEY (semaphore, slot);
+
+--
+-- Name: semaphore_waiters semaphore_waiters_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.semaphore_waiters
+    ADD CONSTRAINT semaphore_waiters_pkey PRIMARY KEY (semaphore, wait_id);
+
+--
+-- Name: semaphores semaphores_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.semaphores
+    ADD CONSTRAINT semaphores_pkey PRIMARY KEY (name);
+
+--
+-- Name: token_epoch token_epoch_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.token_epoch
+    ADD CONSTRAINT token_epoch_pkey PRIMARY KEY (id);
+
+--
+-- Name: token_flushes token_flushes_pkey; Type: CONSTRAINT; Schema: fencelock; Owner: -
+--
+
+ALTER TABLE ONLY fencelock.token_flushes
+    ADD CONSTRAINT token_flushes_pkey PRIMARY KEY (pid);
+
+--
+-- Name: lease_waiters_queue; Type: INDEX; Schema: fencelock; Owner: -
+--
+
+CREATE INDEX lease_waiters_queue ON fencelock.lease_waiters USING btree (name, seq);
+
+--
+-- Name: leases_permit_wait; Type: INDEX; Schema: fencelock; Owner: -
+--
+
+CREATE INDEX leases_permit_wait ON fencelock.leases USING btree (permit_wait) WHERE (permit_wait IS NOT NULL);
+
+--
+-- Name: semaphore_waiters_queue; Type: INDEX; Schema: fencelock; Owner: -
+--
+
+CREATE INDEX semaphore_waiters_queue ON fencelock.semaphore_waiters USING btree (semaphore, seq);
+
+--
+-- PostgreSQL database dump complete
+--
