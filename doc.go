@@ -50,9 +50,10 @@
 //
 // [NewSemaphore] caps the holders of a name: at most its limit of permits at once, counted on
 // the database clock; a permit is a [*Lease] named "<semaphore>#<slot>" with a fencing token of
-// its own, and waiters are served first come, first served. [NewRateLimiter] allows at most
-// Burst + Rate*w/Per requests per key in any window w of the database clock (GCRA), in one
-// statement per request. [Lessor.TryAcquireAll] and [Lessor.AcquireAll] take a set of leases all
+// its own, and waiters are served first come, first served. Package
+// [github.com/fencelock/fencelock/ratelimit] allows at most Burst + Rate*w/Per requests per key
+// in any window w of the database clock (GCRA), in one statement per request.
+// [Lessor.TryAcquireAll] and [Lessor.AcquireAll] take a set of leases all
 // or nothing, in one statement that takes their rows in one global order ([LeaseSet]).
 //
 // [Lessor.Acquire] waits in the name's queue: first come, first served. The release hands the

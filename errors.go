@@ -5,6 +5,9 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fencelock/fencelock/internal/pgerr"
+	"github.com/fencelock/fencelock/internal/validate"
 )
 
 // Sentinel errors. Each names a state; the typed errors below carry detail and match them
@@ -12,7 +15,8 @@ import (
 // context errors stay reachable through [errors.As] and [errors.Is].
 var (
 	// ErrInvalidArgument matches every [*ArgumentError]: bad input refused before any SQL ran.
-	ErrInvalidArgument = errors.New("fencelock: invalid argument")
+	// It is the same value as package ratelimit's ErrInvalidArgument.
+	ErrInvalidArgument = validate.ErrInvalidArgument
 
 	// ErrNotAcquired is returned by the try variants when another holder has the lease (or
 	// holds its row in a transaction) right now.
@@ -46,8 +50,9 @@ var (
 	// default_transaction_read_only. A lock taken on a replica would not exclude anyone on the
 	// primary, so fencelock refuses instead. Lease calls find out from the server's refusal
 	// to write (SQLSTATE 25006, wrapped too); advisory locks from pg_is_in_recovery(), checked
-	// in the lock statement before anything is taken.
-	ErrReadOnly = errors.New("fencelock: server is read-only (hot standby?); locks must be taken on the primary")
+	// in the lock statement before anything is taken. It is the same value as package
+	// ratelimit's ErrReadOnly.
+	ErrReadOnly = pgerr.ErrReadOnly
 	// ErrTokenSequence is returned, wrapping the server's error (SQLSTATE FL001), when the
 	// token sequence (fencelock.leases_token_seq) has CACHE > 1, CYCLE or an INCREMENT <= 0:
 	// tokens for a name could then go backwards or repeat, so no token is issued. Fix it with
@@ -69,23 +74,15 @@ var (
 	ErrTokenEpochBehind = errors.New("fencelock: token epoch below the highest one issued (timeline went back: pg_upgrade, logical copy?); call RebaseTokenEpoch; no token issued")
 )
 
-// ArgumentError reports bad input, found before any SQL ran. It matches
-// [ErrInvalidArgument] under [errors.Is].
-type ArgumentError struct {
-	Arg    string // the parameter or option, e.g. "name", "ttl", "WithHeartbeatInterval"
-	Reason string // what is wrong with it
-}
+// ArgumentError reports bad input, found before any SQL ran: Arg names the parameter or option
+// (e.g. "name", "ttl", "WithHeartbeatInterval"), Reason says what is wrong with it. It matches
+// [ErrInvalidArgument] under [errors.Is]. Package ratelimit returns the same type (its
+// ArgumentError is this one), so one errors.As matches the bad input of both.
+type ArgumentError = validate.ArgumentError
 
-// Error describes the ArgumentError.
-func (e *ArgumentError) Error() string {
-	return "fencelock: invalid " + e.Arg + ": " + e.Reason
-}
-
-// Is reports whether target is [ErrInvalidArgument].
-func (e *ArgumentError) Is(target error) bool { return target == ErrInvalidArgument }
-
+// argError returns an [*ArgumentError] for arg, its Reason formatted as by fmt.Sprintf.
 func argError(arg, format string, a ...any) error {
-	return &ArgumentError{Arg: arg, Reason: fmt.Sprintf(format, a...)}
+	return validate.Errorf(arg, format, a...)
 }
 
 // StaleTokenError reports a fenced write rejected because its resource has already seen

@@ -329,31 +329,6 @@ func ExampleSemaphore_Acquire() {
 	fmt.Printf("%s: %d of %d permits held, %d waiting\n", permit.Name(), st.Held, st.Limit, st.Waiting)
 }
 
-// A rate limit of 20 requests a second per domain, in bursts of up to 5, shared by every
-// process on the database.
-func ExampleRateLimiter_Wait() {
-	ctx := context.Background()
-	pool := examplePool(ctx)
-	defer pool.Close()
-	rl, err := fencelock.NewRateLimiter(pool, fencelock.RateLimit{Rate: 20, Per: time.Second, Burst: 5})
-	if err != nil {
-		log.Fatal(err)
-	}
-	for range 10 {
-		if _, err := rl.Wait(ctx, "domain:example.com", 1); err != nil { // sleeps until allowed
-			log.Fatal(err)
-		}
-		// ... send the request ...
-	}
-	res, err := rl.Allow(ctx, "domain:example.com")
-	if err != nil {
-		log.Fatal(err)
-	}
-	if res.Allowed == 0 {
-		fmt.Println("refused; retry after", res.RetryAfter.Round(time.Millisecond))
-	}
-}
-
 // Two accounts locked together, all or nothing, for a transfer: whatever order two transfers
 // list them in, they never deadlock, and each member's token fences its own writes.
 func ExampleLessor_AcquireAll() {

@@ -4,41 +4,30 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/fencelock/fencelock/internal/validate"
 )
 
 // Limits on input, checked before any SQL runs.
 const (
-	// MaxNameLength is the longest lease name or fence resource, in bytes of UTF-8.
-	MaxNameLength = 1024
+	// MaxNameLength is the longest lease name, fence resource or rate-limit key: 1024 bytes
+	// of UTF-8.
+	MaxNameLength = validate.MaxNameLength
 	// MinTTL is the shortest lease TTL: shorter ones cannot outlast a round trip and a renewal.
 	MinTTL = 10 * time.Millisecond
-	// MaxTTL is the longest lease TTL. A lease meant to outlive a week is a configuration
-	// mistake; a crashed holder would keep others out for that long.
-	MaxTTL = 7 * 24 * time.Hour
+	// MaxTTL is the longest lease TTL, 7 days (168h). A lease meant to outlive a week is a
+	// configuration mistake; a crashed holder would keep others out for that long. A rate
+	// limit must also refill within MaxTTL.
+	MaxTTL = validate.MaxTTL
 )
 
 // validateName checks a lease name or fence resource: 1 to MaxNameLength bytes of valid
 // UTF-8 without NUL (Postgres text cannot hold NUL).
-func validateName(arg, name string) error {
-	if name == "" {
-		return argError(arg, "must not be empty")
-	}
-	return validateText(arg, name, MaxNameLength)
-}
+func validateName(arg, name string) error { return validate.Name(arg, name) }
 
 // validateText checks text bound for a Postgres text column: at most limit bytes of valid UTF-8
 // without NUL.
-func validateText(arg, s string, limit int) error {
-	switch {
-	case len(s) > limit:
-		return argError(arg, "is %d bytes long; the limit is %d", len(s), limit)
-	case !utf8.ValidString(s):
-		return argError(arg, "is not valid UTF-8")
-	case strings.IndexByte(s, 0) >= 0:
-		return argError(arg, "contains a NUL byte")
-	}
-	return nil
-}
+func validateText(arg, s string, limit int) error { return validate.Text(arg, s, limit) }
 
 // validateTTL checks a lease TTL against [MinTTL] and [MaxTTL].
 func validateTTL(ttl time.Duration) error {

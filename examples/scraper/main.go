@@ -54,6 +54,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/examples/internal/demodb"
+	"github.com/fencelock/fencelock/ratelimit"
 )
 
 const (
@@ -136,7 +137,7 @@ func process(ctx context.Context, id, url string) error {
 			return err
 		}
 	}
-	rate, err := fencelock.NewRateLimiter(pool, fencelock.RateLimit{Rate: domainRate, Per: time.Second, Burst: 1})
+	rate, err := ratelimit.New(pool, ratelimit.Limit{Rate: domainRate, Per: time.Second, Burst: 1})
 	if err != nil {
 		return err
 	}
@@ -151,7 +152,7 @@ func process(ctx context.Context, id, url string) error {
 }
 
 // work is one worker: an account at a time, a few requests with it, until ctx ends.
-func work(ctx context.Context, pool *pgxpool.Pool, lessor *fencelock.Lessor, caps map[string]*fencelock.Semaphore, rate *fencelock.RateLimiter, worker string) error {
+func work(ctx context.Context, pool *pgxpool.Pool, lessor *fencelock.Lessor, caps map[string]*fencelock.Semaphore, rate *ratelimit.Limiter, worker string) error {
 	for ctx.Err() == nil {
 		account := fmt.Sprintf("scraper:account:%d", rand.IntN(accounts))
 		acc, err := lessor.TryAcquire(ctx, account, leaseTTL)
@@ -189,7 +190,7 @@ func work(ctx context.Context, pool *pgxpool.Pool, lessor *fencelock.Lessor, cap
 // request makes one request with account lease acc to a random domain: a permit of the
 // domain's semaphore, a token of its rate limit, then the request, recorded at its start and
 // its end in transactions that guard the account's lease and the permit.
-func request(ctx context.Context, pool *pgxpool.Pool, acc *fencelock.Lease, caps map[string]*fencelock.Semaphore, rate *fencelock.RateLimiter, worker string) error {
+func request(ctx context.Context, pool *pgxpool.Pool, acc *fencelock.Lease, caps map[string]*fencelock.Semaphore, rate *ratelimit.Limiter, worker string) error {
 	domain := domains[rand.IntN(len(domains))]
 	permit, err := caps[domain].Acquire(ctx, leaseTTL)
 	if err != nil {

@@ -6,10 +6,11 @@ import (
 	"fmt"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/ratelimit"
 )
 
 // sweepCommand is "fencelock sweep": [fencelock.SweepLeases] with --grace, then
-// [fencelock.SweepRateLimits] of the keys idle for longer than --grace.
+// [ratelimit.Sweep] of the keys idle for longer than --grace.
 func sweepCommand(fs *flag.FlagSet) func(context.Context, *session, []string) error {
 	grace := fs.Duration("grace", fencelock.DefaultSweepGrace, "delete lease rows expired longer than this `duration` ago (at least 1m)")
 	return func(ctx context.Context, s *session, args []string) error {
@@ -27,7 +28,7 @@ func sweepCommand(fs *flag.FlagSet) func(context.Context, *session, []string) er
 		if err != nil {
 			return dbError(fmt.Sprintf("sweep (%d lease rows deleted before the error)", deleted), err)
 		}
-		keys, err := fencelock.SweepRateLimits(ctx, pool, *grace)
+		keys, err := ratelimit.Sweep(ctx, pool, *grace)
 		if err != nil {
 			return dbError(fmt.Sprintf("sweep (%d lease rows deleted, then the rate-limit keys failed)", deleted), err)
 		}

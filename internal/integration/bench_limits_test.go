@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/ratelimit"
 )
 
 // startRedis starts a redis-server (Debian's package; the benchmark skips without it) on a
@@ -62,7 +63,7 @@ func startRedis(b *testing.B) *redis.Client {
 	return rdb
 }
 
-// BenchmarkRateLimit: one request (RateLimiter.Allow, GCRA, 1,000 keys at random, each used
+// BenchmarkRateLimit: one request (ratelimit.Limiter.Allow, GCRA, 1,000 keys at random, each used
 // once before the timing; a limit high enough that each is allowed) against a one-row UPDATE of a 1,000-row table and a SELECT
 // 1 round trip, on one server, and go-redis/redis_rate v10 (GCRA in a Lua script) on a local
 // redis-server: serially, alternating (Serial), and from 16 goroutines at once for a fixed
@@ -82,13 +83,13 @@ func BenchmarkRateLimit(b *testing.B) {
 	for i := range keys {
 		keys[i] = "key:" + strconv.Itoa(i)
 	}
-	rl, err := fencelock.NewRateLimiter(e.pool, fencelock.RateLimit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+	rl, err := ratelimit.New(e.pool, ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
 	if err != nil {
 		b.Fatal(err)
 	}
 	// opsOn returns the four operations with the database side on pool.
 	opsOn := func(pool *pgxpool.Pool) []func(rng *rand.Rand) error {
-		r, err := fencelock.NewRateLimiter(pool, fencelock.RateLimit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+		r, err := ratelimit.New(pool, ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -210,7 +211,7 @@ func BenchmarkRateLimit(b *testing.B) {
 func BenchmarkRateLimitHotKey(b *testing.B) {
 	e := benchSetup(b)
 	rdb := startRedis(b)
-	r, err := fencelock.NewRateLimiter(e.pool, fencelock.RateLimit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+	r, err := ratelimit.New(e.pool, ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
 	if err != nil {
 		b.Fatal(err)
 	}

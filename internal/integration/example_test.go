@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/pgtest"
+	"github.com/fencelock/fencelock/ratelimit"
 )
 
 // exampleDB starts a throwaway Postgres (as the examples in README do when DATABASE_URL is
@@ -491,7 +492,7 @@ func Example_rateLimit() {
 	if err := fencelock.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
-	rl, err := fencelock.NewRateLimiter(pool, fencelock.RateLimit{Rate: 10, Per: time.Second, Burst: 3})
+	rl, err := ratelimit.New(pool, ratelimit.Limit{Rate: 10, Per: time.Second, Burst: 3})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/ratelimit"
 )
 
 // leastPrivilegeGrants are the grants README.md ("Least privilege") and Migrate's doc comment
@@ -231,12 +232,12 @@ func TestLeastPrivilege(t *testing.T) {
 	require.NoError(t, gotB.lease.Release(ctx))
 	_, err = sem.SetLimit(ctx, 3)
 	require.NoError(t, err)
-	rl, err := fencelock.NewRateLimiter(app, fencelock.PerSecond(10))
+	rl, err := ratelimit.New(app, ratelimit.PerSecond(10))
 	require.NoError(t, err)
 	res, err := rl.Allow(ctx, "rate/app")
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Allowed)
-	_, err = fencelock.SweepRateLimits(ctx, app, 0)
+	_, err = ratelimit.Sweep(ctx, app, 0)
 	require.NoError(t, err)
 	set, err := la.TryAcquireAll(ctx, []string{"multi/app/1", "multi/app/2"}, 10*time.Second)
 	require.NoError(t, err)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/ratelimit"
 )
 
 // A burst is allowed at once, the next request is refused with the time until it would be
@@ -19,7 +20,7 @@ import (
 func TestRateLimitBurstAndRetry(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r, err := fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: 10, Per: time.Second, Burst: 3})
+	r, err := ratelimit.New(b.pool, ratelimit.Limit{Rate: 10, Per: time.Second, Burst: 3})
 	require.NoError(t, err)
 	for i := range 3 {
 		res, err := r.Allow(b.ctx, "rl:burst")
@@ -63,24 +64,24 @@ func TestRateLimitBurstAndRetry(t *testing.T) {
 func TestRateLimitBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	for _, lim := range []fencelock.RateLimit{{}, {Rate: 1, Per: 0, Burst: 1}, {Rate: 1, Per: time.Second, Burst: 0},
-		{Rate: 1, Per: time.Second, Burst: fencelock.MaxRateBurst + 1}, {Rate: 1, Per: 30 * 24 * time.Hour, Burst: 1}} {
-		_, err := fencelock.NewRateLimiter(b.pool, lim)
+	for _, lim := range []ratelimit.Limit{{}, {Rate: 1, Per: 0, Burst: 1}, {Rate: 1, Per: time.Second, Burst: 0},
+		{Rate: 1, Per: time.Second, Burst: ratelimit.MaxBurst + 1}, {Rate: 1, Per: 30 * 24 * time.Hour, Burst: 1}} {
+		_, err := ratelimit.New(b.pool, lim)
 		require.ErrorIs(t, err, fencelock.ErrInvalidArgument, "%+v", lim)
 	}
 	// Extreme but valid: the interval rounds up to 1 µs (at most 1,000,000 a second); no overflow.
-	huge, err := fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: math.MaxInt64, Per: time.Second, Burst: 1})
+	huge, err := ratelimit.New(b.pool, ratelimit.Limit{Rate: math.MaxInt64, Per: time.Second, Burst: 1})
 	require.NoError(t, err)
 	require.NotNil(t, huge)
-	_, err = fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: 1, Per: math.MaxInt64, Burst: 1})
+	_, err = ratelimit.New(b.pool, ratelimit.Limit{Rate: 1, Per: math.MaxInt64, Burst: 1})
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: 1, Per: fencelock.MaxTTL, Burst: 1})
+	_, err = ratelimit.New(b.pool, ratelimit.Limit{Rate: 1, Per: fencelock.MaxTTL, Burst: 1})
 	require.NoError(t, err, "refills in exactly MaxTTL")
-	_, err = fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: 1, Per: fencelock.MaxTTL, Burst: 2})
+	_, err = ratelimit.New(b.pool, ratelimit.Limit{Rate: 1, Per: fencelock.MaxTTL, Burst: 2})
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument, "refills in twice MaxTTL")
-	_, err = fencelock.NewRateLimiter(nil, fencelock.PerSecond(1))
+	_, err = ratelimit.New(nil, ratelimit.PerSecond(1))
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	r, err := fencelock.NewRateLimiter(b.pool, fencelock.PerSecond(5))
+	r, err := ratelimit.New(b.pool, ratelimit.PerSecond(5))
 	require.NoError(t, err)
 	for _, n := range []int{0, -1, 6} {
 		_, err = r.AllowN(b.ctx, "k", n)
@@ -90,7 +91,7 @@ func TestRateLimitBadInput(t *testing.T) {
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	_, err = r.Allow(b.ctx, "a\x00b")
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = fencelock.SweepRateLimits(b.ctx, b.pool, -time.Second)
+	_, err = ratelimit.Sweep(b.ctx, b.pool, -time.Second)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	var n int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.rate_limits`).Scan(&n))
@@ -101,13 +102,13 @@ func TestRateLimitBadInput(t *testing.T) {
 func TestRateLimitSweep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r, err := fencelock.NewRateLimiter(b.pool, fencelock.RateLimit{Rate: 100, Per: time.Second, Burst: 1})
+	r, err := ratelimit.New(b.pool, ratelimit.Limit{Rate: 100, Per: time.Second, Burst: 1})
 	require.NoError(t, err)
 	for _, k := range []string{"rl:s1", "rl:s2"} {
 		_, err := r.Allow(b.ctx, k)
 		require.NoError(t, err)
 	}
-	n, err := fencelock.SweepRateLimits(b.ctx, b.pool, time.Hour)
+	n, err := ratelimit.Sweep(b.ctx, b.pool, time.Hour)
 	require.NoError(t, err)
 	require.Zero(t, n, "not idle for an hour")
 	waitFor(t, b, "both buckets full again on the database clock", func() bool {
@@ -118,7 +119,7 @@ func TestRateLimitSweep(t *testing.T) {
 	res, err := r.Allow(b.ctx, "rl:s2")
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Allowed)
-	n, err = fencelock.SweepRateLimits(b.ctx, b.pool, 0)
+	n, err = ratelimit.Sweep(b.ctx, b.pool, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "rl:s1 is idle; rl:s2 was just used")
 }
@@ -157,8 +158,8 @@ func TestRateLimitNeverExceedsUnderConcurrency(t *testing.T) {
 	if testing.Short() {
 		d = 10 * time.Second
 	}
-	lim := fencelock.RateLimit{Rate: 40, Per: time.Second, Burst: 5}
-	r, err := fencelock.NewRateLimiter(b.pool, lim)
+	lim := ratelimit.Limit{Rate: 40, Per: time.Second, Burst: 5}
+	r, err := ratelimit.New(b.pool, lim)
 	require.NoError(t, err)
 	keys := []string{"rl:soak:a", "rl:soak:b"}
 	var mu sync.Mutex
@@ -212,11 +213,11 @@ func TestRateLimitNeverExceedsUnderConcurrency(t *testing.T) {
 func TestRateLimitDecidesUnderTheRowLock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r, err := fencelock.NewRateLimiter(newPool(t, b.ctx, b.db.URL), fencelock.RateLimit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+	r, err := ratelimit.New(newPool(t, b.ctx, b.db.URL), ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	var refused []fencelock.RateResult
+	var refused []ratelimit.Result
 	for g := range 16 {
 		wg.Go(func() {
 			for range 200 {
