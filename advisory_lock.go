@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/advisory"
 )
 
 // AdvisoryLock is a session advisory lock held on a connection of its own. It is safe for
@@ -26,7 +26,7 @@ type AdvisoryLock struct {
 	conn   *pgxpool.Conn // nil once unlocked or lost
 }
 
-// Name returns the lock's name, or "" for a lock taken by key.
+// Name returns the lock's name, or "" for a lock taken by key ([AtKey]) without one.
 func (lk *AdvisoryLock) Name() string { return lk.name }
 
 // Key returns the advisory key held.
@@ -110,16 +110,12 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	defer stop()
 	var err error
 	ended, settled := lk.end(ErrUnlocked, true, func(conn *pgxpool.Conn) {
-		row, uerr := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
-			Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
-			Shared:              lk.mode == Shared,
-			PrevApplicationName: lk.prevApp,
-		})
+		released, uerr := advisory.UnlockSession(ctx, conn, lk.key.k, lk.mode == Shared, lk.prevApp)
 		switch {
 		case uerr != nil:
 			destroySession(ctx, conn, false)
 			err = wrapPg(what(), uerr)
-		case !row.Released:
+		case !released:
 			destroySession(ctx, conn, false)
 			err = fmt.Errorf("%s: %w: the session did not hold it; connection closed", what(), ErrNotHeld)
 		default:

@@ -1,10 +1,11 @@
 package fencelock
 
 import (
-	"context"
+	"errors"
 	"fmt"
-	"sync"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/advisory"
 )
 
 // The watchdog: while an AdvisoryLocker holds session locks, its loop (loop.go) runs a round
@@ -18,18 +19,14 @@ import (
 // first round runs one interval after the loop was armed (register).
 func (a *AdvisoryLocker) watchdogRound(now time.Time) (next time.Time, ok bool) {
 	a.mu.Lock()
-	locks := a.grantedLocked()
+	locks := a.held.Granted()
 	if len(locks) == 0 {
 		a.watchdog.stopLocked()
 		a.mu.Unlock()
 		return now, false
 	}
 	a.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, lk := range locks {
-		wg.Go(func() { a.probe(lk) })
-	}
-	wg.Wait()
+	advisory.ProbeAll(locks, a.probe)
 	return a.cfg.clock.Now().Add(a.cfg.watchdog), true
 }
 
@@ -44,14 +41,13 @@ func (a *AdvisoryLocker) probe(lk *AdvisoryLock) {
 		lk.connMu.Unlock()
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.watchdog)
-	pid, err := a.q.AdvisorySessionCheck(ctx, conn)
-	cancel()
+	err := advisory.CheckSession(conn, lk.pid, a.cfg.watchdog)
 	lk.connMu.Unlock()
+	var changed *advisory.PIDChangedError
 	switch {
+	case errors.As(err, &changed):
+		lk.lost(fmt.Errorf("%w (pid %d, was %d): %w", errPIDChanged, changed.Got, changed.Want, ErrConnectionPooler))
 	case err != nil:
 		lk.lost(fmt.Errorf("session probe: %w", err))
-	case uint32(pid) != lk.pid:
-		lk.lost(fmt.Errorf("%w (pid %d, was %d): %w", errPIDChanged, pid, lk.pid, ErrConnectionPooler))
 	}
 }
