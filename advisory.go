@@ -166,7 +166,7 @@ func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 	case advisory.AlreadyHeld:
 		return fmt.Errorf("lock %s: %w", describeLock(name, key), ErrAlreadyHeld)
 	case advisory.Full:
-		return fmt.Errorf("lock %s: %w (cap %d, see WithMaxSessionLocks)", describeLock(name, key), ErrTooManyLocks, a.held.Max())
+		return fmt.Errorf("lock %s: %w (cap %d, see WithMaxSessionLocks)", describeLock(name, key), ErrTooManyLocks, a.cfg.maxLocks)
 	}
 	return nil
 }
@@ -190,6 +190,22 @@ func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
 	if !a.held.Forget(lk.key.k, lk) {
 		a.watchdog.stopLocked()
 	}
+}
+
+// watchdogRound is the watchdog loop's step: it probes every held lock, all at once, each for
+// at most one interval, and asks for the next round an interval after this one ended. The
+// first round runs one interval after the loop was armed (register).
+func (a *AdvisoryLocker) watchdogRound(now time.Time) (next time.Time, ok bool) {
+	a.mu.Lock()
+	locks := a.held.Granted()
+	if len(locks) == 0 {
+		a.watchdog.stopLocked()
+		a.mu.Unlock()
+		return now, false
+	}
+	a.mu.Unlock()
+	advisory.ProbeAll(locks, func(lk *AdvisoryLock) { lk.probe(a.cfg.watchdog) })
+	return a.cfg.clock.Now().Add(a.cfg.watchdog), true
 }
 
 // acquire takes the lock on a connection of its own and checks the session is one a session
@@ -243,6 +259,7 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	}
 	return &AdvisoryLock{
 		locker:  a,
+		common:  &a.cfg.common,
 		name:    name,
 		key:     key,
 		mode:    mode,
@@ -253,5 +270,3 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		ending:  newGrantEnd(),
 	}, nil
 }
-
-var errPIDChanged = errors.New("the connection now reaches another backend")

@@ -13,7 +13,8 @@ import (
 // AdvisoryLock is a session advisory lock held on a connection of its own. It is safe for
 // concurrent use.
 type AdvisoryLock struct {
-	locker  *AdvisoryLocker
+	locker  lockOwner
+	common  *commonConfig // the locker's: where a loss is counted and logged
 	name    string
 	key     AdvisoryKey
 	mode    LockMode
@@ -24,6 +25,12 @@ type AdvisoryLock struct {
 
 	connMu sync.Mutex    // serialises use of conn: the watchdog's probe, Unlock
 	conn   *pgxpool.Conn // nil once unlocked or lost
+}
+
+// lockOwner is what a lock needs of its locker ([AdvisoryLocker]): to leave its held set when
+// the lock ends.
+type lockOwner interface {
+	unregister(lk *AdvisoryLock)
 }
 
 // Name returns the lock's name, or "" for a lock taken by key ([AtKey]) without one.
@@ -85,7 +92,7 @@ func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpo
 	}
 	return lk.ending.finishWith(cause, func() {
 		if _, ok := cause.(*SessionLostError); ok { // counted before Done closes
-			lk.locker.cfg.common.metrics.sessionLost()
+			lk.common.metrics.sessionLost()
 		}
 	}), true
 }
@@ -139,6 +146,6 @@ func (lk *AdvisoryLock) lost(cause error) {
 		destroySession(context.Background(), conn, false)
 	})
 	if ended {
-		lk.locker.cfg.common.logger.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
+		lk.common.logger.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
 	}
 }

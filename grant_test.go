@@ -33,10 +33,12 @@ func newTestLock() *AdvisoryLock {
 	cfg.common.resolve()
 	a := &AdvisoryLocker{cfg: cfg, held: advisory.NewHeld[*AdvisoryLock](1)}
 	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
-	lk := &AdvisoryLock{locker: a, key: Int64Key(1), conn: &pgxpool.Conn{}, ending: newGrantEnd()}
+	lk := &AdvisoryLock{locker: a, common: &a.cfg.common, key: Int64Key(1), conn: &pgxpool.Conn{}, ending: newGrantEnd()}
 	a.held.Grant(lk.key.k, "", lk)
 	return lk
 }
+
+func lockerOf(lk *AdvisoryLock) *AdvisoryLocker { return lk.locker.(*AdvisoryLocker) }
 
 // Unlock's end: Done closes before the session is settled (the statement may hang), the
 // session is settled once, and the lock leaves the locker's held set; a second end (an Unlock
@@ -59,7 +61,7 @@ func TestAdvisoryLockEndOnUnlock(t *testing.T) {
 	require.Equal(t, 1, settled)
 	require.ErrorIs(t, lk.Err(), ErrUnlocked)
 	require.Nil(t, lk.conn)
-	require.Zero(t, lk.locker.held.Len(), "the ended lock is still in the locker's held set")
+	require.Zero(t, lockerOf(lk).held.Len(), "the ended lock is still in the locker's held set")
 }
 
 // A lost session's end: Done stays open until the session is closed and the locker has
@@ -82,9 +84,9 @@ func TestAdvisoryLockEndOnLossClosesDoneLast(t *testing.T) {
 	}
 	close(release)
 	<-lk.Done()
-	lk.locker.mu.Lock()
-	defer lk.locker.mu.Unlock()
-	require.Zero(t, lk.locker.held.Len(), "Done closed before the locker forgot the lock")
+	lockerOf(lk).mu.Lock()
+	defer lockerOf(lk).mu.Unlock()
+	require.Zero(t, lockerOf(lk).held.Len(), "Done closed before the locker forgot the lock")
 }
 
 // An Unlock that races a loss (the watchdog took the session and is closing it) returns only
@@ -116,9 +118,9 @@ func TestAdvisoryLockEndRacingEnds(t *testing.T) {
 			}
 			close(release)
 			<-returned
-			lk.locker.mu.Lock()
-			defer lk.locker.mu.Unlock()
-			require.Zero(t, lk.locker.held.Len(), "Unlock returned before the locker forgot the lock")
+			lockerOf(lk).mu.Lock()
+			defer lockerOf(lk).mu.Unlock()
+			require.Zero(t, lockerOf(lk).held.Len(), "Unlock returned before the locker forgot the lock")
 		})
 	}
 }

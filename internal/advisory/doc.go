@@ -8,9 +8,9 @@
 //
 // A [Key] is one int64 key or a pair of int32 keys, the two key spaces of Postgres's advisory
 // lock functions (pg_locks.objsubid 1 and 2). Names map to int64 keys by [SHA256] in a
-// namespace; [Describe] names a lock in messages, and [ApplicationName] is what a session
-// holding a lock sets application_name to ("fencelock <name>"), which the view
-// fencelock.advisory_locks (migration 00005) joins with pg_locks.
+// namespace; [Describe] names a lock in messages. A session holding a lock sets its
+// application_name to "fencelock <name>" ([LockSession]), which the view
+// fencelock.advisory_locks (migration 00005) shows beside pg_locks.
 //
 // # SQL it owns
 //

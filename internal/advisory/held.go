@@ -34,9 +34,6 @@ func NewHeld[L comparable](max int) *Held[L] {
 	return &Held[L]{max: max, m: make(map[Key]heldEntry[L])}
 }
 
-// Max returns the cap given to [NewHeld].
-func (h *Held[L]) Max() int { return h.max }
-
 // Len returns how many keys the set has, granted and reserved.
 func (h *Held[L]) Len() int { return len(h.m) }
 

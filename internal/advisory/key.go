@@ -54,10 +54,10 @@ func Describe(name string, key Key) string {
 	return "key " + key.String()
 }
 
-// ApplicationName is what a session holding a lock sets application_name to, so that
+// applicationName is what a session holding a lock sets application_name to, so that
 // pg_stat_activity shows who holds what: "fencelock <name>" or "fencelock key <key>", cut to
 // the 63 bytes Postgres keeps, at a UTF-8 boundary. (Postgres shows non-ASCII bytes as '?'.)
-func ApplicationName(name string, key Key) string {
+func applicationName(name string, key Key) string {
 	s := "fencelock " + name
 	if name == "" {
 		s = "fencelock key " + key.String()

@@ -38,8 +38,8 @@ func TestDescribeAndApplicationName(t *testing.T) {
 			if got := Describe(tc.name, tc.key); got != tc.describe {
 				t.Errorf("Describe = %q, want %q", got, tc.describe)
 			}
-			if got := ApplicationName(tc.name, tc.key); got != tc.an {
-				t.Errorf("ApplicationName = %q, want %q", got, tc.an)
+			if got := applicationName(tc.name, tc.key); got != tc.an {
+				t.Errorf("applicationName = %q, want %q", got, tc.an)
 			}
 		})
 	}
@@ -55,9 +55,9 @@ func FuzzApplicationName(f *testing.F) {
 		if len(name) > 1024 || !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0 {
 			name = ""
 		}
-		got := ApplicationName(name, Key{Int64: key})
+		got := applicationName(name, Key{Int64: key})
 		if len(got) > 63 || !utf8.ValidString(got) || !strings.HasPrefix(got, "fencelock ") {
-			t.Fatalf("ApplicationName(%q) = %q", name, got)
+			t.Fatalf("applicationName(%q) = %q", name, got)
 		}
 	})
 }

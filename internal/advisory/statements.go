@@ -20,7 +20,7 @@ type Request struct {
 }
 
 // LockSession takes r's session lock on conn, a connection of the lock's own, in one statement
-// (AdvisoryLock), and names it in application_name ([ApplicationName]). startupPID is the
+// (AdvisoryLock), and names it in application_name (applicationName). startupPID is the
 // backend pid the connection reported at startup, checked against the server's before it
 // locks; 0 skips the check (a declared session pooler). The row says whether it was granted,
 // or why the session was refused (in recovery, another pid); the caller turns that into
@@ -28,7 +28,7 @@ type Request struct {
 func LockSession(ctx context.Context, conn db.DBTX, r Request, startupPID int32) (db.AdvisoryLockRow, error) {
 	return queries.AdvisoryLock(ctx, conn, db.AdvisoryLockParams{
 		StartupPid: startupPID,
-		AppName:    ApplicationName(r.Name, r.Key),
+		AppName:    applicationName(r.Name, r.Key),
 		Tokens:     r.Tokens,
 		Wait:       r.Wait,
 		Pair:       r.Key.Pair, K1: r.Key.K1, K2: r.Key.K2, Key: r.Key.Int64,
