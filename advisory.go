@@ -49,7 +49,7 @@ import (
 type AdvisoryLocker struct {
 	pool     *pgxpool.Pool
 	cfg      advisoryConfig
-	watchdog *loop // advisory_watchdog.go; armed while a session lock is held
+	watchdog *loop // rounds of watchdogRound (probes: advisory_watchdog.go); armed while a session lock is held
 
 	mu   sync.Mutex
 	held *advisory.Held[*AdvisoryLock] // held and being acquired session locks; guarded by mu
