@@ -18,7 +18,7 @@
 // function here:
 //   - AdvisoryLock ([LockSession]): pg_try_advisory_lock, pg_advisory_lock and their _shared
 //     and int4-pair forms, chosen by the statement's CASE; set_config('application_name');
-//     fencelock.next_token(true) for a fencing token (migrations 00002 and 00003);
+//     fencelock.next_token(true) for a fencing token (migrations 00002, 00003 and 00011);
 //     pg_is_in_recovery and pg_backend_pid for the session checks made before it locks;
 //   - AdvisoryUnlock ([UnlockSession]): pg_advisory_unlock and its forms, and the previous
 //     application_name put back;
