@@ -10,31 +10,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/advisory"
 )
-
-// LockMode is the mode of an advisory lock.
-type LockMode int
-
-const (
-	// Exclusive conflicts with every other holder of the key.
-	Exclusive LockMode = iota
-	// Shared conflicts only with Exclusive holders of the key.
-	Shared
-)
-
-// String returns "exclusive" or "shared".
-func (m LockMode) String() string {
-	if m == Shared {
-		return "shared"
-	}
-	return "exclusive"
-}
 
 // AdvisoryLocker takes Postgres advisory locks: session locks ([AdvisoryLocker.TryLock],
-// [AdvisoryLocker.Lock] and their shared and by-key variants), each held by a session of its
-// own on a connection taken from the pool, and transaction locks
-// ([AdvisoryLocker.TryLockTx], [AdvisoryLocker.LockTx]) held by the caller's transaction.
+// [AdvisoryLocker.Lock]), each held by a session of its own on a connection taken from the
+// pool, and transaction locks ([AdvisoryLocker.TryLockTx], [AdvisoryLocker.LockTx]) held by the
+// caller's transaction. Each call takes [LockOption]s: [Shared] for a shared lock (default
+// [Exclusive]), [AtKey] for a key given as it is.
 //
 // Advisory locks are the cheapest locks Postgres has (no table, released by the server when
 // the session or transaction ends), good for efficiency: a job that runs once. A paused
@@ -54,10 +37,10 @@ func (m LockMode) String() string {
 //     PgBouncer's transaction pooling;
 //   - taking a lock the locker already holds is an error ([ErrAlreadyHeld]), never a silent
 //     second level; so is a name whose key collides with a held one ([*KeyCollisionError]);
-//   - a cap on held session locks ([WithMaxHeld], [ErrTooManyLocks]).
+//   - a cap on held session locks ([WithMaxSessionLocks], [ErrTooManyLocks]).
 //
 // Names map to int64 keys by [SHA256KeyHash] in the locker's namespace; the int64 and int32
-// pair forms are taken as they are with the *Key methods. A session holding a lock sets its
+// pair forms are taken as they are with [AtKey]. A session holding a lock sets its
 // application_name to "fencelock <name>", so the view fencelock.advisory_locks (pg_locks joined
 // with pg_stat_activity) shows who holds what.
 //
@@ -65,17 +48,11 @@ func (m LockMode) String() string {
 // own but a watchdog round, every [WithWatchdogInterval] while it holds session locks.
 type AdvisoryLocker struct {
 	pool     *pgxpool.Pool
-	q        *db.Queries
 	cfg      advisoryConfig
-	watchdog *loop // advisory_watchdog.go; armed while a session lock is held
+	watchdog *loop // rounds of watchdogRound (probes: advisory_watchdog.go); armed while a session lock is held
 
 	mu   sync.Mutex
-	held map[AdvisoryKey]*heldEntry // held and being acquired session locks
-}
-
-type heldEntry struct {
-	name string
-	lock *AdvisoryLock // nil while being acquired
+	held *advisory.Held[*AdvisoryLock] // held and being acquired session locks; guarded by mu
 }
 
 // NewAdvisoryLocker returns a locker on pool, which must reach a primary directly (not through
@@ -86,8 +63,8 @@ type heldEntry struct {
 //   - namespace: [DefaultNamespace] ([WithNamespace])
 //   - key hash: [SHA256KeyHash] ([WithKeyHash])
 //   - watchdog interval: [DefaultWatchdogInterval] ([WithWatchdogInterval])
-//   - cap on held session locks: [DefaultMaxHeld], or the pool's MaxConns - 1 if that is
-//     smaller (at least 1) ([WithMaxHeld])
+//   - cap on held session locks: [DefaultMaxSessionLocks], or the pool's MaxConns - 1 if that
+//     is smaller (at least 1) ([WithMaxSessionLocks])
 //   - fencing tokens: off ([WithFencingTokens])
 //   - logger: discards ([WithLogger])
 func NewAdvisoryLocker(pool *pgxpool.Pool, opts ...AdvisoryOption) (*AdvisoryLocker, error) {
@@ -98,7 +75,7 @@ func NewAdvisoryLocker(pool *pgxpool.Pool, opts ...AdvisoryOption) (*AdvisoryLoc
 	if err != nil {
 		return nil, err
 	}
-	a := &AdvisoryLocker{pool: pool, q: db.New(), cfg: cfg, held: make(map[AdvisoryKey]*heldEntry)}
+	a := &AdvisoryLocker{pool: pool, cfg: cfg, held: advisory.NewHeld[*AdvisoryLock](cfg.maxLocks)}
 	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
 	return a, nil
 }
@@ -113,57 +90,51 @@ func (a *AdvisoryLocker) Key(name string) (AdvisoryKey, error) {
 	return Int64Key(a.cfg.hash(a.cfg.namespace, name)), nil
 }
 
-// TryLock takes the exclusive session lock of name if it is free, in one statement, on a
-// connection of its own. Errors: [ErrNotAcquired] if it is held; an [*ArgumentError] (no SQL
-// runs); [ErrAlreadyHeld] or a [*KeyCollisionError] if this locker holds the key;
-// [ErrTooManyLocks]; an error wrapping [ErrReadOnly] on a hot standby; a [*PoolerError]
-// behind a pooler; otherwise pgx's error, wrapped.
-func (a *AdvisoryLocker) TryLock(ctx context.Context, name string) (*AdvisoryLock, error) {
-	return a.lockName(ctx, name, Exclusive, false)
+// target resolves a lock call's name and options into the key to lock and its mode. Errors:
+// an [*ArgumentError] for a bad option or name (a name may be "" only with AtKey).
+func (a *AdvisoryLocker) target(name string, opts []LockOption) (AdvisoryKey, LockMode, error) {
+	var c lockConfig
+	if err := applyAll(opts, func(o LockOption) error { return o.applyLock(&c) }); err != nil {
+		return AdvisoryKey{}, 0, err
+	}
+	if !c.keySet {
+		key, err := a.Key(name)
+		return key, c.mode, err
+	}
+	if name != "" {
+		if err := validateName("name", name); err != nil {
+			return AdvisoryKey{}, 0, err
+		}
+	}
+	return c.key, c.mode, nil
 }
 
-// Lock takes the exclusive session lock of name, waiting on the server, in its queue (first
-// come, first served among conflicting requests), until granted or ctx ends. If ctx ends
-// first it returns ctx's error (wrapped) and holds nothing: the connection is closed after a
-// cancel request, so a grant that raced the cancellation ends with the session. Other errors
-// as for [AdvisoryLocker.TryLock], never [ErrNotAcquired].
-func (a *AdvisoryLocker) Lock(ctx context.Context, name string) (*AdvisoryLock, error) {
-	return a.lockName(ctx, name, Exclusive, true)
+// TryLock takes the session lock of name if it is free, in one statement, on a connection of
+// its own: exclusive, or shared with [Shared] (it then coexists with other shared holders and
+// excludes exclusive ones); of the key name maps to ([AdvisoryLocker.Key]), or of the key
+// given by [AtKey] (name then only labels the lock, and may be ""). Errors: [ErrNotAcquired]
+// if it is held; an [*ArgumentError] for a bad name or option (no SQL runs); [ErrAlreadyHeld]
+// or a [*KeyCollisionError] if this locker holds the key; [ErrTooManyLocks]; an error
+// wrapping [ErrReadOnly] on a hot standby; a [*PoolerError] behind a pooler; otherwise pgx's
+// error, wrapped. Safe for concurrent use.
+func (a *AdvisoryLocker) TryLock(ctx context.Context, name string, opts ...LockOption) (*AdvisoryLock, error) {
+	return a.lock(ctx, name, opts, false)
 }
 
-// TryLockShared is [AdvisoryLocker.TryLock] in [Shared] mode: it coexists with other shared
-// holders and excludes exclusive ones.
-func (a *AdvisoryLocker) TryLockShared(ctx context.Context, name string) (*AdvisoryLock, error) {
-	return a.lockName(ctx, name, Shared, false)
+// Lock takes the session lock of name, as [AdvisoryLocker.TryLock] does (same options), but
+// waits on the server, in its queue (first come, first served among conflicting requests),
+// until granted or ctx ends. If ctx ends first it returns ctx's error (wrapped) and holds
+// nothing: the connection is closed after a cancel request, so a grant that raced the
+// cancellation ends with the session. Other errors as for [AdvisoryLocker.TryLock], never
+// [ErrNotAcquired].
+func (a *AdvisoryLocker) Lock(ctx context.Context, name string, opts ...LockOption) (*AdvisoryLock, error) {
+	return a.lock(ctx, name, opts, true)
 }
 
-// LockShared is [AdvisoryLocker.Lock] in [Shared] mode.
-func (a *AdvisoryLocker) LockShared(ctx context.Context, name string) (*AdvisoryLock, error) {
-	return a.lockName(ctx, name, Shared, true)
-}
-
-// TryLockKey is [AdvisoryLocker.TryLock] for an explicit key (which no name maps from here),
-// in mode.
-func (a *AdvisoryLocker) TryLockKey(ctx context.Context, key AdvisoryKey, mode LockMode) (*AdvisoryLock, error) {
-	return a.lock(ctx, "", key, mode, false)
-}
-
-// LockKey is [AdvisoryLocker.Lock] for an explicit key, in mode.
-func (a *AdvisoryLocker) LockKey(ctx context.Context, key AdvisoryKey, mode LockMode) (*AdvisoryLock, error) {
-	return a.lock(ctx, "", key, mode, true)
-}
-
-func (a *AdvisoryLocker) lockName(ctx context.Context, name string, mode LockMode, wait bool) (*AdvisoryLock, error) {
-	key, err := a.Key(name)
+func (a *AdvisoryLocker) lock(ctx context.Context, name string, opts []LockOption, wait bool) (*AdvisoryLock, error) {
+	key, mode, err := a.target(name, opts)
 	if err != nil {
 		return nil, err
-	}
-	return a.lock(ctx, name, key, mode, wait)
-}
-
-func (a *AdvisoryLocker) lock(ctx context.Context, name string, key AdvisoryKey, mode LockMode, wait bool) (*AdvisoryLock, error) {
-	if mode != Exclusive && mode != Shared {
-		return nil, argError("mode", "is %d; want Exclusive or Shared", int(mode))
 	}
 	if err := a.reserve(name, key); err != nil {
 		return nil, err
@@ -176,7 +147,7 @@ func (a *AdvisoryLocker) lock(ctx context.Context, name string, key AdvisoryKey,
 	a.cfg.common.metrics.acquired(ctx, mt, start, err)
 	if err != nil {
 		a.mu.Lock()
-		delete(a.held, key)
+		a.held.Cancel(key.k)
 		a.mu.Unlock()
 		return nil, err
 	}
@@ -187,17 +158,16 @@ func (a *AdvisoryLocker) lock(ctx context.Context, name string, key AdvisoryKey,
 // reserve claims key for an acquire by this locker, or says why it cannot.
 func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if e, ok := a.held[key]; ok {
-		if e.name != name {
-			return &KeyCollisionError{Key: key, Name: name, Held: e.name}
-		}
+	r, heldName := a.held.Reserve(name, key.k)
+	a.mu.Unlock()
+	switch r {
+	case advisory.Collision:
+		return &KeyCollisionError{Key: key, Name: name, Held: heldName}
+	case advisory.AlreadyHeld:
 		return fmt.Errorf("lock %s: %w", describeLock(name, key), ErrAlreadyHeld)
+	case advisory.Full:
+		return fmt.Errorf("lock %s: %w (cap %d, see WithMaxSessionLocks)", describeLock(name, key), ErrTooManyLocks, a.cfg.maxLocks)
 	}
-	if len(a.held) >= a.cfg.maxHeld {
-		return fmt.Errorf("lock %s: %w (cap %d, see WithMaxHeld)", describeLock(name, key), ErrTooManyLocks, a.cfg.maxHeld)
-	}
-	a.held[key] = &heldEntry{name: name}
 	return nil
 }
 
@@ -205,7 +175,7 @@ func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 // interval from now.
 func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
 	a.mu.Lock()
-	a.held[lk.key] = &heldEntry{name: lk.name, lock: lk}
+	a.held.Grant(lk.key.k, lk.name, lk)
 	start := a.watchdog.startLocked()
 	a.mu.Unlock()
 	if start {
@@ -217,23 +187,25 @@ func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
 func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if e, ok := a.held[lk.key]; ok && e.lock == lk {
-		delete(a.held, lk.key)
-	}
-	if len(a.grantedLocked()) == 0 {
+	if !a.held.Forget(lk.key.k, lk) {
 		a.watchdog.stopLocked()
 	}
 }
 
-// grantedLocked returns the granted locks (not reservations being acquired). a.mu is held.
-func (a *AdvisoryLocker) grantedLocked() []*AdvisoryLock {
-	var locks []*AdvisoryLock
-	for _, e := range a.held {
-		if e.lock != nil {
-			locks = append(locks, e.lock)
-		}
+// watchdogRound is the watchdog loop's step: it probes every held lock, all at once, each for
+// at most one interval, and asks for the next round an interval after this one ended. The
+// first round runs one interval after the loop was armed (register).
+func (a *AdvisoryLocker) watchdogRound(now time.Time) (next time.Time, ok bool) {
+	a.mu.Lock()
+	locks := a.held.Granted()
+	if len(locks) == 0 {
+		a.watchdog.stopLocked()
+		a.mu.Unlock()
+		return now, false
 	}
-	return locks
+	a.mu.Unlock()
+	advisory.ProbeAll(locks, func(lk *AdvisoryLock) { lk.probe(a.cfg.watchdog) })
+	return a.cfg.clock.Now().Add(a.cfg.watchdog), true
 }
 
 // acquire takes the lock on a connection of its own and checks the session is one a session
@@ -249,14 +221,9 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	if a.cfg.sessionPooler {
 		checkPID = 0 // a declared session pooler: the pids differ, and that is safe
 	}
-	row, err := a.q.AdvisoryLock(ctx, conn, db.AdvisoryLockParams{
-		StartupPid: checkPID,
-		AppName:    applicationName(name, key),
-		Tokens:     a.cfg.tokens,
-		Wait:       wait,
-		Pair:       key.pair, K1: key.k1, K2: key.k2, Key: key.key,
-		Shared: mode == Shared,
-	})
+	row, err := advisory.LockSession(ctx, conn, advisory.Request{
+		Name: name, Key: key.k, Shared: mode == Shared, Wait: wait, Tokens: a.cfg.tokens,
+	}, checkPID)
 	if err != nil {
 		// A failed wait may have been granted as ctx ended; a statement that failed after its
 		// grant (fencelock.next_token refused the token: ErrTokenBudget, ErrTokenEpochBehind,
@@ -292,6 +259,7 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	}
 	return &AdvisoryLock{
 		locker:  a,
+		common:  &a.cfg.common,
 		name:    name,
 		key:     key,
 		mode:    mode,
@@ -302,5 +270,3 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		ending:  newGrantEnd(),
 	}, nil
 }
-
-var errPIDChanged = errors.New("the connection now reaches another backend")

@@ -1,45 +1,33 @@
 package fencelock
 
-import (
-	"crypto/sha256"
-	"encoding/binary"
-	"fmt"
-)
+import "github.com/fencelock/fencelock/internal/advisory"
 
 // AdvisoryKey identifies a Postgres advisory lock: one int64 key, or a pair of int32 keys.
 // Postgres keeps the two forms in separate key spaces (pg_locks.objsubid 1 and 2): the pair
 // (0, 5) is not the key 5. The zero value is the int64 key 0. Comparable; use it as a map key.
 type AdvisoryKey struct {
-	pair   bool
-	key    int64
-	k1, k2 int32
+	k advisory.Key
 }
 
 // Int64Key returns the advisory key k, as taken by pg_advisory_lock(bigint).
-func Int64Key(k int64) AdvisoryKey { return AdvisoryKey{key: k} }
+func Int64Key(k int64) AdvisoryKey { return AdvisoryKey{advisory.Key{Int64: k}} }
 
 // Int32PairKey returns the advisory key (k1, k2), as taken by pg_advisory_lock(int, int).
-func Int32PairKey(k1, k2 int32) AdvisoryKey { return AdvisoryKey{pair: true, k1: k1, k2: k2} }
+func Int32PairKey(k1, k2 int32) AdvisoryKey {
+	return AdvisoryKey{advisory.Key{Pair: true, K1: k1, K2: k2}}
+}
 
 // Int64 returns the int64 key and true, or 0 and false for a pair key. In pg_locks an int64
 // key k shows as classid = k >> 32 and objid = k & 0xffffffff (both unsigned), objsubid 1.
-func (k AdvisoryKey) Int64() (int64, bool) { return k.key, !k.pair }
+func (k AdvisoryKey) Int64() (int64, bool) { return k.k.Int64, !k.k.Pair }
 
 // String renders the key as Postgres's lock functions take it: "123" or "(1,2)".
-func (k AdvisoryKey) String() string {
-	if k.pair {
-		return fmt.Sprintf("(%d,%d)", k.k1, k.k2)
-	}
-	return fmt.Sprint(k.key)
-}
+func (k AdvisoryKey) String() string { return k.k.String() }
 
 // KeyHash maps a namespace and a lock name to an int64 advisory key. It must be
 // deterministic, stable across processes and versions (every process that locks a name must
 // derive the same key), and safe for concurrent use.
 type KeyHash func(namespace, name string) int64
-
-// keyDomain separates fencelock's advisory keys from any other use of SHA-256 over names.
-const keyDomain = "fencelock/advisory-key/v1"
 
 // SHA256KeyHash is the default [KeyHash]: the first 8 bytes, big-endian, of
 //
@@ -49,43 +37,7 @@ const keyDomain = "fencelock/advisory-key/v1"
 // ("ab", "c") and ("a", "bc") apart; the domain string keeps the keys apart from other hashes.
 // With 64 bits, 100,000 names collide with probability about 3e-10 (a 32-bit hash such as
 // hashtext would collide with probability about 0.69). Stable: it will not change within v1.
-func SHA256KeyHash(namespace, name string) int64 {
-	h := sha256.New()
-	buf := make([]byte, 0, len(keyDomain)+1+2*binary.MaxVarintLen64)
-	buf = append(buf, keyDomain...)
-	buf = append(buf, 0)
-	buf = binary.AppendUvarint(buf, uint64(len(namespace)))
-	h.Write(buf)
-	h.Write([]byte(namespace))
-	h.Write(binary.AppendUvarint(buf[:0], uint64(len(name))))
-	h.Write([]byte(name))
-	var sum [sha256.Size]byte
-	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
-}
+func SHA256KeyHash(namespace, name string) int64 { return advisory.SHA256(namespace, name) }
 
 // describeLock names a lock in messages: its name when it has one, else its key.
-func describeLock(name string, key AdvisoryKey) string {
-	if name != "" {
-		return fmt.Sprintf("%q (key %v)", name, key)
-	}
-	return "key " + key.String()
-}
-
-// applicationName is what a session holding a lock sets application_name to, so that
-// pg_stat_activity shows who holds what: "fencelock <name>" or "fencelock key <key>", cut to
-// the 63 bytes Postgres keeps, at a UTF-8 boundary. (Postgres shows non-ASCII bytes as '?'.)
-func applicationName(name string, key AdvisoryKey) string {
-	s := "fencelock " + name
-	if name == "" {
-		s = "fencelock key " + key.String()
-	}
-	const max = 63
-	if len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && s[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
-		cut--
-	}
-	return s[:cut]
-}
+func describeLock(name string, key AdvisoryKey) string { return advisory.Describe(name, key.k) }

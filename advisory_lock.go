@@ -7,13 +7,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/advisory"
 )
 
 // AdvisoryLock is a session advisory lock held on a connection of its own. It is safe for
 // concurrent use.
 type AdvisoryLock struct {
-	locker  *AdvisoryLocker
+	locker  lockOwner
+	common  *commonConfig // the locker's: where a loss is counted and logged
 	name    string
 	key     AdvisoryKey
 	mode    LockMode
@@ -26,7 +27,13 @@ type AdvisoryLock struct {
 	conn   *pgxpool.Conn // nil once unlocked or lost
 }
 
-// Name returns the lock's name, or "" for a lock taken by key.
+// lockOwner is what a lock needs of its locker ([AdvisoryLocker]): to leave its held set when
+// the lock ends.
+type lockOwner interface {
+	unregister(lk *AdvisoryLock)
+}
+
+// Name returns the lock's name, or "" for a lock taken by key ([AtKey]) without one.
 func (lk *AdvisoryLock) Name() string { return lk.name }
 
 // Key returns the advisory key held.
@@ -85,7 +92,7 @@ func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpo
 	}
 	return lk.ending.finishWith(cause, func() {
 		if _, ok := cause.(*SessionLostError); ok { // counted before Done closes
-			lk.locker.cfg.common.metrics.sessionLost()
+			lk.common.metrics.sessionLost()
 		}
 	}), true
 }
@@ -110,16 +117,12 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	defer stop()
 	var err error
 	ended, settled := lk.end(ErrUnlocked, true, func(conn *pgxpool.Conn) {
-		row, uerr := lk.locker.q.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
-			Pair: lk.key.pair, K1: lk.key.k1, K2: lk.key.k2, Key: lk.key.key,
-			Shared:              lk.mode == Shared,
-			PrevApplicationName: lk.prevApp,
-		})
+		released, uerr := advisory.UnlockSession(ctx, conn, lk.key.k, lk.mode == Shared, lk.prevApp)
 		switch {
 		case uerr != nil:
 			destroySession(ctx, conn, false)
 			err = wrapPg(what(), uerr)
-		case !row.Released:
+		case !released:
 			destroySession(ctx, conn, false)
 			err = fmt.Errorf("%s: %w: the session did not hold it; connection closed", what(), ErrNotHeld)
 		default:
@@ -143,6 +146,6 @@ func (lk *AdvisoryLock) lost(cause error) {
 		destroySession(context.Background(), conn, false)
 	})
 	if ended {
-		lk.locker.cfg.common.logger.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
+		lk.common.logger.Error("fencelock: advisory lock lost", "lock", lk.name, "key", lk.key.String(), "cause", cause)
 	}
 }

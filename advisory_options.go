@@ -12,8 +12,8 @@ const (
 	DefaultNamespace = "fencelock"
 	// DefaultWatchdogInterval is how often a held session lock's session is probed.
 	DefaultWatchdogInterval = 5 * time.Second
-	// DefaultMaxHeld is the most session locks one locker holds at once.
-	DefaultMaxHeld = 64
+	// DefaultMaxSessionLocks is the most session locks one locker holds at once.
+	DefaultMaxSessionLocks = 64
 )
 
 // AdvisoryOption configures an [AdvisoryLocker]; [NewAdvisoryLocker] takes them. Each is
@@ -37,7 +37,7 @@ type advisoryConfig struct {
 	namespace string
 	hash      KeyHash
 	watchdog  time.Duration
-	maxHeld   int
+	maxLocks  int // cap on session locks held and being acquired
 	tokens    bool
 	// sessionPooler: a pooler sits in front, pinning one server session per client connection.
 	sessionPooler bool
@@ -55,10 +55,10 @@ func newAdvisoryConfig(pool *pgxpool.Pool, opts []AdvisoryOption) (advisoryConfi
 	if err := applyAll(opts, func(o AdvisoryOption) error { return o.applyAdvisory(&c) }); err != nil {
 		return advisoryConfig{}, err
 	}
-	if c.maxHeld == 0 {
+	if c.maxLocks == 0 {
 		// Every session lock holds a pooled connection: leave at least one to the rest of the
 		// application.
-		c.maxHeld = max(1, min(DefaultMaxHeld, int(pool.Config().MaxConns)-1))
+		c.maxLocks = max(1, min(DefaultMaxSessionLocks, int(pool.Config().MaxConns)-1))
 	}
 	c.common.resolve()
 	return c, nil
@@ -110,18 +110,21 @@ func WithWatchdogInterval(d time.Duration) AdvisoryOption {
 	})
 }
 
-// WithMaxHeld caps the session locks a locker holds at once, n >= 1. Each holds a connection
-// of the pool for as long as it is held (size the pool for it) and a slot of the server's lock
-// table (max_locks_per_transaction x max_connections slots, shared by all sessions); past the
-// cap, lock calls fail with [ErrTooManyLocks] before any SQL runs.
+// WithMaxSessionLocks caps the session locks a locker holds at once (those being acquired
+// included), n >= 1. Each holds a connection of the pool for as long as it is held (size the
+// pool for it) and a slot of the server's lock table (max_locks_per_transaction x
+// max_connections slots, shared by all sessions); past the cap, [AdvisoryLocker.TryLock] and
+// [AdvisoryLocker.Lock] fail with [ErrTooManyLocks] before any SQL runs. Transaction locks
+// are not counted.
 //
-// Default: [DefaultMaxHeld], or the pool's MaxConns - 1 if that is smaller (at least 1).
-func WithMaxHeld(n int) AdvisoryOption {
+// Default: [DefaultMaxSessionLocks], or the pool's MaxConns - 1 if that is smaller (at least
+// 1).
+func WithMaxSessionLocks(n int) AdvisoryOption {
 	return advisoryOption(func(c *advisoryConfig) error {
 		if n < 1 {
-			return argError("WithMaxHeld", "is %d; it must be >= 1", n)
+			return argError("WithMaxSessionLocks", "is %d; it must be >= 1", n)
 		}
-		c.maxHeld = n
+		c.maxLocks = n
 		return nil
 	})
 }
@@ -166,6 +169,79 @@ func WithSessionPooler() AdvisoryOption {
 func WithFencingTokens() AdvisoryOption {
 	return advisoryOption(func(c *advisoryConfig) error {
 		c.tokens = true
+		return nil
+	})
+}
+
+// LockMode is the mode of an advisory lock. It is a [LockOption]: pass [Shared] to a lock call
+// for a shared lock; the default is [Exclusive].
+type LockMode int
+
+const (
+	// Exclusive conflicts with every other holder of the key.
+	Exclusive LockMode = iota
+	// Shared conflicts only with Exclusive holders of the key.
+	Shared
+)
+
+// String returns "exclusive" or "shared".
+func (m LockMode) String() string {
+	if m == Shared {
+		return "shared"
+	}
+	return "exclusive"
+}
+
+// LockOption configures one lock call of an [AdvisoryLocker] ([AdvisoryLocker.TryLock],
+// [AdvisoryLocker.Lock], [AdvisoryLocker.TryLockTx], [AdvisoryLocker.LockTx]): its mode, given
+// by a [LockMode] ([Shared]; default [Exclusive]), and its key ([AtKey]; default the key the
+// name maps to, [AdvisoryLocker.Key]). The call validates them before any SQL runs: a nil
+// option, a LockMode other than Exclusive and Shared, two modes that differ, or AtKey given
+// twice with different keys is an [*ArgumentError]. An option of a constructor
+// ([AdvisoryOption], [LessorOption]) does not compile here. Like them, a LockOption is an
+// immutable value, safe to share between calls and goroutines.
+type LockOption interface {
+	applyLock(*lockConfig) error
+}
+
+// lockConfig is what one lock call's options ask for.
+type lockConfig struct {
+	mode    LockMode
+	modeSet bool
+	key     AdvisoryKey
+	keySet  bool // AtKey: lock key, not the name's
+}
+
+// applyLock makes a LockMode a [LockOption]: the mode of the lock call it is given to.
+func (m LockMode) applyLock(c *lockConfig) error {
+	switch {
+	case m != Exclusive && m != Shared:
+		return argError("mode", "is %d; want Exclusive or Shared", int(m))
+	case c.modeSet && c.mode != m:
+		return argError("mode", "is given as both %v and %v", c.mode, m)
+	}
+	c.mode, c.modeSet = m, true
+	return nil
+}
+
+// lockOption is a [LockOption] other than a mode.
+type lockOption func(*lockConfig) error
+
+func (o lockOption) applyLock(c *lockConfig) error { return o(c) }
+
+// AtKey makes a lock call lock key, as it is, instead of the key its name maps to (so no
+// [KeyHash] or namespace applies): for keys shared with code that calls Postgres's advisory
+// lock functions itself. The name then only labels the lock (in messages, application_name,
+// [AdvisoryLock.Name] and the locker's held set, where taking a held key under another name is
+// a [*KeyCollisionError]); it may be "", and the lock is then described by its key ("key 42",
+// application_name "fencelock key 42"). Every key is valid, the zero AdvisoryKey (the int64
+// key 0) included. Given twice with different keys, the call fails with an [*ArgumentError].
+func AtKey(key AdvisoryKey) LockOption {
+	return lockOption(func(c *lockConfig) error {
+		if c.keySet && c.key != key {
+			return argError("AtKey", "is given as both %v and %v", c.key, key)
+		}
+		c.key, c.keySet = key, true
 		return nil
 	})
 }

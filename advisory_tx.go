@@ -7,74 +7,46 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/advisory"
 )
 
-// TryLockTx takes the exclusive transaction advisory lock of name inside tx, the caller's
-// transaction, if it is free, in one statement. Postgres releases it when tx ends; there is no
-// unlock. Because it needs nothing beyond the transaction, this mode works behind PgBouncer's
-// transaction pooling.
+// TryLockTx takes the transaction advisory lock of name inside tx, the caller's transaction,
+// if it is free, in one statement: exclusive, or shared with [Shared]; of the key name maps to,
+// or of the key given by [AtKey] (name then only labels the lock, and may be ""), as for
+// [AdvisoryLocker.TryLock]. Postgres releases it when tx ends; there is no unlock. Because it
+// needs nothing beyond the transaction, this mode works behind PgBouncer's transaction pooling.
 //
 // It returns the grant's fencing token when the locker was built with [WithFencingTokens]
 // (an int64 > 0, usable with [FenceTx] in the same tx; durable once tx commits), else 0.
-// Transaction locks stack in Postgres and are not tracked by the locker: taking one twice in a
-// transaction is allowed and harmless, since both levels end with it.
+// Transaction locks stack in Postgres and are not tracked by the locker (nor counted by
+// [WithMaxSessionLocks]): taking one twice in a transaction is allowed and harmless, since
+// both levels end with it.
 //
 // Errors: [ErrNotAcquired] if another session or transaction holds it; an [*ArgumentError]
-// for a bad name or a nil tx (no SQL runs); an error wrapping [ErrReadOnly] on a hot standby;
-// otherwise pgx's error, wrapped (the transaction is then aborted, as after any failed
-// statement).
-func (a *AdvisoryLocker) TryLockTx(ctx context.Context, tx pgx.Tx, name string) (Token, error) {
-	return a.lockTxName(ctx, tx, name, Exclusive, false)
+// for a bad name or option, or a nil tx (no SQL runs); an error wrapping [ErrReadOnly] on a
+// hot standby; otherwise pgx's error, wrapped (the transaction is then aborted, as after any
+// failed statement). Safe for concurrent use (a pgx.Tx itself is not).
+func (a *AdvisoryLocker) TryLockTx(ctx context.Context, tx pgx.Tx, name string, opts ...LockOption) (Token, error) {
+	return a.lockTx(ctx, tx, name, opts, false)
 }
 
-// LockTx is [AdvisoryLocker.TryLockTx] that waits in the server's lock queue until granted or
-// ctx ends. When ctx ends first the statement is cancelled and tx is aborted: roll it back,
-// which releases anything it held.
-func (a *AdvisoryLocker) LockTx(ctx context.Context, tx pgx.Tx, name string) (Token, error) {
-	return a.lockTxName(ctx, tx, name, Exclusive, true)
+// LockTx is [AdvisoryLocker.TryLockTx] (same options) that waits in the server's lock queue
+// until granted or ctx ends. When ctx ends first the statement is cancelled and tx is aborted:
+// roll it back, which releases anything it held.
+func (a *AdvisoryLocker) LockTx(ctx context.Context, tx pgx.Tx, name string, opts ...LockOption) (Token, error) {
+	return a.lockTx(ctx, tx, name, opts, true)
 }
 
-// TryLockSharedTx is [AdvisoryLocker.TryLockTx] in [Shared] mode.
-func (a *AdvisoryLocker) TryLockSharedTx(ctx context.Context, tx pgx.Tx, name string) (Token, error) {
-	return a.lockTxName(ctx, tx, name, Shared, false)
-}
-
-// LockSharedTx is [AdvisoryLocker.LockTx] in [Shared] mode.
-func (a *AdvisoryLocker) LockSharedTx(ctx context.Context, tx pgx.Tx, name string) (Token, error) {
-	return a.lockTxName(ctx, tx, name, Shared, true)
-}
-
-// TryLockKeyTx is [AdvisoryLocker.TryLockTx] for an explicit key, in mode.
-func (a *AdvisoryLocker) TryLockKeyTx(ctx context.Context, tx pgx.Tx, key AdvisoryKey, mode LockMode) (Token, error) {
-	return a.lockTx(ctx, tx, "", key, mode, false)
-}
-
-// LockKeyTx is [AdvisoryLocker.LockTx] for an explicit key, in mode.
-func (a *AdvisoryLocker) LockKeyTx(ctx context.Context, tx pgx.Tx, key AdvisoryKey, mode LockMode) (Token, error) {
-	return a.lockTx(ctx, tx, "", key, mode, true)
-}
-
-func (a *AdvisoryLocker) lockTxName(ctx context.Context, tx pgx.Tx, name string, mode LockMode, wait bool) (Token, error) {
-	key, err := a.Key(name)
+func (a *AdvisoryLocker) lockTx(ctx context.Context, tx pgx.Tx, name string, opts []LockOption, wait bool) (Token, error) {
+	key, mode, err := a.target(name, opts)
 	if err != nil {
 		return 0, err
 	}
-	return a.lockTx(ctx, tx, name, key, mode, wait)
-}
-
-func (a *AdvisoryLocker) lockTx(ctx context.Context, tx pgx.Tx, name string, key AdvisoryKey, mode LockMode, wait bool) (Token, error) {
 	if tx == nil {
 		return 0, argError("tx", "must not be nil")
 	}
-	if mode != Exclusive && mode != Shared {
-		return 0, argError("mode", "is %d; want Exclusive or Shared", int(mode))
-	}
-	row, err := a.q.AdvisoryLockTx(ctx, tx, db.AdvisoryLockTxParams{
-		Tokens: a.cfg.tokens,
-		Wait:   wait,
-		Pair:   key.pair, K1: key.k1, K2: key.k2, Key: key.key,
-		Shared: mode == Shared,
+	row, err := advisory.LockTx(ctx, tx, advisory.Request{
+		Name: name, Key: key.k, Shared: mode == Shared, Wait: wait, Tokens: a.cfg.tokens,
 	})
 	what := fmt.Sprintf("lock %s in transaction", describeLock(name, key))
 	switch {

@@ -81,7 +81,8 @@
 //	lk, err := a.TryLock(ctx, "nightly-report") // ErrNotAcquired if held
 //	defer lk.Unlock(ctx)
 //
-// Names map to int64 keys by [SHA256KeyHash]. A hot standby and a connection pooler are
+// Names map to int64 keys by [SHA256KeyHash]; each lock call takes [LockOption]s: [Shared] for
+// a shared lock, [AtKey] for a key of the caller's own. A hot standby and a connection pooler are
 // refused before anything is taken ([ErrReadOnly], [ErrConnectionPooler]; a session-mode
 // pooler may be declared with [WithSessionPooler]). With
 // [WithFencingTokens] each grant also draws a fencing token for [FenceTx].

@@ -183,7 +183,7 @@ var (
 	ErrAlreadyHeld = errors.New("fencelock: already held or being acquired by this holder (a lessor or advisory locker is not re-entrant)")
 
 	// ErrTooManyLocks is returned when an [AdvisoryLocker] already holds its cap of session
-	// locks ([WithMaxHeld]); each holds a pooled connection and a slot of the server's lock
+	// locks ([WithMaxSessionLocks]); each holds a pooled connection and a slot of the server's lock
 	// table.
 	ErrTooManyLocks = errors.New("fencelock: advisory locker holds too many locks")
 

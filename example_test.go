@@ -134,6 +134,21 @@ func ExampleAdvisoryLocker_TryLock() {
 	}
 }
 
+// Lock options: Shared for a shared lock, AtKey for a key of your own (the name is then a label).
+func ExampleAtKey() {
+	ctx := context.Background()
+	pool := examplePool(ctx)
+	defer pool.Close()
+	locker, err := fencelock.NewAdvisoryLocker(pool)
+	if err != nil {
+		log.Fatal(err)
+	}
+	lk, err := locker.Lock(ctx, "legacy-cron", fencelock.AtKey(fencelock.Int64Key(42)), fencelock.Shared)
+	if err == nil {
+		defer lk.Unlock(ctx) // held alongside other shared holders of pg_advisory_lock_shared(42)
+	}
+}
+
 // TryLockTx takes a transaction advisory lock on the caller's transaction: no Unlock, the
 // commit or rollback releases it. LockTx waits for it instead.
 func ExampleAdvisoryLocker_TryLockTx() {

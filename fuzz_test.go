@@ -64,19 +64,3 @@ func FuzzSHA256KeyHash(f *testing.F) {
 		}
 	})
 }
-
-// FuzzApplicationName: what a lock sets application_name to fits Postgres's 63 bytes and stays
-// valid UTF-8 for any valid name.
-func FuzzApplicationName(f *testing.F) {
-	f.Add("payment:42", int64(7))
-	f.Add(strings.Repeat("é", 40), int64(-1))
-	f.Fuzz(func(t *testing.T, name string, key int64) {
-		if validateName("name", name) != nil {
-			name = ""
-		}
-		got := applicationName(name, Int64Key(key))
-		if len(got) > 63 || !utf8.ValidString(got) || !strings.HasPrefix(got, "fencelock ") {
-			t.Fatalf("applicationName(%q) = %q", name, got)
-		}
-	})
-}

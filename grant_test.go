@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/advisory"
 )
 
 // A grant ends once: the first cause wins, Done closes with it, later ends change nothing.
@@ -29,12 +31,14 @@ func TestGrantEndsOnce(t *testing.T) {
 func newTestLock() *AdvisoryLock {
 	cfg := advisoryConfig{clock: newManualClock(), watchdog: time.Second}
 	cfg.common.resolve()
-	a := &AdvisoryLocker{cfg: cfg, held: map[AdvisoryKey]*heldEntry{}}
+	a := &AdvisoryLocker{cfg: cfg, held: advisory.NewHeld[*AdvisoryLock](1)}
 	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
-	lk := &AdvisoryLock{locker: a, key: Int64Key(1), conn: &pgxpool.Conn{}, ending: newGrantEnd()}
-	a.held[lk.key] = &heldEntry{lock: lk}
+	lk := &AdvisoryLock{locker: a, common: &a.cfg.common, key: Int64Key(1), conn: &pgxpool.Conn{}, ending: newGrantEnd()}
+	a.held.Grant(lk.key.k, "", lk)
 	return lk
 }
+
+func lockerOf(lk *AdvisoryLock) *AdvisoryLocker { return lk.locker.(*AdvisoryLocker) }
 
 // Unlock's end: Done closes before the session is settled (the statement may hang), the
 // session is settled once, and the lock leaves the locker's held set; a second end (an Unlock
@@ -57,7 +61,7 @@ func TestAdvisoryLockEndOnUnlock(t *testing.T) {
 	require.Equal(t, 1, settled)
 	require.ErrorIs(t, lk.Err(), ErrUnlocked)
 	require.Nil(t, lk.conn)
-	require.Empty(t, lk.locker.held, "the ended lock is still in the locker's held set")
+	require.Zero(t, lockerOf(lk).held.Len(), "the ended lock is still in the locker's held set")
 }
 
 // A lost session's end: Done stays open until the session is closed and the locker has
@@ -80,9 +84,9 @@ func TestAdvisoryLockEndOnLossClosesDoneLast(t *testing.T) {
 	}
 	close(release)
 	<-lk.Done()
-	lk.locker.mu.Lock()
-	defer lk.locker.mu.Unlock()
-	require.Empty(t, lk.locker.held, "Done closed before the locker forgot the lock")
+	lockerOf(lk).mu.Lock()
+	defer lockerOf(lk).mu.Unlock()
+	require.Zero(t, lockerOf(lk).held.Len(), "Done closed before the locker forgot the lock")
 }
 
 // An Unlock that races a loss (the watchdog took the session and is closing it) returns only
@@ -114,9 +118,9 @@ func TestAdvisoryLockEndRacingEnds(t *testing.T) {
 			}
 			close(release)
 			<-returned
-			lk.locker.mu.Lock()
-			defer lk.locker.mu.Unlock()
-			require.Empty(t, lk.locker.held, "Unlock returned before the locker forgot the lock")
+			lockerOf(lk).mu.Lock()
+			defer lockerOf(lk).mu.Unlock()
+			require.Zero(t, lockerOf(lk).held.Len(), "Unlock returned before the locker forgot the lock")
 		})
 	}
 }

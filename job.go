@@ -22,7 +22,7 @@ import (
 // [WithRetryFailed].
 //
 // A Job is safe for concurrent use. The idea is ShedLock's (lockAtMostFor is the lease's TTL,
-// lockAtLeastFor is [WithMinHold]), with a ledger per slot instead of a lock per job, and
+// lockAtLeastFor is [WithHoldAtLeast]), with a ledger per slot instead of a lock per job, and
 // fencing tokens for the run's writes.
 type Job struct {
 	lessor *Lessor
@@ -34,36 +34,46 @@ type Job struct {
 // jobConfig is a Job's configuration.
 type jobConfig struct {
 	wait         bool          // overlap policy: wait for a run in progress (else skip)
-	minHold      time.Duration // hold the lease at least this long after a run starts
+	holdAtLeast  time.Duration // hold the lease at least this long after a run starts
 	retryCrashed bool
 	retryFailed  bool
 }
 
-// JobOption configures a [Job]; [NewJob] takes them.
-type JobOption func(*jobConfig) error
+// JobOption configures a [Job]; [NewJob] takes them. Each is validated by the constructor,
+// which fails with an [*ArgumentError] on a bad one (a nil one included). An option of another
+// constructor ([LessorOption], [AdvisoryOption]) does not compile here. An option is an
+// immutable value: one may be passed to any number of constructors, from any goroutine.
+type JobOption interface {
+	applyJob(*jobConfig) error
+}
+
+// jobOption is a [JobOption].
+type jobOption func(*jobConfig) error
+
+func (o jobOption) applyJob(c *jobConfig) error { return o(c) }
 
 // WithOverlapWait makes a run of a slot wait while another run of the job holds the job's
 // lease (in the lease's queue), then run the slot unless the ledger has it. Default: skip (the
 // slot is not run by this replica; if the run in progress is of another slot, this slot is
 // missed unless a later RunSlot of it finds the lease free).
 func WithOverlapWait() JobOption {
-	return func(c *jobConfig) error { c.wait = true; return nil }
+	return jobOption(func(c *jobConfig) error { c.wait = true; return nil })
 }
 
-// WithMinHold keeps the job's lease for at least d (a time.Duration >= 0) after a run started,
+// WithHoldAtLeast keeps the job's lease for at least d (a time.Duration >= 0) after a run started,
 // even when the run finishes sooner, as ShedLock's lockAtLeastFor: replicas whose clocks lag
 // the database's find the lease held instead of racing for a slot that was just run. The
 // ledger already keeps a slot from running twice; this keeps runs of the job apart in time.
 // The hold ends early when the lease is lost or the run's ctx ends; a d above the TTL holds
 // as long as the heartbeat renews the lease. Default: 0.
-func WithMinHold(d time.Duration) JobOption {
-	return func(c *jobConfig) error {
+func WithHoldAtLeast(d time.Duration) JobOption {
+	return jobOption(func(c *jobConfig) error {
 		if d < 0 {
-			return argError("WithMinHold", "is %v; it must be >= 0", d)
+			return argError("WithHoldAtLeast", "is %v; it must be >= 0", d)
 		}
-		c.minHold = d
+		c.holdAtLeast = d
 		return nil
-	}
+	})
 }
 
 // WithRetryCrashed runs a slot again whose run crashed (unfinished, under a grant that has
@@ -71,13 +81,13 @@ func WithMinHold(d time.Duration) JobOption {
 // executing: only its fenced writes are safe against the retry. Default: a crashed slot is not
 // run again.
 func WithRetryCrashed() JobOption {
-	return func(c *jobConfig) error { c.retryCrashed = true; return nil }
+	return jobOption(func(c *jobConfig) error { c.retryCrashed = true; return nil })
 }
 
 // WithRetryFailed runs a slot again whose run failed (its function returned an error), when a
 // replica next runs that slot. Default: a failed slot is not run again.
 func WithRetryFailed() JobOption {
-	return func(c *jobConfig) error { c.retryFailed = true; return nil }
+	return jobOption(func(c *jobConfig) error { c.retryFailed = true; return nil })
 }
 
 // NewJob returns the job name on l, whose runs hold a lease of name for ttl: the longest a
@@ -96,7 +106,7 @@ func NewJob(l *Lessor, name string, ttl time.Duration, opts ...JobOption) (*Job,
 		return nil, err
 	}
 	var cfg jobConfig
-	if err := applyAll(opts, func(o JobOption) error { return o(&cfg) }); err != nil {
+	if err := applyAll(opts, func(o JobOption) error { return o.applyJob(&cfg) }); err != nil {
 		return nil, err
 	}
 	return &Job{lessor: l, name: name, ttl: ttl, cfg: cfg}, nil
@@ -129,7 +139,7 @@ func (e *errUnclaimed) Unwrap() error { return e.err }
 
 // RunSlot runs fn for slot unless the slot has run: it takes the job's lease (waiting with
 // [WithOverlapWait], else trying once), claims the slot in the ledger, runs fn under the
-// lease's context, records its outcome, and releases the lease (after [WithMinHold], if set
+// lease's context, records its outcome, and releases the lease (after [WithHoldAtLeast], if set
 // and fn ran; also when ctx has ended by then: the release is detached from ctx, bounded by
 // 5 s of its own, as [Lease.Release]). A slot the ledger has settled (run, running, or not to
 // be run again) is found so with one read, without the lease. slot is truncated to
@@ -177,7 +187,7 @@ func (j *Job) RunSlot(ctx context.Context, slot time.Time, fn JobFunc) error {
 	ran := false
 	started := time.Now()
 	defer func() {
-		if hold := j.cfg.minHold - time.Since(started); ran && hold > 0 {
+		if hold := j.cfg.holdAtLeast - time.Since(started); ran && hold > 0 {
 			t := time.NewTimer(hold)
 			select {
 			case <-lease.Done():

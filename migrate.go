@@ -15,11 +15,6 @@ import (
 // that it never collides with an application's goose_db_version.
 const VersionTable = "fencelock.goose_db_version"
 
-// migrateLockID is the advisory lock key that serialises concurrent [Migrate] calls (see
-// migrateLocker). It differs from goose's default key, so fencelock's migrations never wait on
-// (or block) an application's own goose run.
-const migrateLockID int64 = 0x66656e63656c6f63 // "fencelock" in ASCII, truncated to 8 bytes
-
 // migrateStateSQL says whether schema fencelock and its version table exist. It reads the
 // catalogs only, which every role may read: unlike to_regclass('fencelock.goose_db_version'), it
 // does not fail for a role without USAGE on the schema.

@@ -12,6 +12,11 @@ import (
 
 var _ lock.Locker = (*migrateLocker)(nil)
 
+// migrateLockID is the advisory lock key that serialises concurrent [Migrate] calls (see
+// migrateLocker, below). It differs from goose's default key, so fencelock's migrations never wait on
+// (or block) an application's own goose run.
+const migrateLockID int64 = 0x66656e63656c6f63 // "fencelock" in ASCII, truncated to 8 bytes
+
 // migrateLockWait bounds how long [Migrate] waits for another Migrate's lock: as long as goose's
 // session locker waited before (300 tries, one a second).
 const migrateLockWait = 5 * time.Minute

@@ -60,7 +60,7 @@ func WithLogger(l *slog.Logger) Option {
 //   - fencelock.lease.queue.waiting: Acquire and RunLocked calls waiting in a queue now (a
 //     RunLocked until its transaction has the row); observable, as held
 //   - fencelock.advisory.acquire.duration: session advisory lock calls, by method (try_lock:
-//     TryLock, TryLockShared, TryLockKey; lock: Lock, LockShared, LockKey) and outcome
+//     TryLock, whatever its options; lock: Lock) and outcome
 //     (transaction locks are not measured)
 //   - fencelock.advisory.sessions_lost: session locks lost because their session ended
 //

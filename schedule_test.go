@@ -294,7 +294,7 @@ func TestOptionsTypedPerConstructor(t *testing.T) {
 	}
 	advisoryOnly := map[string]any{
 		"WithNamespace": WithNamespace("n"), "WithKeyHash": WithKeyHash(SHA256KeyHash),
-		"WithWatchdogInterval": WithWatchdogInterval(time.Second), "WithMaxHeld": WithMaxHeld(1),
+		"WithWatchdogInterval": WithWatchdogInterval(time.Second), "WithMaxSessionLocks": WithMaxSessionLocks(1),
 		"WithFencingTokens": WithFencingTokens(),
 	}
 	for name, o := range lessorOnly {

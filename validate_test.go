@@ -189,13 +189,13 @@ func TestAdvisoryBadInputIsRefusedBeforeSQL(t *testing.T) {
 			requireArgError(t, err, "name")
 			_, err = a.Lock(ctx, tc.name)
 			requireArgError(t, err, "name")
-			_, err = a.TryLockShared(ctx, tc.name)
+			_, err = a.TryLock(ctx, tc.name, fencelock.Shared)
 			requireArgError(t, err, "name")
-			_, err = a.LockShared(ctx, tc.name)
+			_, err = a.Lock(ctx, tc.name, fencelock.Shared)
 			requireArgError(t, err, "name")
 			_, err = a.TryLockTx(ctx, noSQLTx{t: t}, tc.name)
 			requireArgError(t, err, "name")
-			_, err = a.LockSharedTx(ctx, noSQLTx{t: t}, tc.name)
+			_, err = a.LockTx(ctx, noSQLTx{t: t}, tc.name, fencelock.Shared)
 			requireArgError(t, err, "name")
 			_, err = a.Key(tc.name)
 			requireArgError(t, err, "name")
@@ -204,14 +204,38 @@ func TestAdvisoryBadInputIsRefusedBeforeSQL(t *testing.T) {
 	t.Run("NilTx", func(t *testing.T) {
 		_, err := a.TryLockTx(ctx, nil, "job")
 		requireArgError(t, err, "tx")
-		_, err = a.LockKeyTx(ctx, nil, fencelock.Int64Key(1), fencelock.Exclusive)
+		_, err = a.LockTx(ctx, nil, "", fencelock.AtKey(fencelock.Int64Key(1)), fencelock.Exclusive)
 		requireArgError(t, err, "tx")
 	})
 	t.Run("Mode", func(t *testing.T) {
-		_, err := a.TryLockKey(ctx, fencelock.Int64Key(1), fencelock.LockMode(7))
+		_, err := a.TryLock(ctx, "", fencelock.AtKey(fencelock.Int64Key(1)), fencelock.LockMode(7))
 		requireArgError(t, err, "mode")
-		_, err = a.TryLockKeyTx(ctx, noSQLTx{t: t}, fencelock.Int64Key(1), fencelock.LockMode(-1))
+		_, err = a.TryLockTx(ctx, noSQLTx{t: t}, "", fencelock.AtKey(fencelock.Int64Key(1)), fencelock.LockMode(-1))
 		requireArgError(t, err, "mode")
+	})
+	t.Run("LockOptions", func(t *testing.T) {
+		k1, k2 := fencelock.AtKey(fencelock.Int64Key(1)), fencelock.AtKey(fencelock.Int32PairKey(0, 1))
+		for _, tc := range []struct {
+			desc, arg, name string
+			opts            []fencelock.LockOption
+		}{
+			{"NilOption", "option", "job", []fencelock.LockOption{nil}},
+			{"TwoModes", "mode", "job", []fencelock.LockOption{fencelock.Shared, fencelock.Exclusive}},
+			{"TwoKeys", "AtKey", "job", []fencelock.LockOption{k1, k2}},
+			{"EmptyNameWithoutKey", "name", "", []fencelock.LockOption{fencelock.Shared}},
+			{"BadNameWithKey", "name", "re\x00port", []fencelock.LockOption{k1}},
+		} {
+			t.Run(tc.desc, func(t *testing.T) {
+				_, err := a.TryLock(ctx, tc.name, tc.opts...)
+				requireArgError(t, err, tc.arg)
+				_, err = a.Lock(ctx, tc.name, tc.opts...)
+				requireArgError(t, err, tc.arg)
+				_, err = a.TryLockTx(ctx, noSQLTx{t: t}, tc.name, tc.opts...)
+				requireArgError(t, err, tc.arg)
+				_, err = a.LockTx(ctx, noSQLTx{t: t}, tc.name, tc.opts...)
+				requireArgError(t, err, tc.arg)
+			})
+		}
 	})
 	t.Run("Options", func(t *testing.T) {
 		for _, tc := range []struct {
@@ -222,7 +246,7 @@ func TestAdvisoryBadInputIsRefusedBeforeSQL(t *testing.T) {
 			{"WithNamespace", fencelock.WithNamespace("\xff")},
 			{"WithKeyHash", fencelock.WithKeyHash(nil)},
 			{"WithWatchdogInterval", fencelock.WithWatchdogInterval(time.Millisecond)},
-			{"WithMaxHeld", fencelock.WithMaxHeld(0)},
+			{"WithMaxSessionLocks", fencelock.WithMaxSessionLocks(0)},
 			{"WithLogger", fencelock.WithLogger((*slog.Logger)(nil))},
 			{"option", nil},
 		} {

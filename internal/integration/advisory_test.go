@@ -82,9 +82,9 @@ func TestAdvisorySessionLocks(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		a, c, d := newLocker(t, b.pool), newLocker(t, b.pool), newLocker(t, b.pool)
-		s1, err := a.TryLockShared(b.ctx, "cfg")
+		s1, err := a.TryLock(b.ctx, "cfg", fencelock.Shared)
 		require.NoError(t, err)
-		s2, err := c.TryLockShared(b.ctx, "cfg")
+		s2, err := c.TryLock(b.ctx, "cfg", fencelock.Shared)
 		require.NoError(t, err)
 		_, err = d.TryLock(b.ctx, "cfg")
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
@@ -92,7 +92,7 @@ func TestAdvisorySessionLocks(t *testing.T) {
 		require.NoError(t, s2.Unlock(b.ctx))
 		x, err := d.TryLock(b.ctx, "cfg")
 		require.NoError(t, err)
-		_, err = a.TryLockShared(b.ctx, "cfg")
+		_, err = a.TryLock(b.ctx, "cfg", fencelock.Shared)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 		require.NoError(t, x.Unlock(b.ctx))
 	})
@@ -102,11 +102,11 @@ func TestAdvisorySessionLocks(t *testing.T) {
 		b := setup(t)
 		a, c := newLocker(t, b.pool), newLocker(t, b.pool)
 		// (0, 5) and 5 are different locks in Postgres.
-		l1, err := a.TryLockKey(b.ctx, fencelock.Int64Key(5), fencelock.Exclusive)
+		l1, err := a.TryLock(b.ctx, "", fencelock.AtKey(fencelock.Int64Key(5)))
 		require.NoError(t, err)
-		l2, err := c.TryLockKey(b.ctx, fencelock.Int32PairKey(0, 5), fencelock.Exclusive)
+		l2, err := c.TryLock(b.ctx, "", fencelock.AtKey(fencelock.Int32PairKey(0, 5)))
 		require.NoError(t, err)
-		_, err = c.TryLockKey(b.ctx, fencelock.Int64Key(5), fencelock.Exclusive)
+		_, err = c.TryLock(b.ctx, "", fencelock.AtKey(fencelock.Int64Key(5)))
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 		// Interoperates with plain SQL on the same key.
 		var got bool
@@ -119,7 +119,7 @@ func TestAdvisorySessionLocks(t *testing.T) {
 	t.Run("ReentrancyCollisionAndCap", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		a := newLocker(t, b.pool, fencelock.WithMaxHeld(2))
+		a := newLocker(t, b.pool, fencelock.WithMaxSessionLocks(2))
 		l1, err := a.TryLock(b.ctx, "one")
 		require.NoError(t, err)
 		_, err = a.TryLock(b.ctx, "one")
@@ -251,11 +251,11 @@ func TestAdvisoryTxLocks(t *testing.T) {
 
 	// Shared transaction locks coexist.
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		if _, err := a.TryLockSharedTx(b.ctx, tx, "batch"); err != nil {
+		if _, err := a.TryLockTx(b.ctx, tx, "batch", fencelock.Shared); err != nil {
 			return err
 		}
 		return pgx.BeginFunc(b.ctx, b.pool, func(tx2 pgx.Tx) error {
-			_, err := a.LockSharedTx(b.ctx, tx2, "batch")
+			_, err := a.LockTx(b.ctx, tx2, "batch", fencelock.Shared)
 			return err
 		})
 	}))

@@ -31,7 +31,7 @@ func TestCLIAdvisoryKeysAndNamespaces(t *testing.T) {
 	defer func() { _, _ = conn.Exec(b.ctx, `SELECT pg_advisory_unlock_all()`) }()
 
 	a := newLocker(t, holders)
-	neg, err := a.TryLockKey(b.ctx, fencelock.Int64Key(-5), fencelock.Exclusive)
+	neg, err := a.TryLock(b.ctx, "", fencelock.AtKey(fencelock.Int64Key(-5)))
 	require.NoError(t, err)
 	billing := newLocker(t, holders, fencelock.WithNamespace("billing"))
 	reports := newLocker(t, holders, fencelock.WithNamespace("reports"))

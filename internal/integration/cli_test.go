@@ -395,7 +395,7 @@ func TestCLIReleaseAdvisory(t *testing.T) {
 	require.NoError(t, again.Unlock(b.ctx))
 
 	// By key pair.
-	pair, err := holder.TryLockKey(b.ctx, fencelock.Int32PairKey(7, 8), fencelock.Exclusive)
+	pair, err := holder.TryLock(b.ctx, "", fencelock.AtKey(fencelock.Int32PairKey(7, 8)))
 	require.NoError(t, err)
 	code, out, errOut = cliRun(t, b, "", "release", "--force", "--advisory", "--yes", "--json", "7,8")
 	require.Equal(t, cli.ExitOK, code, errOut)

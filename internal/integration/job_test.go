@@ -127,7 +127,7 @@ func TestJobRetryPolicy(t *testing.T) {
 }
 
 // Every: three replicas, slots of 200 ms on the database clock; each slot that starts while
-// they run is run exactly once, by one of them; WithMinHold keeps the lease for the hold.
+// they run is run exactly once, by one of them; WithHoldAtLeast keeps the lease for the hold.
 //
 // The replicas run until six slots have run (about a second on an idle machine), under a
 // deadline of 30 s for a loaded one: a slow machine makes the test longer, not its slots fewer.
@@ -145,7 +145,7 @@ func TestJobEvery(t *testing.T) {
 	defer wg.Wait() // after cancel, also when the deadline fails the test
 	defer cancel()
 	for i := range 3 {
-		j := newJob(t, b, "every-"+string(rune('a'+i)), "job:every", 5*time.Second, nil, fencelock.WithMinHold(50*time.Millisecond))
+		j := newJob(t, b, "every-"+string(rune('a'+i)), "job:every", 5*time.Second, nil, fencelock.WithHoldAtLeast(50*time.Millisecond))
 		wg.Go(func() {
 			err := j.Every(ctx, every, func(_ context.Context, run *fencelock.JobRun) error {
 				mu.Lock()
@@ -196,7 +196,7 @@ func TestJobBadInput(t *testing.T) {
 	l := newLessor(t, b.pool, "job-bad")
 	_, err := fencelock.NewJob(nil, "x", time.Second)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = fencelock.NewJob(l, "x", time.Second, fencelock.WithMinHold(-time.Second))
+	_, err = fencelock.NewJob(l, "x", time.Second, fencelock.WithHoldAtLeast(-time.Second))
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	j, err := fencelock.NewJob(l, "x", time.Second)
 	require.NoError(t, err)
@@ -234,14 +234,14 @@ func TestJobInterruptedRunsReadCrashed(t *testing.T) {
 	require.Equal(t, "crashed", outcome, "a run cut short by its caller is not a failure")
 }
 
-// WithMinHold holds the job's lease after a run, not when the slot was done already; a period
+// WithHoldAtLeast holds the job's lease after a run, not when the slot was done already; a period
 // that is not a whole number of microseconds is refused.
-func TestJobMinHold(t *testing.T) {
+func TestJobHoldAtLeast(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	slot := time.Date(2026, 11, 23, 13, 0, 0, 0, time.UTC)
 	const hold = 400 * time.Millisecond
-	j := newJob(t, b, "hold", "job:hold", 5*time.Second, nil, fencelock.WithMinHold(hold))
+	j := newJob(t, b, "hold", "job:hold", 5*time.Second, nil, fencelock.WithHoldAtLeast(hold))
 	start := time.Now()
 	require.NoError(t, j.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }))
 	require.GreaterOrEqual(t, time.Since(start), hold, "returned before the hold")
@@ -249,7 +249,7 @@ func TestJobMinHold(t *testing.T) {
 	// bound is the hold, not a latency budget: a minute is far above one ledger read even on a
 	// loaded machine (400 ms need not be), so only holding the lease breaks it.
 	const longHold = time.Minute
-	late := newJob(t, b, "hold-late", "job:hold", 5*time.Second, nil, fencelock.WithMinHold(longHold))
+	late := newJob(t, b, "hold-late", "job:hold", 5*time.Second, nil, fencelock.WithHoldAtLeast(longHold))
 	start = time.Now()
 	require.ErrorIs(t, late.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }), fencelock.ErrSlotDone)
 	require.Less(t, time.Since(start), longHold, "held the lease for a slot that was done")

@@ -1,0 +1,50 @@
+// Package advisory is the machinery of fencelock's advisory locks that has no public face: how
+// a key is derived, described and shown to operators, the statements that take, release and
+// probe a lock, the set of session locks a locker holds, and the watchdog's rounds. The root
+// package's AdvisoryLocker, AdvisoryLock and AdvisoryKey are its only users; they turn what it
+// reports into fencelock's typed errors.
+//
+// # Keys
+//
+// A [Key] is one int64 key or a pair of int32 keys, the two key spaces of Postgres's advisory
+// lock functions (pg_locks.objsubid 1 and 2). Names map to int64 keys by [SHA256] in a
+// namespace; [Describe] names a lock in messages. A session holding a lock sets its
+// application_name to "fencelock <name>" ([LockSession]), which the view
+// fencelock.advisory_locks (migration 00005) shows beside pg_locks.
+//
+// # SQL it owns
+//
+// The queries of sqlc/queries/advisory.sql, generated into internal/db, each run by one
+// function here:
+//   - AdvisoryLock ([LockSession]): pg_try_advisory_lock, pg_advisory_lock and their _shared
+//     and int4-pair forms, chosen by the statement's CASE; set_config('application_name');
+//     fencelock.next_token(true) for a fencing token (migrations 00002, 00003 and 00011);
+//     pg_is_in_recovery and pg_backend_pid for the session checks made before it locks;
+//   - AdvisoryUnlock ([UnlockSession]): pg_advisory_unlock and its forms, and the previous
+//     application_name put back;
+//   - AdvisorySessionCheck ([CheckSession]): pg_backend_pid, the watchdog's probe;
+//   - AdvisoryLockTx ([LockTx]): pg_try_advisory_xact_lock, pg_advisory_xact_lock and their
+//     forms, and fencelock.next_token(true).
+//
+// (Migrate's own transaction lock, pg_advisory_xact_lock on a database/sql connection, is the
+// root package's migrate_lock.go: it serves goose, not a locker.)
+//
+// # Held set
+//
+// A locker is not re-entrant and caps its session locks: [Held] records the keys it holds or
+// is acquiring, with their names, and refuses a key held under the same name, a key held under
+// another name (a collision of the hash), and a lock past the cap, before any SQL runs. It is
+// guarded by its owner's mutex, the one that also guards the watchdog loop's running flag.
+//
+// # Watchdog
+//
+//	round (every interval while a session lock is held)
+//	  ├── CheckSession(lock 1) ─┐
+//	  ├── CheckSession(lock 2) ─┼── all at once, each bounded by the interval
+//	  └── CheckSession(lock n) ─┘
+//	next round: one interval after this one ended
+//
+// [ProbeAll] runs one round's probes; a probe that fails, or finds another backend behind the
+// connection ([*PIDChangedError]), ends its lock in the root package. So a lost session is
+// noticed within twice the interval.
+package advisory

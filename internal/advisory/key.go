@@ -1,0 +1,74 @@
+package advisory
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+)
+
+// Key is an advisory lock key: one int64 (Pair false, Int64) or a pair of int32 (Pair true, K1
+// and K2). The zero value is the int64 key 0. Comparable.
+type Key struct {
+	Pair   bool
+	Int64  int64
+	K1, K2 int32
+}
+
+// String renders the key as Postgres's lock functions take it: "123" or "(1,2)".
+func (k Key) String() string {
+	if k.Pair {
+		return fmt.Sprintf("(%d,%d)", k.K1, k.K2)
+	}
+	return fmt.Sprint(k.Int64)
+}
+
+// keyDomain separates fencelock's advisory keys from any other use of SHA-256 over names.
+const keyDomain = "fencelock/advisory-key/v1"
+
+// SHA256 derives the int64 key of name in namespace: the first 8 bytes, big-endian, of
+//
+//	SHA-256(keyDomain || 0x00 || uvarint(len(namespace)) || namespace || uvarint(len(name)) || name)
+//
+// with keyDomain = "fencelock/advisory-key/v1". The root package's SHA256KeyHash is this
+// function; it must never change within v1.
+func SHA256(namespace, name string) int64 {
+	h := sha256.New()
+	buf := make([]byte, 0, len(keyDomain)+1+2*binary.MaxVarintLen64)
+	buf = append(buf, keyDomain...)
+	buf = append(buf, 0)
+	buf = binary.AppendUvarint(buf, uint64(len(namespace)))
+	h.Write(buf)
+	h.Write([]byte(namespace))
+	h.Write(binary.AppendUvarint(buf[:0], uint64(len(name))))
+	h.Write([]byte(name))
+	var sum [sha256.Size]byte
+	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
+}
+
+// Describe names a lock in messages: its name (quoted) and key when it has a name, else
+// "key <key>".
+func Describe(name string, key Key) string {
+	if name != "" {
+		return fmt.Sprintf("%q (key %v)", name, key)
+	}
+	return "key " + key.String()
+}
+
+// applicationName is what a session holding a lock sets application_name to, so that
+// pg_stat_activity shows who holds what: "fencelock <name>" or "fencelock key <key>", cut to
+// the 63 bytes Postgres keeps, at a UTF-8 boundary. (Postgres shows non-ASCII bytes as '?'.)
+func applicationName(name string, key Key) string {
+	s := "fencelock " + name
+	if name == "" {
+		s = "fencelock key " + key.String()
+	}
+	const max = 63
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && s[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
+		cut--
+	}
+	return s[:cut]
+}

@@ -1,0 +1,48 @@
+package advisory
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// ProbeAll runs one watchdog round: probe for each of locks, all at once, returning when every
+// call has returned. Each probe bounds itself ([CheckSession]'s timeout).
+func ProbeAll[L any](locks []L, probe func(L)) {
+	var wg sync.WaitGroup
+	for _, lk := range locks {
+		wg.Go(func() { probe(lk) })
+	}
+	wg.Wait()
+}
+
+// PIDChangedError reports that a lock's connection now reaches another backend than the one
+// that took the lock: a pooler sits between the client and the server.
+type PIDChangedError struct {
+	Got, Want uint32
+}
+
+// Error describes the PIDChangedError.
+func (e *PIDChangedError) Error() string {
+	return fmt.Sprintf("the connection now reaches another backend (pid %d, was %d)", e.Got, e.Want)
+}
+
+// CheckSession probes the session on conn (AdvisorySessionCheck), for at most timeout: it
+// returns nil when the session is alive and its backend pid is pid, a [*PIDChangedError] when
+// it is another, else pgx's error as is (the session is gone, or the probe took too long).
+// The caller serialises use of conn.
+func CheckSession(conn db.DBTX, pid uint32, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	got, err := queries.AdvisorySessionCheck(ctx, conn)
+	cancel()
+	switch {
+	case err != nil:
+		return err
+	case uint32(got) != pid:
+		return &PIDChangedError{Got: uint32(got), Want: pid}
+	}
+	return nil
+}
