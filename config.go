@@ -17,7 +17,7 @@ func (c *commonConfig) resolve() {
 		c.logger = slog.New(slog.DiscardHandler)
 	}
 	if c.metrics == nil {
-		c.metrics = defaultMetrics.Load()
+		c.metrics = defaultMetrics()
 	}
 }
 

@@ -197,11 +197,6 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	return lease, err
 }
 
-// errRefused is an attempt's internal "someone else holds it": distinct from ErrNotAcquired,
-// so that a wait never mistakes a caller's error (fn's, in RunLocked) for contention. The
-// exported calls return ErrNotAcquired in its place.
-var errRefused = errors.New("fencelock: grant refused")
-
 // notAcquired maps errRefused to ErrNotAcquired at the API boundary.
 func notAcquired(err error) error {
 	if err == errRefused {
