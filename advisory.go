@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // LockMode is the mode of an advisory lock.
@@ -67,7 +68,7 @@ type AdvisoryLocker struct {
 	pool     *pgxpool.Pool
 	q        *db.Queries
 	cfg      advisoryConfig
-	watchdog *loop // advisory_watchdog.go; armed while a session lock is held
+	watchdog *timing.Loop // advisory_watchdog.go; armed while a session lock is held
 
 	mu   sync.Mutex
 	held map[AdvisoryKey]*heldEntry // held and being acquired session locks
@@ -99,7 +100,7 @@ func NewAdvisoryLocker(pool *pgxpool.Pool, opts ...AdvisoryOption) (*AdvisoryLoc
 		return nil, err
 	}
 	a := &AdvisoryLocker{pool: pool, q: db.New(), cfg: cfg, held: make(map[AdvisoryKey]*heldEntry)}
-	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
+	a.watchdog = timing.NewLoop(cfg.clock, a.watchdogRound)
 	return a, nil
 }
 
@@ -206,10 +207,10 @@ func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
 	a.mu.Lock()
 	a.held[lk.key] = &heldEntry{name: lk.name, lock: lk}
-	start := a.watchdog.startLocked()
+	start := a.watchdog.StartLocked()
 	a.mu.Unlock()
 	if start {
-		a.watchdog.wakeAt(a.cfg.clock.Now().Add(a.cfg.watchdog))
+		a.watchdog.WakeAt(a.cfg.clock.Now().Add(a.cfg.watchdog))
 	}
 }
 
@@ -221,7 +222,7 @@ func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
 		delete(a.held, lk.key)
 	}
 	if len(a.grantedLocked()) == 0 {
-		a.watchdog.stopLocked()
+		a.watchdog.StopLocked()
 	}
 }
 

@@ -20,7 +20,7 @@ func (a *AdvisoryLocker) watchdogRound(now time.Time) (next time.Time, ok bool) 
 	a.mu.Lock()
 	locks := a.grantedLocked()
 	if len(locks) == 0 {
-		a.watchdog.stopLocked()
+		a.watchdog.StopLocked()
 		a.mu.Unlock()
 		return now, false
 	}

@@ -7,6 +7,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/timing"
+	"github.com/fencelock/fencelock/internal/timing/timingtest"
 )
 
 // A grant ends once: the first cause wins, Done closes with it, later ends change nothing.
@@ -27,10 +30,10 @@ func TestGrantEndsOnce(t *testing.T) {
 // newTestLock returns an advisory lock held by a locker of its own, with no server: its
 // connection is a stand-in that the settle funcs of these tests never touch.
 func newTestLock() *AdvisoryLock {
-	cfg := advisoryConfig{clock: newManualClock(), watchdog: time.Second}
+	cfg := advisoryConfig{clock: timingtest.NewManualClock(), watchdog: time.Second}
 	cfg.common.resolve()
 	a := &AdvisoryLocker{cfg: cfg, held: map[AdvisoryKey]*heldEntry{}}
-	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
+	a.watchdog = timing.NewLoop(cfg.clock, a.watchdogRound)
 	lk := &AdvisoryLock{locker: a, key: Int64Key(1), conn: &pgxpool.Conn{}, ending: newGrantEnd()}
 	a.held[lk.key] = &heldEntry{lock: lk}
 	return lk
