@@ -10,7 +10,7 @@ import (
 	imetrics "github.com/fencelock/fencelock/internal/metrics"
 )
 
-// The root's face of internal/metrics (the OpenTelemetry instruments, their attribute sets,
+// The root's face of internal/metrics (its recorder type, metrics, is config.go's) (the OpenTelemetry instruments, their attribute sets,
 // one set per provider, the default provider): the methods measured, and the classification
 // of the root's errors into outcomes and causes, which that package does not know.
 
@@ -41,17 +41,8 @@ const (
 	oFailed  = imetrics.Failed
 )
 
-// metrics records on the instruments of one meter provider, taking the root's errors; its
-// methods are safe for concurrent use.
-type metrics struct{ in *imetrics.Instruments }
-
 // metricsFor returns the recorder of mp's instruments, made once per provider.
 func metricsFor(mp metric.MeterProvider) *metrics { return &metrics{imetrics.For(mp)} }
-
-// defaultMetrics returns the recorder of the default meter provider: of the constructors given
-// no [WithMeterProvider], and of the calls that take no lessor or locker ([FenceTx],
-// [UpdateFencedTx]). A no-op provider until [SetDefaultMeterProvider].
-func defaultMetrics() *metrics { return &metrics{imetrics.Default()} }
 
 // outcomeOf classifies a call's error for the outcome attribute.
 func outcomeOf(err error) outcome {
