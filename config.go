@@ -7,7 +7,8 @@ import (
 )
 
 // What the configurations of a Lessor (lessor_options.go) and an AdvisoryLocker
-// (advisory_options.go) share: the settings both take, and how options are applied.
+// (advisory_options.go) share: the settings both take (a logger, and a recorder of metrics,
+// whose recording methods are metrics.go's), and how options are applied.
 
 // commonConfig holds the settings that both constructors take.
 type commonConfig struct {
