@@ -56,6 +56,7 @@ func (t Times) RetryAt(now time.Time) time.Time {
 // Verdict is what the heartbeat does with a lease it takes from its queue.
 type Verdict int
 
+// The verdicts.
 const (
 	RenewNow   Verdict = iota // due: renew it in this round
 	RenewLater                // renewed since it was queued: queue it at its new time
