@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/advisory"
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // AdvisoryLocker takes Postgres advisory locks: session locks ([AdvisoryLocker.TryLock],
@@ -49,7 +50,7 @@ import (
 type AdvisoryLocker struct {
 	pool     *pgxpool.Pool
 	cfg      advisoryConfig
-	watchdog *loop // rounds of watchdogRound (probes: advisory_watchdog.go); armed while a session lock is held
+	watchdog *timing.Loop // rounds of watchdogRound (probes: advisory_watchdog.go); armed while a session lock is held
 
 	mu   sync.Mutex
 	held *advisory.Held[*AdvisoryLock] // held and being acquired session locks; guarded by mu
@@ -76,7 +77,7 @@ func NewAdvisoryLocker(pool *pgxpool.Pool, opts ...AdvisoryOption) (*AdvisoryLoc
 		return nil, err
 	}
 	a := &AdvisoryLocker{pool: pool, cfg: cfg, held: advisory.NewHeld[*AdvisoryLock](cfg.maxLocks)}
-	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
+	a.watchdog = timing.NewLoop(cfg.clock, a.watchdogRound)
 	return a, nil
 }
 
@@ -176,10 +177,10 @@ func (a *AdvisoryLocker) reserve(name string, key AdvisoryKey) error {
 func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
 	a.mu.Lock()
 	a.held.Grant(lk.key.k, lk.name, lk)
-	start := a.watchdog.startLocked()
+	start := a.watchdog.StartLocked()
 	a.mu.Unlock()
 	if start {
-		a.watchdog.wakeAt(a.cfg.clock.Now().Add(a.cfg.watchdog))
+		a.watchdog.WakeAt(a.cfg.clock.Now().Add(a.cfg.watchdog))
 	}
 }
 
@@ -188,7 +189,7 @@ func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if !a.held.Forget(lk.key.k, lk) {
-		a.watchdog.stopLocked()
+		a.watchdog.StopLocked()
 	}
 }
 
@@ -199,7 +200,7 @@ func (a *AdvisoryLocker) watchdogRound(now time.Time) (next time.Time, ok bool) 
 	a.mu.Lock()
 	locks := a.held.Granted()
 	if len(locks) == 0 {
-		a.watchdog.stopLocked()
+		a.watchdog.StopLocked()
 		a.mu.Unlock()
 		return now, false
 	}

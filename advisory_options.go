@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // Defaults of [NewAdvisoryLocker].
@@ -41,7 +43,7 @@ type advisoryConfig struct {
 	tokens    bool
 	// sessionPooler: a pooler sits in front, pinning one server session per client connection.
 	sessionPooler bool
-	clock         clock
+	clock         timing.Clock
 }
 
 // newAdvisoryConfig applies opts over the defaults; the cap on held locks depends on pool.
@@ -50,7 +52,7 @@ func newAdvisoryConfig(pool *pgxpool.Pool, opts []AdvisoryOption) (advisoryConfi
 		namespace: DefaultNamespace,
 		hash:      SHA256KeyHash,
 		watchdog:  DefaultWatchdogInterval,
-		clock:     systemClock{},
+		clock:     timing.System{},
 	}
 	if err := applyAll(opts, func(o AdvisoryOption) error { return o.applyAdvisory(&c) }); err != nil {
 		return advisoryConfig{}, err

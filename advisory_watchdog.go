@@ -8,7 +8,7 @@ import (
 	"github.com/fencelock/fencelock/internal/advisory"
 )
 
-// The watchdog: while an AdvisoryLocker holds session locks, its loop (loop.go) runs a round
+// The watchdog: while an AdvisoryLocker holds session locks, its loop (timing.Loop) runs a round
 // every interval (AdvisoryLocker.watchdogRound) that probes each held lock's session, all
 // probes at once, each bounded by the interval, and ends the locks whose session failed. The
 // loop is armed with the first lock held and stopped when the last one ends; between rounds no

@@ -2,8 +2,9 @@ package fencelock
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // Backoff returns how long to wait before retry number attempt (0 for the first retry). It
@@ -18,11 +19,5 @@ func ExponentialBackoff(min, max time.Duration) Backoff {
 	if min <= 0 || max < min {
 		panic(fmt.Sprintf("fencelock: ExponentialBackoff(%v, %v): need 0 < min <= max", min, max))
 	}
-	return func(attempt int) time.Duration {
-		d := max
-		if attempt < 62 && min<<attempt > 0 && min<<attempt < max {
-			d = min << attempt
-		}
-		return d/2 + rand.N(d/2+1)
-	}
+	return timing.Exponential(min, max)
 }

@@ -1,14 +1,19 @@
 package fencelock
 
-import "log/slog"
+import (
+	"log/slog"
+
+	imetrics "github.com/fencelock/fencelock/internal/metrics"
+)
 
 // What the configurations of a Lessor (lessor_options.go) and an AdvisoryLocker
-// (advisory_options.go) share: the settings both take, and how options are applied.
+// (advisory_options.go) share: the settings both take (a logger, and a recorder of metrics,
+// whose recording methods are metrics.go's), and how options are applied.
 
 // commonConfig holds the settings that both constructors take.
 type commonConfig struct {
 	logger  *slog.Logger
-	metrics *metrics // nil until resolved: the default provider's (metrics.go)
+	metrics *metrics // nil until resolved: the default provider's
 }
 
 // resolve fills in the defaults of the settings both configurations share.
@@ -17,7 +22,7 @@ func (c *commonConfig) resolve() {
 		c.logger = slog.New(slog.DiscardHandler)
 	}
 	if c.metrics == nil {
-		c.metrics = defaultMetrics.Load()
+		c.metrics = defaultMetrics()
 	}
 }
 
@@ -34,3 +39,12 @@ func applyAll[O any](opts []O, apply func(O) error) error {
 	}
 	return nil
 }
+
+// metrics records on the instruments of one meter provider, taking the root's errors; its
+// methods are safe for concurrent use.
+type metrics struct{ in *imetrics.Instruments }
+
+// defaultMetrics returns the recorder of the default meter provider: of the constructors given
+// no [WithMeterProvider], and of the calls that take no lessor or locker ([FenceTx],
+// [UpdateFencedTx]). A no-op provider until [SetDefaultMeterProvider].
+func defaultMetrics() *metrics { return &metrics{imetrics.Default()} }

@@ -135,6 +135,11 @@ func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
 // Unwrap returns Cause.
 func (e *LeaseLostError) Unwrap() error { return e.Cause }
 
+// errRefused is an attempt's internal "someone else holds it": distinct from ErrNotAcquired,
+// so that a wait never mistakes a caller's error (fn's, in RunLocked) for contention. The
+// exported calls return ErrNotAcquired in its place.
+var errRefused = errors.New("fencelock: grant refused")
+
 // errGoneOnServer is the cause of a loss the database reported.
 var errGoneOnServer = errors.New("the database no longer has this grant (expired or taken over)")
 

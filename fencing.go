@@ -58,7 +58,7 @@ func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error
 	if err != nil {
 		return wrapPg(fmt.Sprintf("fence %q: read high-water mark", resource), err)
 	}
-	defaultMetrics.Load().stale(mFenceTx)
+	defaultMetrics().stale(mFenceTx)
 	return &StaleTokenError{Resource: resource, Token: token, Current: Token(cur)}
 }
 
@@ -152,7 +152,7 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	if rows == 0 || current == nil {
 		return 0, fmt.Errorf("fenced update of %s: %w", tbl, ErrNoRow)
 	}
-	defaultMetrics.Load().stale(mUpdateFencedTx)
+	defaultMetrics().stale(mUpdateFencedTx)
 	return 0, &StaleTokenError{Table: strings.Join(table, "."), Key: describeKey(key), Token: token, Current: Token(*current)}
 }
 

@@ -9,6 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/advisory"
+	"github.com/fencelock/fencelock/internal/timing"
+	"github.com/fencelock/fencelock/internal/timing/timingtest"
 )
 
 // A grant ends once: the first cause wins, Done closes with it, later ends change nothing.
@@ -29,10 +31,10 @@ func TestGrantEndsOnce(t *testing.T) {
 // newTestLock returns an advisory lock held by a locker of its own, with no server: its
 // connection is a stand-in that the settle funcs of these tests never touch.
 func newTestLock() *AdvisoryLock {
-	cfg := advisoryConfig{clock: newManualClock(), watchdog: time.Second}
+	cfg := advisoryConfig{clock: timingtest.NewManualClock(), watchdog: time.Second}
 	cfg.common.resolve()
 	a := &AdvisoryLocker{cfg: cfg, held: advisory.NewHeld[*AdvisoryLock](1)}
-	a.watchdog = newLoop(cfg.clock, a.watchdogRound)
+	a.watchdog = timing.NewLoop(cfg.clock, a.watchdogRound)
 	lk := &AdvisoryLock{locker: a, common: &a.cfg.common, key: Int64Key(1), conn: &pgxpool.Conn{}, ending: newGrantEnd()}
 	a.held.Grant(lk.key.k, "", lk)
 	return lk

@@ -7,9 +7,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/renewal"
 )
 
 // Lease is one grant of a named lease to a [Lessor]'s holder, with its fencing token. While it
@@ -42,13 +41,11 @@ type Lease struct {
 	expiresAt  time.Time // database clock, as of the last grant or renewal
 	lastErr    error     // last renewal failure since the last success
 
-	// Guarded by lessor.mu.
-	slots    [2]int // index in the lessor's renewal heap and trust watch (leaseheap.go); -1: not in it
-	inFlight bool   // in a renewal statement now
+	sched renewal.Slot // its place in the lessor's heartbeat and trust watch; guarded by lessor.mu
 }
 
 func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresAt time.Time) *Lease {
-	lease := &Lease{lessor: l, name: name, token: token, times: lt, ending: newGrantEnd(), start: time.Now(), slots: [2]int{-1, -1}}
+	lease := &Lease{lessor: l, name: name, token: token, times: lt, ending: newGrantEnd(), start: time.Now(), sched: renewal.NewSlot()}
 	lease.renewed(sent, expiresAt)
 	return lease
 }
@@ -56,23 +53,23 @@ func newLease(l *Lessor, name string, token Token, lt leaseTimes, sent, expiresA
 // renewed records a successful grant or renewal sent at sent. The trust window only grows
 // (LeaseRenew never moves the expiry back: greatest()), so the larger of two windows holds.
 // It does not touch the lessor's trust watch, which finds the extension when the lease's old
-// window end comes up (trustwatch.go). It changes nothing once the lease has ended.
+// window end comes up (internal/renewal). It changes nothing once the lease has ended.
 func (lease *Lease) renewed(sent, expiresAt time.Time) {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
 	if lease.ending.ended() {
 		return
 	}
-	if t := lease.times.trustEnd(sent); t.After(lease.trustUntil) {
+	if t := lease.times.TrustEnd(sent); t.After(lease.trustUntil) {
 		lease.trustUntil = t
-		lease.nextRenew = lease.times.nextRenewal(sent)
+		lease.nextRenew = lease.times.NextRenewal(sent)
 		lease.expiresAt = expiresAt
 	}
 	lease.lastErr = nil
 }
 
 // retryAfter records a renewal that failed at now with err, and schedules the next attempt
-// (leaseTimes.retryAt).
+// (timing.Times.RetryAt).
 func (lease *Lease) retryAfter(now time.Time, err error) {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
@@ -80,8 +77,8 @@ func (lease *Lease) retryAfter(now time.Time, err error) {
 		return
 	}
 	lease.lastErr = err
-	if lease.times.heartbeat > 0 {
-		lease.nextRenew = lease.times.retryAt(now)
+	if lease.times.Heartbeat > 0 {
+		lease.nextRenew = lease.times.RetryAt(now)
 	}
 }
 
@@ -127,7 +124,7 @@ func (lease *Lease) Token() Token { return lease.token }
 func (lease *Lease) Holder() string { return lease.lessor.cfg.holder }
 
 // TTL returns the lease's TTL, as passed to the acquire call.
-func (lease *Lease) TTL() time.Duration { return lease.times.ttl }
+func (lease *Lease) TTL() time.Duration { return lease.times.TTL }
 
 // ExpiresAt returns the lease's expiry on the database clock as of its last successful grant
 // or renewal. Compare it only with database time; the holder's own deadline is
@@ -190,11 +187,10 @@ func (lease *Lease) Renew(ctx context.Context) error {
 	}
 	l := lease.lessor
 	l.mu.Lock()
-	head := l.enqueueLocked(lease) // a lease the heartbeat had left to lapse is renewed again
-	at, wake := l.nextRenewalLocked(head)
+	at, wake := l.renewer.RequeueLocked(lease) // a lease the heartbeat had left to lapse is renewed again
 	l.mu.Unlock()
 	if wake {
-		l.heartbeat.wakeAt(at)
+		l.renewer.Wake(at)
 	}
 	return nil
 }
@@ -270,117 +266,123 @@ func (lease *Lease) release(ctx context.Context) error {
 	return nil
 }
 
-// GuardTx checks, inside tx, that this grant is still current on the database: the lease row
-// still has this holder and token and has not expired on the database clock. It holds the row
-// FOR KEY SHARE until tx ends; a takeover locks the row FOR UPDATE, which conflicts, so no
-// takeover can commit before tx does: a write in tx after a successful GuardTx commits before
-// any newer grant of the name can. (The lease may still expire on the database clock
-// meanwhile; no one can take it over until tx ends.) The heartbeat's renewals of this lease do
-// not conflict with that lock and go on while tx is open, so guarded transactions may follow
-// each other back to back. One statement.
-//
-// Use READ COMMITTED (the Postgres default). In a REPEATABLE READ or SERIALIZABLE transaction
-// the check reads the row version of tx's snapshot: when the lease was taken over since, it
-// fails with a serialization error (SQLSTATE 40001: retry the transaction); when it was only
-// renewed since, it passes if that version is unexpired and otherwise reports the lease lost
-// (the safe direction: the holder stops).
-//
-// Errors: [Lease.Err] when the lease has already ended locally (no SQL runs); a
-// [*LeaseLostError] when the database no longer has this grant (Done then closes); an
-// [*ArgumentError] for a nil tx; otherwise the pgx error, wrapped.
-func (lease *Lease) GuardTx(ctx context.Context, tx pgx.Tx) error {
-	if tx == nil {
-		return argError("tx", "must not be nil")
-	}
-	if err := lease.Err(); err != nil {
-		return err
-	}
-	l := lease.lessor
-	_, err := l.q.LeaseGuard(ctx, tx, db.LeaseGuardParams{Name: lease.name, Holder: l.cfg.holder, Token: int64(lease.token)})
-	if errors.Is(err, pgx.ErrNoRows) {
-		lease.lost(errGoneOnServer)
-		return lease.Err()
-	}
-	if err != nil {
-		return wrapPg(fmt.Sprintf("guard lease %q", lease.name), err)
-	}
-	return nil
+// state is what the lessor's heartbeat and trust watch read of the lease (internal/renewal).
+func (lease *Lease) state() renewal.State {
+	lease.mu.Lock()
+	defer lease.mu.Unlock()
+	return renewal.State{Times: lease.times, NextRenew: lease.nextRenew, TrustUntil: lease.trustUntil}
 }
 
-// FenceTx checks that this grant is still current and advances the high-water mark of
-// resource to its token, in one statement inside tx, the caller's transaction: the pattern to
-// guard a write with a lease. It refuses a stale holder even when no newer holder has written
-// yet (a bare [FenceTx] lets that one through), and a newer holder's fenced write once it has.
-// The lease row is held FOR KEY SHARE (as by [Lease.GuardTx]: no takeover can commit before
-// tx, and renewals go on) and the fence row locked until tx ends, so fenced writes to resource
-// commit in token order. It raises synchronous_commit from off to on for tx. One statement; a
-// second only to describe a stale token.
-//
-// resource is 1 to [MaxNameLength] bytes of UTF-8 without NUL (often the lease name). Errors:
-// an [*ArgumentError] before any SQL; [Lease.Err] when the lease has already ended locally (no
-// SQL runs); a [*LeaseLostError] when the database no longer has this grant (Done then
-// closes); a [*StaleTokenError] when resource has seen a larger token; otherwise the pgx
-// error, wrapped. After any error, roll tx back. Use READ COMMITTED, as for [Lease.GuardTx].
-// Safe for concurrent use on different transactions.
-func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) error {
-	if tx == nil {
-		return argError("tx", "must not be nil")
-	}
-	if err := validateName("resource", resource); err != nil {
-		return err
-	}
-	if err := lease.Err(); err != nil {
-		return err
-	}
-	l := lease.lessor
-	row, err := l.q.LeaseFence(ctx, tx, db.LeaseFenceParams{Name: lease.name, Holder: l.cfg.holder, Token: int64(lease.token), Resource: resource})
-	if err != nil {
-		return wrapPg(fmt.Sprintf("fence %q with lease %q", resource, lease.name), err)
-	}
-	switch {
-	case row.Held == 0:
-		lease.lost(errGoneOnServer)
-		return lease.Err()
-	case row.Advanced == 1:
-		return nil
-	}
-	cur, err := l.q.FenceCurrent(ctx, tx, resource)
-	if err != nil {
-		return wrapPg(fmt.Sprintf("fence %q: read high-water mark", resource), err)
-	}
-	l.cfg.common.metrics.stale(mLeaseFenceTx)
-	return &StaleTokenError{Resource: resource, Token: lease.token, Current: Token(cur)}
+// newRenewer returns the heartbeat and the trust watch of l's held leases: renewals by
+// renewLeases, the end of a trust window by Lease.lost. They share l.mu, under which add and
+// forget change the held set.
+func newRenewer(l *Lessor) *renewal.Renewer[*Lease] {
+	return renewal.New(renewal.Hooks[*Lease]{
+		Mu:      &l.mu,
+		Clock:   l.cfg.clock,
+		Slot:    func(lease *Lease) *renewal.Slot { return &lease.sched },
+		State:   (*Lease).state,
+		Ended:   func(lease *Lease) bool { return lease.ending.ended() },
+		Held:    func(lease *Lease) bool { return l.active[lease.name] == lease },
+		Holding: func() bool { return len(l.active) > 0 },
+		Renew: func(ctx context.Context, batch []*Lease) {
+			_, _ = renewLeases(ctx, l, batch) // outcomes applied to each lease; failures logged
+		},
+		Expire: func(lease *Lease) { lease.lost(ErrTrustWindowExpired) },
+	})
 }
 
-// Context returns a copy of parent that is cancelled, with the lease's [Lease.Err] as its cause
-// ([context.Cause]), as soon as the lease ends: when its trust window ends without a renewal,
-// when a renewal (or a guard or fence) finds it gone, or on [Lease.Release]. The cause is a
-// [*LeaseLostError] (matching [ErrLeaseLost]) or [ErrReleased]. It is cancelled with parent's
-// cause when parent ends first, and with [context.Canceled] by the returned CancelFunc, which
-// the caller must call when done with the context (as for [context.WithCancel]); neither ends
-// the lease.
-//
-// Work that must stop when the lease is lost runs under this context: a statement in flight is
-// cancelled on the server, and a loop checking ctx.Done() stops. The context is cancelled by
-// the call that ends the lease, before that call returns (the trust watch's timer at the end of
-// the trust window, a renewal's verdict, Release, or an [Lease.Err] that finds the window over),
-// and at once when the lease has ended already. Writes that must not outlive the lease still
-// need a fence ([Lease.FenceTx]): a process paused past its trust window sees the cancellation
-// only once its timer has run after it wakes; [Lease.Err], which reads the clock, is the check
-// right after a possible pause.
-//
-// No goroutine watches the lease while it is held: the cancellation is registered with the
-// lease's end. Safe for concurrent use; any number of contexts may follow one lease. The idea is
-// the session-scoped context of etcd's concurrency package (Session.Done) and client-go's
-// leader election (OnStoppedLeading), as one context.
-func (lease *Lease) Context(parent context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancelCause(parent)
-	_ = lease.Err() // ends a lease whose trust window is over: the context is then cancelled at once
-	stopLease := lease.ending.afterFunc(func() { cancel(lease.ending.cause()) })
-	stopParent := context.AfterFunc(ctx, func() { stopLease() }) // drop the registration once ctx ends
-	return ctx, func() {
-		stopParent()
-		stopLease()
-		cancel(context.Canceled)
+// add registers a held lease with the lessor, queues it for the heartbeat (arming its loop if
+// it was stopped, or moving its next round earlier) and for the trust watch. O(log n).
+func (l *Lessor) add(lease *Lease) {
+	l.mu.Lock()
+	l.active[lease.name] = lease
+	lease.added = true
+	l.cfg.common.metrics.leaseStarted()
+	at, wake := l.renewer.AddLocked(lease)
+	l.mu.Unlock()
+	if wake {
+		l.renewer.Wake(at)
 	}
 }
+
+// forget unregisters lease: no longer held, no longer renewed. O(log n). With the last lease
+// gone and no renewal in flight it stops the heartbeat. It reports whether lease was ever given
+// to its caller (add), which is when its end is counted (metrics.go).
+func (l *Lessor) forget(lease *Lease) (added bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.active[lease.name] == lease {
+		delete(l.active, lease.name)
+	}
+	l.renewer.ForgetLocked(lease)
+	l.idleCheckLocked()
+	return lease.added
+}
+
+// renewLeases renews leases (all of lessor l) in one statement and applies the outcome to
+// each: renewed, retry soon (the statement failed, or the row is locked by a transaction), or
+// lost (the database no longer has the grant). It returns the statement's error, if any, and
+// how many of leases came back locked.
+func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, err error) {
+	p := db.LeaseRenewParams{
+		Holder: l.cfg.holder,
+		Names:  make([]string, len(leases)),
+		Tokens: make([]int64, len(leases)),
+		TtlsUs: make([]int64, len(leases)),
+	}
+	for i, lease := range leases {
+		p.Names[i] = lease.name
+		p.Tokens[i] = int64(lease.token)
+		p.TtlsUs[i] = lease.times.TTL.Microseconds()
+	}
+	clk := l.cfg.clock
+	sent := clk.Now()
+	rows, err := l.q.LeaseRenew(ctx, l.pool, p)
+	if err != nil {
+		err = wrapPg("renew leases", err)
+		l.cfg.common.logger.Warn("fencelock: renewal failed; retrying until the trust window ends", "leases", len(leases), "error", err)
+		now := clk.Now()
+		for _, lease := range leases {
+			lease.retryAfter(now, err)
+		}
+		l.cfg.common.metrics.renewed(oFailed, len(leases))
+		return 0, err
+	}
+	type key struct {
+		name  string
+		token int64
+	}
+	got := make(map[key]db.LeaseRenewRow, len(rows))
+	for _, r := range rows {
+		k := key{r.Name, r.Token}
+		if prev, ok := got[k]; !ok || !prev.Renewed {
+			got[k] = r // renewed = true wins over the snapshot's renewed = false
+		}
+	}
+	var gone, renewed int
+	for _, lease := range leases {
+		r, ok := got[key{lease.name, int64(lease.token)}]
+		switch {
+		case !ok:
+			if lease.lost(errGoneOnServer) {
+				gone++
+			}
+		case !r.Renewed:
+			lease.retryAfter(clk.Now(), errRowLocked)
+			locked++
+		default:
+			lease.renewed(sent, r.ExpiresAt)
+			renewed++
+		}
+	}
+	m := l.cfg.common.metrics
+	m.renewed(oRenewed, renewed)
+	m.renewed(oLocked, locked)
+	m.renewed(oLost, gone)
+	return locked, nil
+}
+
+// errRowLocked is a renewal's verdict on a lease whose row a transaction holds locked (a
+// transaction-scoped holder's, or a concurrent renewal of the same lease).
+var errRowLocked = errors.New("lease row locked by a transaction")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // The queue of lease waiters, the client's side (the server's is migrations/00004 and
@@ -194,7 +195,7 @@ func (l *Lessor) claim(ctx context.Context, name string, lt leaseTimes, h handof
 		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
 	}
 	now := l.cfg.clock.Now()
-	grantedAt, ok := handedGrantSent(sent, serverNow, h.expiresAt, lt.ttl, now)
+	grantedAt, ok := timing.HandedGrantSent(sent, serverNow, h.expiresAt, lt.TTL, now)
 	if !ok {
 		l.releaseToken(ctx, name, h.token)
 		return nil, errRefused
@@ -269,7 +270,7 @@ const (
 // acquireQueued is Acquire's loop: attempts, in the name's queue from the first refusal on,
 // until granted or ctx ends.
 func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) (lease *Lease, err error) {
-	live := queueLiveness(lt.ttl)
+	live := timing.QueueLiveness(lt.TTL)
 	err = l.waitInQueue(ctx, "acquire lease", name, live, true, func(w *wait, _ func()) (a attemptInfo, err error) {
 		lease, a, err = l.attempt(ctx, name, lt, w, live)
 		return a, err
@@ -340,7 +341,7 @@ func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.D
 		if pending {
 			continue
 		}
-		d := queueWait(a.listening, a.ahead, a.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
+		d := timing.QueueWait(a.listening, a.ahead, a.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
 		if a.joined && a.ahead == 0 {
 			// Joined at the head: a release that ran while this attempt did saw no waiter and
 			// woke nobody. Look again soon, once.

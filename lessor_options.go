@@ -5,6 +5,8 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // LessorOption configures a [Lessor]; [NewLessor] takes them. Each is validated by the
@@ -38,6 +40,11 @@ func (s span) of(ttl time.Duration) time.Duration {
 	return s.d
 }
 
+// leaseTimes are the durations of one lease (TTL, heartbeat, safety margin), resolved from its
+// TTL and the lessor's options by lessorConfig.times; the schedule's functions are their
+// methods (internal/timing).
+type leaseTimes = timing.Times
+
 // lessorConfig is a Lessor's configuration, every default resolved by newLessorConfig.
 type lessorConfig struct {
 	common    commonConfig
@@ -45,7 +52,7 @@ type lessorConfig struct {
 	heartbeat span // default ttl/3; disabled by WithoutHeartbeat
 	margin    span // default ttl/10
 	backoff   Backoff
-	clock     clock
+	clock     timing.Clock
 
 	heartbeatSet, noHeartbeat bool // for the conflict check only
 }
@@ -55,7 +62,7 @@ func newLessorConfig(opts []LessorOption) (lessorConfig, error) {
 	c := lessorConfig{
 		heartbeat: span{perTTL: 3, enabled: true},
 		margin:    span{perTTL: 10, enabled: true},
-		clock:     systemClock{},
+		clock:     timing.System{},
 	}
 	if err := applyAll(opts, func(o LessorOption) error { return o.applyLessor(&c) }); err != nil {
 		return lessorConfig{}, err
@@ -78,15 +85,15 @@ func (c lessorConfig) times(ttl time.Duration) (leaseTimes, error) {
 	if err := validateTTL(ttl); err != nil {
 		return leaseTimes{}, err
 	}
-	t := leaseTimes{ttl: ttl, heartbeat: c.heartbeat.of(ttl), margin: c.margin.of(ttl)}
+	t := leaseTimes{TTL: ttl, Heartbeat: c.heartbeat.of(ttl), Margin: c.margin.of(ttl)}
 	switch {
-	case t.margin >= ttl:
-		return leaseTimes{}, argError("WithSafetyMargin", "is %v; it must be shorter than the ttl %v", t.margin, ttl)
-	case t.heartbeat == 0:
-	case t.heartbeat >= ttl-t.margin && !c.heartbeatSet:
-		return leaseTimes{}, argError("WithSafetyMargin", "is %v; with the default heartbeat of ttl/3 it must be under 2/3 of the ttl %v", t.margin, ttl)
-	case t.heartbeat >= ttl-t.margin:
-		return leaseTimes{}, argError("WithHeartbeatInterval", "is %v; it must be shorter than the ttl %v less the safety margin %v", t.heartbeat, ttl, t.margin)
+	case t.Margin >= ttl:
+		return leaseTimes{}, argError("WithSafetyMargin", "is %v; it must be shorter than the ttl %v", t.Margin, ttl)
+	case t.Heartbeat == 0:
+	case t.Heartbeat >= ttl-t.Margin && !c.heartbeatSet:
+		return leaseTimes{}, argError("WithSafetyMargin", "is %v; with the default heartbeat of ttl/3 it must be under 2/3 of the ttl %v", t.Margin, ttl)
+	case t.Heartbeat >= ttl-t.Margin:
+		return leaseTimes{}, argError("WithHeartbeatInterval", "is %v; it must be shorter than the ttl %v less the safety margin %v", t.Heartbeat, ttl, t.Margin)
 	}
 	return t, nil
 }

@@ -221,7 +221,7 @@ func (l *Lessor) tryAll(ctx context.Context, sorted []string, lt leaseTimes) (*L
 	var rows []db.LeaseGrantAllRow
 	what := fmt.Sprintf("acquire leases %q", sorted)
 	sent, err := l.runGrant(ctx, what, func(conn *pgxpool.Conn) (err error) {
-		rows, err = l.q.LeaseGrantAll(ctx, conn, db.LeaseGrantAllParams{Names: sorted, Holder: l.cfg.holder, TtlUs: lt.ttl.Microseconds()})
+		rows, err = l.q.LeaseGrantAll(ctx, conn, db.LeaseGrantAllParams{Names: sorted, Holder: l.cfg.holder, TtlUs: lt.TTL.Microseconds()})
 		return err
 	}, l.endUnknownGrants(sorted)) // its gates are held: no other attempt of this lessor on these names runs
 	if err != nil {

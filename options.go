@@ -4,6 +4,8 @@ import (
 	"log/slog"
 
 	"go.opentelemetry.io/otel/metric"
+
+	imetrics "github.com/fencelock/fencelock/internal/metrics"
 )
 
 // Option is an option that applies to both constructors: it is a [LessorOption] and an
@@ -99,6 +101,6 @@ func SetDefaultMeterProvider(mp metric.MeterProvider) error {
 	if mp == nil {
 		return argError("mp", "must not be nil")
 	}
-	defaultMetrics.Store(metricsFor(mp))
+	imetrics.SetDefault(mp)
 	return nil
 }

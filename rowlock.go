@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/renewal"
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // Lessor grants named leases, rows of fencelock.leases, to one holder id. Each grant carries a
@@ -46,23 +48,19 @@ import (
 // the queue is the fair lock of the ZooKeeper recipes (Hunt et al., 2010) and etcd's mutex,
 // with the hand-off made by the release itself.
 type Lessor struct {
-	pool      *pgxpool.Pool
-	q         *db.Queries
-	cfg       lessorConfig
-	heartbeat *loop // heartbeat.go; armed while a lease is held or a renewal is in flight
+	pool    *pgxpool.Pool
+	q       *db.Queries
+	cfg     lessorConfig
+	renewer *renewal.Renewer[*Lease] // the heartbeat and the trust watch of the held leases (lease.go); shares mu
 
-	mu         sync.Mutex
-	active     map[string]*Lease  // held leases by name (at most one each: no re-entry)
-	queue      leaseHeap          // held leases with a heartbeat, not in flight, by renewal time
-	trust      leaseHeap          // held leases by the end of their trust window (trustwatch.go)
-	trustTimer timer              // fires at the trust watch's head; nil until the first lease
-	inFlight   int                // renewal statements in flight
-	gates      map[string]*gate   // per-name serialisation of attempts, claims and releases
-	waits      map[string]*wait   // Acquires in a queue, by name (lease_queue.go)
-	semWaits   map[int64]*semWait // Semaphore.Acquires in a queue, by wait id (semaphore.go)
-	releasing  map[Token]int      // grants whose Lease.Release is in progress
-	listener   *listener          // the pool's listening connection, while attached (listener.go)
-	lingering  timer              // detaches from it once idle; nil until first armed
+	mu        sync.Mutex
+	active    map[string]*Lease  // held leases by name (at most one each: no re-entry)
+	gates     map[string]*gate   // per-name serialisation of attempts, claims and releases
+	waits     map[string]*wait   // Acquires in a queue, by name (lease_queue.go)
+	semWaits  map[int64]*semWait // Semaphore.Acquires in a queue, by wait id (semaphore.go)
+	releasing map[Token]int      // grants whose Lease.Release is in progress
+	listener  *listener          // the pool's listening connection, while attached (listener.go)
+	lingering timing.Timer       // detaches from it once idle; nil until first armed
 
 	afterGrant func() // tests only: runs after each grant statement returns
 }
@@ -99,15 +97,13 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 		q:         db.New(),
 		cfg:       cfg,
 		active:    make(map[string]*Lease),
-		queue:     leaseHeap{which: renewHeap},
-		trust:     leaseHeap{which: trustHeap},
 		gates:     make(map[string]*gate),
 		waits:     make(map[string]*wait),
 		semWaits:  make(map[int64]*semWait),
 		releasing: make(map[Token]int),
 	}
 	l.cfg.common.resolve()
-	l.heartbeat = newLoop(cfg.clock, l.heartbeatRound)
+	l.renewer = newRenewer(l)
 	return l
 }
 
@@ -197,11 +193,6 @@ func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	return lease, err
 }
 
-// errRefused is an attempt's internal "someone else holds it": distinct from ErrNotAcquired,
-// so that a wait never mistakes a caller's error (fn's, in RunLocked) for contention. The
-// exported calls return ErrNotAcquired in its place.
-var errRefused = errors.New("fencelock: grant refused")
-
 // notAcquired maps errRefused to ErrNotAcquired at the API boundary.
 func notAcquired(err error) error {
 	if err == errRefused {
@@ -221,7 +212,7 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 	defer exit()
 	var row db.LeaseGrantRow
 	sent, err := l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
-		row, err = l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: lt.ttl.Microseconds(), Nowait: true, MayInsert: true})
+		row, err = l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: lt.TTL.Microseconds(), Nowait: true, MayInsert: true})
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -262,7 +253,7 @@ func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wai
 			Name:    name,
 			Holder:  l.cfg.holder,
 			WaitID:  waitID,
-			TtlUs:   lt.ttl.Microseconds(),
+			TtlUs:   lt.TTL.Microseconds(),
 			Channel: channel,
 			LiveUs:  live.Microseconds(),
 		})

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // TxFunc is the caller's work under a transaction-scoped lease: it runs inside tx, which holds
@@ -66,7 +67,7 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	live := runLockedLiveness
+	live := timing.RunLockedLiveness
 	return l.waitInQueue(ctx, "run locked", name, live, false, func(w *wait, stopWaiting func()) (attemptInfo, error) {
 		// The transaction got the row: no longer waiting while fn runs.
 		got := func(ctx context.Context, tx pgx.Tx, token Token) error {

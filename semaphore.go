@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // MaxSemaphoreLimit is the largest limit a [Semaphore] takes. A grant and a release cost the
@@ -149,7 +150,7 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 	start := time.Now()
 	defer func() { s.l.cfg.common.metrics.acquired(ctx, mSemaphoreAcquire, start, err) }()
 	l := s.l
-	live := queueLiveness(ttl)
+	live := timing.QueueLiveness(ttl)
 	id := newWaitID()
 	sw := &semWait{wake: make(chan struct{}, 1)}
 	l.mu.Lock()
@@ -209,7 +210,7 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 			// the queue at once where to wake this wait.
 			continue
 		}
-		d := queueWait(info.listening, info.ahead, info.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
+		d := timing.QueueWait(info.listening, info.ahead, info.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
 		if info.ahead == 0 && n == 0 || info.ahead < 0 {
 			// Joined at the head: a release that ran while this attempt did saw no waiter and
 			// freed its permit instead of giving it. Or (ahead -1) a release was giving this
@@ -268,7 +269,7 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 	var row db.SemaphoreAcquireRow
 	sent, err := l.runGrant(ctx, fmt.Sprintf("acquire semaphore %q", s.name), func(conn *pgxpool.Conn) (err error) {
 		row, err = l.q.SemaphoreAcquire(ctx, conn, db.SemaphoreAcquireParams{
-			Sem: s.name, Holder: l.cfg.holder, WaitID: waitID, TtlUs: lt.ttl.Microseconds(),
+			Sem: s.name, Holder: l.cfg.holder, WaitID: waitID, TtlUs: lt.TTL.Microseconds(),
 			DefaultLimit: int32(s.limit), Queue: queue, Channel: channel, LiveUs: live.Microseconds(),
 		})
 		return err
@@ -308,7 +309,7 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, qu
 func (s *Semaphore) claim(ctx context.Context, lt leaseTimes, name string, h handoff, st semStatement) (*Lease, error) {
 	l := s.l
 	now := l.cfg.clock.Now()
-	grantedAt, ok := handedGrantSent(st.sent, st.serverNow, h.expiresAt, lt.ttl, now)
+	grantedAt, ok := timing.HandedGrantSent(st.sent, st.serverNow, h.expiresAt, lt.TTL, now)
 	if !ok {
 		l.releasePermitToken(ctx, s.name, name, h.token)
 		return nil, errRefused

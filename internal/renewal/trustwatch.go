@@ -1,0 +1,67 @@
+package renewal
+
+// The trust watch (see the package doc): the heap by the end of each lease's trust window and
+// its one timer.
+
+// watchTrustLocked queues lease in the trust watch at the end of its trust window, and moves
+// the timer if lease is now the earliest.
+func (r *Renewer[T]) watchTrustLocked(lease T) {
+	if r.trust.Push(lease, r.h.State(lease).TrustUntil) {
+		r.armTrustLocked()
+	}
+}
+
+// unwatchTrustLocked takes lease out of the trust watch.
+func (r *Renewer[T]) unwatchTrustLocked(lease T) {
+	r.trust.Remove(lease)
+	if r.trust.Len() == 0 && r.trustTimer != nil {
+		r.trustTimer.Stop()
+	}
+}
+
+// armTrustLocked sets the timer for the earliest trust window end.
+func (r *Renewer[T]) armTrustLocked() {
+	_, at, ok := r.trust.Head()
+	if !ok {
+		if r.trustTimer != nil {
+			r.trustTimer.Stop()
+		}
+		return
+	}
+	d := at.Sub(r.h.Clock.Now())
+	if r.trustTimer == nil {
+		r.trustTimer = r.h.Clock.AfterFunc(d, r.checkTrust)
+		return
+	}
+	r.trustTimer.Reset(d)
+}
+
+// checkTrust ends the leases whose trust window is over, requeues those a renewal extended,
+// and sets the timer for the next window end.
+func (r *Renewer[T]) checkTrust() {
+	now := r.h.Clock.Now()
+	var over []T
+	r.h.Mu.Lock()
+	for {
+		lease, at, ok := r.trust.Head()
+		if !ok || at.After(now) {
+			break
+		}
+		ended := r.h.Ended(lease)
+		until := r.h.State(lease).TrustUntil
+		switch {
+		case ended:
+			r.trust.Pop()
+		case until.After(now): // renewed since it was queued
+			r.trust.RekeyHead(until)
+		default:
+			r.trust.Pop()
+			over = append(over, lease)
+		}
+	}
+	r.armTrustLocked()
+	r.h.Mu.Unlock()
+	for _, lease := range over {
+		r.h.Expire(lease)
+	}
+}
