@@ -62,7 +62,7 @@ type Lessor struct {
 	gates      map[string]*gate  // per-name serialisation of attempts, claims and releases
 	releasing  map[Token]int     // grants whose Lease.Release is in progress
 
-	// Waits in queues and the pool's notifier (lease_queue_wait.go, listener.go); guarded by mu.
+	// Waits in queues and the pool's notifier (lease_queue.go, listener.go); guarded by mu.
 	waits      map[string]*queue.Wait // Acquires in a queue, by name
 	otherWaits int                    // waits above the core in a queue (Semaphore.Acquire's)
 	listen     *notify.Subscription   // a hold on the pool's notifier while attached; nil: not

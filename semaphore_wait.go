@@ -147,7 +147,7 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 // queue).
 type semWait struct {
 	wake chan struct{}
-	sub  *notify.Subscription // its wake-ups; nil until its lessor listens; guarded by the lessor's mu
+	sub  *notify.Subscription // its wake-ups; nil until its lessor listens; only its Acquire uses it
 
 	mu     sync.Mutex
 	handed *queue.Wakeup
