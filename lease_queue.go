@@ -157,25 +157,17 @@ func (l *Lessor) noteClaim(w *queue.Wait, lease *Lease) {
 // expiry. The trust window is mapped onto the local clock through a statement sent at sent
 // (local) during which the database clock read serverNow (handedGrantSent). A grant whose
 // window has already ended, or that no statement can map, is handed on, and the claim
-// refused. The caller holds name's gate.
+// refused (granted). The caller holds name's gate.
 func (l *Lessor) claim(ctx context.Context, name string, lt leaseTimes, h queue.Handoff, sent, serverNow time.Time) (*Lease, error) {
 	if l.holds(name) {
 		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
 	}
-	now := l.cfg.clock.Now()
-	grantedAt, ok := handedGrantSent(sent, serverNow, h.ExpiresAt, lt.ttl, now)
+	grantedAt, ok := handedGrantSent(sent, serverNow, h.ExpiresAt, lt.ttl, l.cfg.clock.Now())
 	if !ok {
 		l.releaseToken(ctx, name, Token(h.Token))
 		return nil, errRefused
 	}
-	lease := newLease(l, name, Token(h.Token), lt, grantedAt, h.ExpiresAt)
-	if !now.Before(lease.TrustedUntil()) {
-		lease.end(ErrReleased)
-		l.releaseToken(ctx, name, Token(h.Token))
-		return nil, errRefused
-	}
-	l.add(lease)
-	return lease, nil
+	return l.granted(ctx, name, lt, Token(h.Token), grantedAt, h.ExpiresAt)
 }
 
 // joinWait registers a goroutine waiting for name and returns its wait.
