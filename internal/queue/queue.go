@@ -6,8 +6,8 @@
 // # Its narrow interface
 //
 // A [Wait] is guarded by its owner's mutex (the lessor's): every method but [NewWait] must be
-// called with it held. A wait listens through a [notify.Subscription] keyed by its id, which
-// follows the id when the wait takes a new one ([Wait.Listen]). [ParseWake] reads the payload
+// called with it held. A wait listens through a [Subscription] (internal/notify's) keyed by its
+// id, which follows the id when the wait takes a new one ([Wait.Listen]). [ParseWake] reads the payload
 // that fencelock.hand_off, fencelock.semaphore_release and fencelock.semaphore_wake send;
 // [NewWaitID] numbers waits for the whole process; [CountWakeup] and [WakeupsSent] count the
 // NOTIFYs of this process's releases. The statements that take, refresh and leave places
@@ -29,8 +29,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-
-	"github.com/fencelock/fencelock/internal/notify"
 )
 
 // Handoff is a grant a release handed to a wait: its fencing token (> 0) and its expiry on
@@ -104,10 +102,10 @@ type Wait struct {
 	// the database clock during it, which map a handed grant's expiry onto the local clock.
 	Sent, ServerNow time.Time
 
-	wake    chan struct{}        // closed, and replaced, to wake the goroutines
-	handed  []Handoff            // grants delivered by NOTIFY, not claimed yet
-	claimed map[int64]bool       // tokens handed to this wait and claimed by one of its attempts
-	sub     *notify.Subscription // its notifications, keyed by ID; nil while not listening
+	wake    chan struct{}  // closed, and replaced, to wake the goroutines
+	handed  []Handoff      // grants delivered by NOTIFY, not claimed yet
+	claimed map[int64]bool // tokens handed to this wait and claimed by one of its attempts
+	sub     Subscription   // its notifications, keyed by ID; nil while not listening
 }
 
 // NewWait returns a wait with a new id and no goroutine on it.
@@ -122,9 +120,16 @@ func (w *Wait) Signal() {
 	w.wake = make(chan struct{})
 }
 
+// Subscription is what a wait needs of its subscription to the pool's notifier
+// (*notify.Subscription): to route the wake-ups of a new id to it, and to end it.
+type Subscription interface {
+	SetKey(key string)
+	Close()
+}
+
 // Listen makes sub the wait's subscription, keyed by its id from now on (the wait re-keys it
 // when its id changes); Listening then reports true. Close ends it.
-func (w *Wait) Listen(sub *notify.Subscription) {
+func (w *Wait) Listen(sub Subscription) {
 	w.sub = sub
 	sub.SetKey(Key(w.ID))
 }
@@ -206,8 +211,10 @@ func (w *Wait) NoteClaim(token int64) {
 // attempts claimed (see NoteClaim; the caller reads the map after unlocking: no attempt is
 // left to write it).
 func (w *Wait) Close() (handed []int64, claimed map[int64]bool) {
-	w.sub.Close()
-	w.sub = nil
+	if w.sub != nil {
+		w.sub.Close()
+		w.sub = nil
+	}
 	handed = w.HandedTokens()
 	w.handed = nil
 	return handed, w.claimed

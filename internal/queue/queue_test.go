@@ -85,3 +85,28 @@ func TestWaitClose(t *testing.T) {
 	require.Equal(t, map[int64]bool{3: true, 4: true}, claimed)
 	require.False(t, w.Pending())
 }
+
+// fakeSub records what a wait asks of its subscription.
+type fakeSub struct {
+	keys   []string
+	closed int
+}
+
+func (f *fakeSub) SetKey(key string) { f.keys = append(f.keys, key) }
+func (f *fakeSub) Close()            { f.closed++ }
+
+func TestWaitSubscriptionFollowsID(t *testing.T) {
+	w := NewWait()
+	sub := &fakeSub{}
+	w.Listen(sub)
+	require.True(t, w.Listening())
+	first := w.ID
+	w.Deliver(Wakeup{WaitID: first, Handoff: Handoff{Token: 1}})
+	w.TakeHanded() // a new id: the subscription follows it
+	second := w.ID
+	w.RenewID()
+	require.Equal(t, []string{Key(first), Key(second), Key(w.ID)}, sub.keys)
+	w.Close()
+	require.Equal(t, 1, sub.closed)
+	require.False(t, w.Listening())
+}
