@@ -44,7 +44,7 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 // the semaphore's queue (fencelock.semaphore_waiters), and a try never takes a permit someone
 // waits for. A release gives its permit to the head of the queue in its own statement (a new
 // grant of that permit, with a fresh token) and tells that waiter alone, by NOTIFY on its
-// lessor's listening connection; the waiter takes it without a statement of its own. A waiter
+// pool's listening connection; the waiter takes it without a statement of its own. A waiter
 // whose place is being refreshed at that instant (every third of its liveness) is passed over
 // for the next. No waiter's statement waits for another's: waiters run no statement between
 // refreshes, and a grant never waits for another grant. A permit lost by its TTL, or ended by
