@@ -84,14 +84,31 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Term, error) {
 	return t, nil
 }
 
-// LeaderInfo is the state of an election: who leads, in which term, and what it proclaimed.
-// The zero LeaderInfo (Token 0) means nobody leads.
-type LeaderInfo struct {
-	Holder    string    // the leader's holder id ([Lessor.Holder])
-	Token     Token     // the term's fencing token, an int64 > 0; 0 when nobody leads
-	Value     string    // the value the leader proclaimed; "" until it has
-	ElectedAt time.Time // when the term was granted (database clock)
-	ExpiresAt time.Time // when the term lapses unless renewed (database clock)
+// Observe returns a channel that receives the election's state: the current one first, then
+// each change: a new term, a value proclaimed, and the zero LeaderInfo when nobody leads (a
+// term resigned or lapsed, and its successor, if any, not yet granted: a crashed leader's heir
+// is granted just after the old term's expiry, which the observer reads first). It is closed
+// when ctx ends, and not before; its goroutine and its subscription end with it.
+//
+// Changes wake the observer, not a poll: every Campaign, Proclaim and Resign NOTIFYs the
+// election's observers, which subscribe to the listening connection of the lessor's pool
+// (shared with the pool's waiters: internal/notify), and a term that lapses is noticed at its
+// expiry, read from the database. It also reads at least once per TTL, for the ends that
+// notify nobody (a term's lease released by other means than Resign, a renewal that committed
+// just after the read at its expiry). Where LISTEN cannot be trusted (behind a pooler that
+// shares sessions) or while the listening connection is down, the observer reads the leader
+// every min(250 ms, TTL/4) instead, and again as soon as LISTEN is back; while reads fail it
+// tries again with a backoff. Each read is bounded by max(TTL, 5 s). States reach the channel
+// in the order they happened, terms rising; one that lasted less than a read is not delivered
+// when the next replaced it before the read. A receiver that does not keep up holds the
+// observer back, not the pool's listening connection: a notification that comes meanwhile
+// makes the observer read again once, when the receiver takes the state.
+//
+// Safe for concurrent use; each call has its own channel.
+func (e *Election) Observe(ctx context.Context) <-chan LeaderInfo {
+	ch := make(chan LeaderInfo)
+	go observeLeader(ctx, e.lessor, e.name, e.ttl, ch)
+	return ch
 }
 
 // Leader returns the current leader. Errors: [ErrNoLeader] while nobody leads; otherwise the

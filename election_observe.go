@@ -8,106 +8,88 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/notify"
 )
 
-// electionChannel is the NOTIFY channel of every election; the payload is the election's name.
-const electionChannel = "fencelock_election"
-
-// observePoll is how often an observer behind a pooler (where LISTEN cannot be trusted) reads
-// the leader, at most; never less often than a quarter of the term's TTL.
+// observePoll is how often an observer reads the leader while LISTEN is not in place (behind a
+// pooler, or while its pool's listening connection is down or opening), at most; never less
+// often than a quarter of the term's TTL.
 const observePoll = 250 * time.Millisecond
 
-// Observe returns a channel that receives the election's state: the current one first, then
-// each change: a new term, a value proclaimed, and the zero LeaderInfo when nobody leads (a
-// term resigned or lapsed, and its successor, if any, not yet granted: a crashed leader's heir
-// is granted just after the old term's expiry, which the observer reads first). It is closed
-// when ctx ends, and not before; its goroutine and connection end with it.
-//
-// Changes wake the observer, not a poll: every Campaign, Proclaim and Resign NOTIFYs the
-// election's observers, which LISTEN on a connection of their own (taken from the lessor's
-// pool and not returned), and a term that lapses is noticed at its expiry, read from the
-// database. It also reads at least once per TTL, for the ends that notify nobody (a term's
-// lease released by other means than Resign, a renewal that committed just after the read at
-// its expiry). Behind a pooler that shares sessions (where LISTEN cannot be trusted) the
-// observer reads the leader every min(250 ms, TTL/4) instead; after a connection failure it
-// reads again once reconnected (with a backoff while reads keep failing). Each read is bounded
-// by max(TTL, 5 s). States reach the channel in the order they happened, terms rising; one that
-// lasted less than a read is not delivered when the next replaced it before the read. A
-// receiver that does not keep up holds the observer back; its LISTEN connection then reads no
-// notification, and PostgreSQL's notification queue keeps them for it (a receiver stuck for
-// very long under heavy NOTIFY traffic could fill that queue, which fails every NOTIFY).
-//
-// Safe for concurrent use; each call has its own channel and connection.
-func (e *Election) Observe(ctx context.Context) <-chan LeaderInfo {
-	ch := make(chan LeaderInfo)
-	go e.observe(ctx, ch)
-	return ch
+// LeaderInfo is the state of an election: who leads, in which term, and what it proclaimed.
+// The zero LeaderInfo (Token 0) means nobody leads.
+type LeaderInfo struct {
+	Holder    string    // the leader's holder id ([Lessor.Holder])
+	Token     Token     // the term's fencing token, an int64 > 0; 0 when nobody leads
+	Value     string    // the value the leader proclaimed; "" until it has
+	ElectedAt time.Time // when the term was granted (database clock)
+	ExpiresAt time.Time // when the term lapses unless renewed (database clock)
 }
 
 // observer is the state of one Observe.
 type observer struct {
-	e    *Election
+	l    *Lessor
+	name string
+	ttl  time.Duration
 	ch   chan<- LeaderInfo
 	last LeaderInfo
 	sent bool
 }
 
-func (e *Election) observe(ctx context.Context, ch chan<- LeaderInfo) {
+// observeLeader is Election.Observe's goroutine, for the election name of lessor l with terms
+// of ttl: it delivers states to ch until ctx ends, then closes ch.
+func observeLeader(ctx context.Context, l *Lessor, name string, ttl time.Duration, ch chan<- LeaderInfo) {
 	defer close(ch)
-	o := &observer{e: e, ch: ch}
-	for n := 0; ctx.Err() == nil; n++ {
-		read, err := o.session(ctx)
-		if read {
-			n = 0 // a new streak of failures: reconnect soon
+	wake := make(chan struct{}, 1) // a notification of this election, or LISTEN came or went
+	poke := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
 		}
+	}
+	sub := subscribe(l.pool, l.cfg.common.logger, notify.Elections, name, notify.Handler{
+		Notify: func(string) { poke() },
+		Ready:  func(bool) { poke() },
+	})
+	defer sub.Close()
+	o := &observer{l: l, name: name, ttl: ttl, ch: ch}
+	poll := min(observePoll, ttl/4)
+	for n := 0; ; {
+		// Whether LISTEN is in place before the read: a change committed from here on is
+		// then both read or notified.
+		listening := sub.Channel() != ""
+		wait, err := o.read(ctx)
 		if ctx.Err() != nil {
 			return
 		}
 		if err != nil {
-			e.lessor.cfg.common.logger.Warn("fencelock: election observer: connection lost; reconnecting", "election", e.name, "error", err)
+			l.cfg.common.logger.Warn("fencelock: election observer: reading the leader failed; trying again", "election", name, "error", err)
+			wait = listenBackoff(n)
+			n++
+		} else {
+			n = 0
+			wait = min(wait, ttl)
+			if !listening {
+				wait = min(wait, poll)
+			}
 		}
-		t := time.NewTimer(listenBackoff(n))
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-t.C:
+		case <-wake:
+			t.Stop()
 		}
 	}
 }
 
-// session observes on one connection until it fails or ctx ends: LISTEN where the connection
-// reaches its own server session, else polling. read says whether a read of the leader
-// succeeded on it (the reconnect's backoff starts over only then).
-func (o *observer) session(ctx context.Context) (read bool, err error) {
-	conn, pooled, err := openListening(ctx, o.e.lessor.pool, electionChannel)
-	if err != nil {
-		return false, err
-	}
-	defer closeListening(conn)
-	poll := min(observePoll, o.e.ttl/4)
-	for {
-		// Read after LISTEN: a change committed from here on is both read or notified.
-		wait, err := o.read(ctx, conn)
-		if err != nil {
-			return read, err
-		}
-		read = true
-		wait = min(wait, o.e.ttl)
-		if pooled {
-			wait = min(wait, poll)
-		}
-		if err := o.await(ctx, conn, wait, pooled); err != nil {
-			return read, err
-		}
-	}
-}
-
-// read reads the leader on conn, delivers it if it changed, and returns how long until the
-// current term lapses (a day when nobody leads; the caller caps every wait at the TTL).
-func (o *observer) read(ctx context.Context, conn *pgx.Conn) (time.Duration, error) {
-	rctx, cancel := context.WithTimeout(ctx, max(o.e.ttl, 5*time.Second))
-	row, err := o.e.lessor.q.ElectionLeader(rctx, conn, o.e.name)
+// read reads the leader, delivers it if it changed, and returns how long until the current
+// term lapses (a day when nobody leads; the caller caps every wait at the TTL).
+func (o *observer) read(ctx context.Context) (time.Duration, error) {
+	rctx, cancel := context.WithTimeout(ctx, max(o.ttl, 5*time.Second))
+	row, err := o.l.q.ElectionLeader(rctx, o.l.pool, o.name)
 	cancel()
 	var info LeaderInfo
 	wait := 24 * time.Hour
@@ -131,29 +113,6 @@ func (o *observer) read(ctx context.Context, conn *pgx.Conn) (time.Duration, err
 		o.last, o.sent = info, true
 	}
 	return wait, nil
-}
-
-// await waits up to d for a notification of this election on conn (or, pooled, just d).
-func (o *observer) await(ctx context.Context, conn *pgx.Conn, d time.Duration, pooled bool) error {
-	wctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	if pooled {
-		<-wctx.Done()
-		return ctx.Err()
-	}
-	for {
-		n, err := conn.WaitForNotification(wctx)
-		switch {
-		case ctx.Err() != nil:
-			return ctx.Err()
-		case wctx.Err() != nil:
-			return nil // the term's expiry: read again
-		case err != nil:
-			return err
-		case n.Payload == o.e.name:
-			return nil
-		}
-	}
 }
 
 // leaderInfoOf converts a leader row.

@@ -28,12 +28,16 @@ import (
 type Lease struct {
 	lessor *Lessor
 	name   string
-	sem    string // the semaphore whose permit this is ("": a lease); semaphore.go
 	token  Token
 	times  leaseTimes
 	ending grantEnd
 	start  time.Time // local, when the grant came back: for the hold time (metrics.go)
 	added  bool      // given to the caller (Lessor.add): counted as held; guarded by lessor.mu
+
+	// releaseVia ends the grant on the server, for a grant with a release of its own (a
+	// semaphore's permit: semaphore_wait.go); nil: LeaseRelease. Set before the lease is
+	// given to its caller.
+	releaseVia func(ctx context.Context) (released bool, err error)
 
 	mu         sync.Mutex
 	trustUntil time.Time // local monotonic
@@ -252,10 +256,10 @@ func (lease *Lease) release(ctx context.Context) error {
 	}
 	var released bool
 	var err error
-	if lease.sem != "" {
-		released, err = l.releasePermit(ctx, lease.sem, lease.name, lease.token)
+	if lease.releaseVia != nil {
+		released, err = lease.releaseVia(ctx)
 	} else {
-		released, err = l.releaseStatement(ctx, lease.name, lease.token)
+		released, err = leaseRelease(ctx, l.q, l.pool, l.cfg.holder, lease.name, lease.token)
 	}
 	if err != nil {
 		return err

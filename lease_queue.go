@@ -4,77 +4,186 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/notify"
+	"github.com/fencelock/fencelock/internal/queue"
 	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // The queue of lease waiters, the client's side (the server's is migrations/00004 and
-// sqlc/queries/queue.sql). A waiting Acquire joins the name's queue with its first refused
-// attempt and is served first come, first served: a release hands the lease to the head of the
-// queue in its own statement and wakes only that waiter, through its lessor's listening
-// connection (listener.go). While anyone waits, no attempt from outside the queue is granted
-// (TryAcquire does not barge). A waiter refreshes its place every third of its liveness
-// (queueLiveness); one that dies leaves the queue when its row expires, one that gives up
-// deletes its row, and hands on a grant it was handed meanwhile.
+// sqlc/queries/queue.sql; the waits' bookkeeping is internal/queue). A waiting Acquire joins
+// the name's queue with its first refused attempt and is served first come, first served: a
+// release hands the lease to the head of the queue in its own statement and wakes only that
+// waiter, through its pool's notifier (internal/notify, listener.go). While anyone waits, no
+// attempt from outside the queue is granted (TryAcquire does not barge). A waiter refreshes
+// its place every third of its liveness (queueLiveness); one that dies leaves the queue when
+// its row expires, one that gives up deletes its row, and hands on a grant it was handed.
 
-// wait is one lessor's wait for one name. The lessor's goroutines in Acquire on the name share
-// it and its row in fencelock.lease_waiters (one row per name and holder). Guarded by the
-// lessor's mu.
-type wait struct {
-	id      int64          // wait_id of its row; a new one once a grant handed to it is used up
-	refs    int            // goroutines in Acquire on it
-	wake    chan struct{}  // closed, and replaced, to wake them
-	handed  []handoff      // grants delivered by NOTIFY, not claimed yet
-	claimed map[Token]bool // grants handed to this wait and claimed by one of its attempts
-	// The last statement of this wait: when it was sent (local clock) and the database clock
-	// during it, which map a handed grant's expiry onto the local clock.
-	sent, serverNow time.Time
+// Acquire grants the lease name for ttl to this lessor, waiting while someone else holds it,
+// until it is granted or ctx ends. Arguments are as for [Lessor.TryAcquire].
+//
+// Waiters are served first come, first served. The first refused attempt takes a place at the
+// back of the name's queue, in the same statement. The holder's release hands the lease to the
+// head of the queue in its own statement (one commit, a fresh token) and wakes that waiter
+// alone, by NOTIFY on the listening connection of its pool (a few hundred microseconds; figures
+// in docs/PERFORMANCE.md). A holder that dies hands nothing over: the head tries again just
+// after the grant expires on the database clock. While it waits, a waiter refreshes its place
+// every third of its liveness, which is the TTL bounded to [250 ms, 5 s]. A waiter whose ctx
+// ends leaves the queue before Acquire returns, and hands on a grant it was handed meanwhile. A
+// waiter that dies or stops (kill -9, SIGSTOP) leaves the queue when its place expires, at most
+// its liveness after its last refresh; a release in between hands the lease to it, and that
+// grant lapses by its TTL. So a dead waiter delays the others by at most its liveness plus, if
+// a release came in between, the TTL (measured: docs/RELIABILITY.md).
+//
+// Where LISTEN cannot work (behind a pooler such as PgBouncer in transaction mode, detected
+// when the backend pid differs from the connection's; or while the listening connection is
+// down), waiters poll with the lessor's [Backoff], capped by the holder's remaining TTL; a
+// release still hands the lease over, and the head finds it at its next poll. The order is the
+// same.
+//
+// The trust window of a handed-over grant is mapped onto the local clock through the waiter's
+// last statement (sent at s on the local clock, during which the database clock read S): it
+// ends at s + (expiry - S) - safety margin, the same clock-rate assumption as every trust
+// window.
+//
+// Errors: ctx's error (wrapped) when ctx ends first, with nothing left held and no place left
+// in the queue; otherwise as for [Lessor.TryAcquire], except that [ErrNotAcquired] is never
+// returned.
+func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
+	if err := validateName("name", name); err != nil {
+		return nil, err
+	}
+	lt, err := l.cfg.times(ttl)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	lease, err := l.acquireQueued(ctx, name, lt)
+	l.cfg.common.metrics.acquired(ctx, mAcquire, start, err)
+	return lease, err
+}
+
+// acquireQueued is Acquire's loop: attempts, in the name's queue from the first refusal on,
+// until granted or ctx ends.
+func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) (lease *Lease, err error) {
+	live := timing.QueueLiveness(lt.TTL)
+	err = l.waitInQueue(ctx, "acquire lease", name, live, true, func(w *queue.Wait, _ func()) (a attemptInfo, err error) {
+		lease, a, err = l.attempt(ctx, name, lt, w, live)
+		return a, err
+	})
+	return lease, err
+}
+
+// attempt makes one attempt of the wait w of an Acquire: the lease, errRefused, or another
+// error, and what a refusal tells the next attempt's timing. It first claims a grant a release
+// handed over by NOTIFY; then it runs LeaseAcquire, which grants the lease (outcome 1), finds
+// it handed to this wait before the statement (2) or while it ran (3), or refuses it, with the
+// wait in the queue (4). live is the wait's liveness in the queue.
+func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *queue.Wait, live time.Duration) (*Lease, attemptInfo, error) {
+	exit, err := l.enterFree(ctx, name)
+	if err != nil {
+		return nil, attemptInfo{}, err
+	}
+	defer exit()
+	l.mu.Lock()
+	handed, sent, serverNow := w.TakeHanded(), w.Sent, w.ServerNow
+	waitID, channel := w.ID, l.listen.Channel()
+	l.mu.Unlock()
+	if len(handed) > 0 { // at most one: a wait id is handed one grant
+		lease, err := l.claim(ctx, name, lt, handed[0], sent, serverNow)
+		l.noteClaim(w, lease)
+		if !errors.Is(err, errRefused) {
+			return lease, attemptInfo{}, err
+		}
+	}
+	var row db.LeaseAcquireRow
+	sent, err = l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
+		row, err = l.q.LeaseAcquire(ctx, conn, db.LeaseAcquireParams{
+			Name:    name,
+			Holder:  l.cfg.holder,
+			WaitID:  waitID,
+			TtlUs:   lt.TTL.Microseconds(),
+			Channel: channel,
+			LiveUs:  live.Microseconds(),
+		})
+		return err
+	})
+	if err != nil {
+		// The wait keeps its id, even after a statement of unknown outcome: the cleanup
+		// (grantFailed) ended what the statement may have granted (outcome 1, which also took
+		// the wait's row out of the queue) and spared any grant a release handed to the wait
+		// (one outcomes 2 and 3 found, or one handed since), which the wait's next attempt (a
+		// sibling's) then claims with that id, from the NOTIFY or from the row, or leaving the
+		// queue hands on. Under a new id the next attempt would reset the row, leaving such a
+		// grant held by nobody for its TTL, and lose the wait's place (outcome 4).
+		return nil, attemptInfo{}, err
+	}
+	l.mu.Lock()
+	w.Sent, w.ServerNow = sent, row.ServerNow
+	if row.Outcome == outcomeMine || row.Outcome == outcomeHanded {
+		w.RenewID() // its row is used up
+	}
+	l.mu.Unlock()
+	info := attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
+	switch row.Outcome {
+	case outcomeGranted:
+		lease, err := l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt)
+		return lease, info, err
+	case outcomeMine, outcomeHanded:
+		lease, err := l.claim(ctx, name, lt, queue.Handoff{Token: row.Token, ExpiresAt: row.ExpiresAt}, sent, row.ServerNow)
+		l.noteClaim(w, lease)
+		return lease, info, err
+	case outcomeQueued:
+		return nil, info, errRefused
+	}
+	return nil, info, fmt.Errorf("acquire lease %q: unexpected outcome %d of the grant statement", name, row.Outcome)
 }
 
 // noteClaim records that an attempt of w claimed lease (nil: none), so that leaving the queue
 // does not hand on a grant this lessor took (and may be releasing itself right now).
-func (w *wait) noteClaim(l *Lessor, lease *Lease) {
+func (l *Lessor) noteClaim(w *queue.Wait, lease *Lease) {
 	if lease == nil {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w.claimed == nil {
-		w.claimed = make(map[Token]bool)
+	w.NoteClaim(int64(lease.token))
+}
+
+// claim makes a lease of a grant a release handed to a wait of this lessor, with h's token and
+// expiry. The trust window is mapped onto the local clock through a statement sent at sent
+// (local) during which the database clock read serverNow (handedGrantSent). A grant whose
+// window has already ended, or that no statement can map, is handed on, and the claim
+// refused (granted). The caller holds name's gate.
+func (l *Lessor) claim(ctx context.Context, name string, lt leaseTimes, h queue.Handoff, sent, serverNow time.Time) (*Lease, error) {
+	if l.holds(name) {
+		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
 	}
-	w.claimed[lease.token] = true
+	grantedAt, ok := timing.HandedGrantSent(sent, serverNow, h.ExpiresAt, lt.TTL, l.cfg.clock.Now())
+	if !ok {
+		l.releaseToken(ctx, name, Token(h.Token))
+		return nil, errRefused
+	}
+	return l.granted(ctx, name, lt, Token(h.Token), grantedAt, h.ExpiresAt)
 }
-
-func (w *wait) signalLocked() {
-	close(w.wake)
-	w.wake = make(chan struct{})
-}
-
-// waitIDs numbers waits; it starts at random, so a wait_id left in the table by an earlier
-// process with the same holder id is not taken for one of this process's.
-var waitIDs atomic.Int64
-
-func init() { waitIDs.Store(rand.Int64N(1 << 60)) }
-
-func newWaitID() int64 { return waitIDs.Add(1) }
-
-// wakeups counts the NOTIFYs sent by this process's releases (tests and benchmarks read it).
-var wakeups atomic.Int64
 
 // joinWait registers a goroutine waiting for name and returns its wait.
-func (l *Lessor) joinWait(name string) *wait {
+func (l *Lessor) joinWait(name string) *queue.Wait {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	w := l.waits[name]
 	if w == nil {
-		w = &wait{id: newWaitID(), wake: make(chan struct{})}
+		w = queue.NewWait()
 		l.waits[name] = w
+		if l.listen != nil {
+			l.listenWaitLocked(name, w)
+		}
 	}
-	w.refs++
+	w.Refs++
 	return w
 }
 
@@ -82,7 +191,7 @@ func (l *Lessor) joinWait(name string) *wait {
 // queue, unless it was granted a TTL lease (the grant's statement did, or the hand-off marked
 // it), and hands on every grant handed to the wait that no Acquire claimed. It runs detached
 // from ctx: a cancelled wait must not stay in the queue.
-func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bool) {
+func (l *Lessor) leaveWait(ctx context.Context, name string, w *queue.Wait, granted bool) {
 	cctx, cancel := detached(ctx, cleanupTimeout)
 	defer cancel()
 	// The name's gate first, then out of the lessor's waits: a new wait of this lessor on the
@@ -93,17 +202,16 @@ func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bo
 		defer exit()
 	}
 	l.mu.Lock()
-	w.refs--
+	w.Refs--
 	if granted {
-		w.signalLocked() // the lessor's other goroutines on name: ErrAlreadyHeld
+		w.Signal() // the lessor's other goroutines on name: ErrAlreadyHeld
 	}
-	if w.refs > 0 {
+	if w.Refs > 0 {
 		l.mu.Unlock()
 		return
 	}
 	delete(l.waits, name)
-	handed, claimed := w.handed, w.claimed
-	w.handed = nil
+	handed, claimed := w.Close()
 	l.idleCheckLocked()
 	l.mu.Unlock()
 	if gateErr != nil {
@@ -118,96 +226,14 @@ func (l *Lessor) leaveWait(ctx context.Context, name string, w *wait, granted bo
 			l.cfg.common.logger.Error("fencelock: could not leave a lease's queue; the place expires by itself",
 				"lease", name, "holder", l.cfg.holder, "error", err)
 		case row.GrantedToken != 0:
-			handed = append(handed, handoff{token: Token(row.GrantedToken)})
+			handed = append(handed, row.GrantedToken)
 		}
 	}
-	for _, h := range handed {
-		if !claimed[h.token] {
-			l.releaseUnclaimedLocked(cctx, name, h.token)
+	for _, token := range handed {
+		if !claimed[token] {
+			l.releaseUnclaimedLocked(cctx, name, Token(token))
 		}
 	}
-}
-
-// notified hands a grant delivered by NOTIFY to the wait it names, and wakes that wait. One
-// for a wait that is over is dropped: the wait took its row out of the queue when it ended
-// (leaveWait), and got back, and handed on, any grant handed to it before.
-func (l *Lessor) notified(wk wakeup) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if sw := l.semWaits[wk.waitID]; sw != nil { // a Semaphore.Acquire (wait ids are unique)
-		if wk.token != 0 { // a permit given to it (the name is the permit's)
-			sw.handed = &wk
-		}
-		select {
-		case sw.wake <- struct{}{}:
-		default:
-		}
-		return
-	}
-	w := l.waits[wk.name]
-	if w == nil || w.id != wk.waitID {
-		return
-	}
-	if wk.token != 0 {
-		h := wk.handoff
-		h.waitID = wk.waitID
-		w.handed = append(w.handed, h)
-	}
-	w.signalLocked()
-}
-
-// takeHandedLocked returns the grants handed to w's current id by NOTIFY, and gives w a new id
-// when there were any: its row is used up (a later refresh must join the queue again, not find
-// the same grant). A grant handed to an earlier id of w is dropped: that id got one grant
-// only, which an attempt found in its own statement (outcomes 2 and 3) and claimed or handed
-// on already. l.mu must be held.
-func (w *wait) takeHandedLocked() []handoff {
-	var h []handoff
-	for _, e := range w.handed {
-		if e.waitID == w.id {
-			h = append(h, e)
-		}
-	}
-	w.handed = nil
-	if len(h) > 0 {
-		w.id = newWaitID()
-	}
-	return h
-}
-
-// renewIDLocked gives w a new id, dropping the grants handed to the old one (see
-// takeHandedLocked), after its row's grant was found by a statement: that attempt claims it,
-// or hands it on. Not after an attempt of unknown outcome: its cleanup spares a grant handed
-// to w (LeaseReleaseUnknown), which w's next attempt must still find under the same id (see
-// Lessor.attempt). l.mu must be held.
-func (w *wait) renewIDLocked() {
-	w.id = newWaitID()
-	w.handed = nil
-}
-
-// claim makes a lease of a grant a release handed to a wait of this lessor, with h's token and
-// expiry. The trust window is mapped onto the local clock through a statement sent at sent
-// (local) during which the database clock read serverNow (handedGrantSent). A grant whose
-// window has already ended, or that no statement can map, is handed on, and the claim
-// refused. The caller holds name's gate.
-func (l *Lessor) claim(ctx context.Context, name string, lt leaseTimes, h handoff, sent, serverNow time.Time) (*Lease, error) {
-	if l.holds(name) {
-		return nil, fmt.Errorf("acquire lease %q: %w", name, ErrAlreadyHeld)
-	}
-	now := l.cfg.clock.Now()
-	grantedAt, ok := timing.HandedGrantSent(sent, serverNow, h.expiresAt, lt.TTL, now)
-	if !ok {
-		l.releaseToken(ctx, name, h.token)
-		return nil, errRefused
-	}
-	lease := newLease(l, name, h.token, lt, grantedAt, h.expiresAt)
-	if !now.Before(lease.TrustedUntil()) {
-		lease.end(ErrReleased)
-		l.releaseToken(ctx, name, h.token)
-		return nil, errRefused
-	}
-	l.add(lease)
-	return lease, nil
 }
 
 // releaseUnclaimed ends the grant of name with token, handing it to the next waiter, unless
@@ -235,49 +261,6 @@ func (l *Lessor) releaseUnclaimedLocked(ctx context.Context, name string, token 
 	l.releaseToken(ctx, name, token)
 }
 
-// releaseToken ends the grant (name, this holder, token) with LeaseRelease, detached from
-// ctx's cancellation: a grant nobody will use must not stay held for a TTL. Errors are logged.
-func (l *Lessor) releaseToken(ctx context.Context, name string, token Token) {
-	rctx, cancel := detached(ctx, cleanupTimeout)
-	defer cancel()
-	if _, err := l.releaseStatement(rctx, name, token); err != nil {
-		l.cfg.common.logger.Error("fencelock: could not end a grant nobody uses; it expires by its TTL",
-			"lease", name, "token", int64(token), "holder", l.cfg.holder, "error", err)
-	}
-}
-
-// releaseStatement runs LeaseRelease for (name, this holder, token): it ends the grant and
-// hands it to the head of the queue, if any. It reports whether the grant was still current.
-func (l *Lessor) releaseStatement(ctx context.Context, name string, token Token) (bool, error) {
-	outcome, err := l.q.LeaseRelease(ctx, l.pool, db.LeaseReleaseParams{Name: name, Holder: l.cfg.holder, Token: int64(token)})
-	if err != nil {
-		return false, wrapPg(fmt.Sprintf("release lease %q", name), err)
-	}
-	if outcome == releaseHandedWoken {
-		wakeups.Add(1)
-	}
-	return outcome != releaseNotCurrent, nil
-}
-
-// The outcomes of LeaseRelease (fencelock.hand_off).
-const (
-	releaseNotCurrent  = 0 // the grant had expired or been taken over: nothing changed
-	releaseReleased    = 1 // released, not handed over
-	releaseHanded      = 2 // handed to the head of the queue, which polls
-	releaseHandedWoken = 3 // handed to the head of the queue, and woken by NOTIFY
-)
-
-// acquireQueued is Acquire's loop: attempts, in the name's queue from the first refusal on,
-// until granted or ctx ends.
-func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) (lease *Lease, err error) {
-	live := timing.QueueLiveness(lt.TTL)
-	err = l.waitInQueue(ctx, "acquire lease", name, live, true, func(w *wait, _ func()) (a attemptInfo, err error) {
-		lease, a, err = l.attempt(ctx, name, lt, w, live)
-		return a, err
-	})
-	return lease, err
-}
-
 // waitInQueue calls attempt until it returns anything but errRefused, or ctx ends (then it
 // returns ctx's cause, wrapped with what and name). The wait joins the name's queue with its
 // first refused attempt; between attempts it sleeps queueWait, unless a release wakes it.
@@ -286,7 +269,7 @@ func (l *Lessor) acquireQueued(ctx context.Context, name string, lt leaseTimes) 
 // attempt's second argument ends the call's count as waiting (metrics.go), for an attempt
 // that got what it waited for and goes on to use it (a RunLocked's fn); it is idempotent,
 // and the wait ends it anyway when it returns.
-func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.Duration, granting bool, attempt func(w *wait, stopWaiting func()) (attemptInfo, error)) (err error) {
+func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.Duration, granting bool, attempt func(w *queue.Wait, stopWaiting func()) (attemptInfo, error)) (err error) {
 	w := l.joinWait(name)
 	defer func() { l.leaveWait(ctx, name, w, granting && err == nil) }()
 	m := l.cfg.common.metrics
@@ -308,7 +291,7 @@ func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.D
 		// The wake channel of before the attempt: a wake-up during the attempt's statement
 		// ends the sleep after it at once.
 		l.mu.Lock()
-		wake := w.wake
+		wake := w.Wake()
 		l.mu.Unlock()
 		a, err := attempt(w, stopWaiting)
 		if !errors.Is(err, errRefused) {
@@ -327,16 +310,16 @@ func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.D
 		if n == 0 {
 			l.attachListenerLocked()
 		}
-		var handed []handoff
+		var handed []queue.Handoff
 		if !granting {
 			// A RunLocked takes no TTL grant; one handed to its wait (an Acquire of the same
 			// lessor on the name shared it and has left) is handed on.
-			handed = w.takeHandedLocked()
+			handed = w.TakeHanded()
 		}
-		pending := len(w.handed) > 0
+		pending := w.Pending()
 		l.mu.Unlock()
 		for _, h := range handed {
-			l.releaseUnclaimed(ctx, name, h.token)
+			l.releaseUnclaimed(ctx, name, Token(h.Token))
 		}
 		if pending {
 			continue
@@ -361,26 +344,48 @@ func (l *Lessor) waitInQueue(ctx context.Context, what, name string, live time.D
 	}
 }
 
-// joinQueue puts a RunLocked that was refused in the name's queue, or refreshes its place.
-func (l *Lessor) joinQueue(ctx context.Context, name string, w *wait, live time.Duration) (attemptInfo, error) {
-	l.mu.Lock()
-	id, channel := w.id, l.listeningChannelLocked()
-	l.mu.Unlock()
-	row, err := l.q.LeaseJoinQueue(ctx, l.pool, db.LeaseJoinQueueParams{Name: name, Holder: l.cfg.holder, WaitID: id, Channel: channel, LiveUs: live.Microseconds()})
-	if err != nil {
-		return attemptInfo{}, wrapPg(fmt.Sprintf("run locked %q: join the queue", name), err)
+// attachListenerLocked attaches l to its pool's notifier, opening it when l is its first
+// subscriber, and subscribes each of l's waits that does not listen yet. l.mu must be held.
+func (l *Lessor) attachListenerLocked() {
+	if l.listen == nil {
+		l.listen = subscribe(l.pool, l.cfg.common.logger, notify.Wakeups, "", notify.Handler{})
 	}
-	return attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}, nil
+	for name, w := range l.waits {
+		if !w.Listening() {
+			l.listenWaitLocked(name, w)
+		}
+	}
 }
 
-// joinRecheck: a wait that joined a queue at its head tries again this soon, once, in case a
-// release ran concurrently with its joining and, not seeing it yet, woke nobody.
-const joinRecheck = 20 * time.Millisecond
+// listenWaitLocked subscribes w, l's wait for name, to the wake-ups of its wait id: a grant
+// handed to it is recorded and the wait woken; a change of the notifier's readiness wakes it
+// too. l.mu must be held.
+func (l *Lessor) listenWaitLocked(name string, w *queue.Wait) {
+	w.Listen(subscribe(l.pool, l.cfg.common.logger, notify.Wakeups, "", notify.Handler{
+		Notify: func(payload string) { l.notified(name, w, payload) },
+		Ready: func(bool) {
+			l.mu.Lock()
+			w.Signal()
+			l.mu.Unlock()
+		},
+	}))
+}
 
-// attemptInfo is what a refused attempt tells the next one's timing.
-type attemptInfo struct {
-	joined    bool          // the attempt joined the queue (a new place, not a refresh)
-	listening bool          // the attempt carried the lessor's NOTIFY channel
-	ahead     int64         // live waiters ahead
-	remaining time.Duration // the holder's remaining TTL (0: free or unknown)
+// notified hands a grant delivered by NOTIFY to the wait w of name it names, and wakes that
+// wait. One for a wait that is over is dropped: the wait took its row out of the queue when it
+// ended (leaveWait), and got back, and handed on, any grant handed to it before.
+func (l *Lessor) notified(name string, w *queue.Wait, payload string) {
+	wk, err := queue.ParseWake(payload)
+	if err != nil {
+		l.cfg.common.logger.Error("fencelock: unreadable notification", "payload", payload, "error", err)
+		return
+	}
+	if wk.Holder != l.cfg.holder || wk.Name != name {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.waits[name] == w {
+		w.Deliver(wk)
+	}
 }

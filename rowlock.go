@@ -12,8 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/notify"
+	"github.com/fencelock/fencelock/internal/queue"
 	"github.com/fencelock/fencelock/internal/renewal"
-	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // Lessor grants named leases, rows of fencelock.leases, to one holder id. Each grant carries a
@@ -38,10 +39,10 @@ import (
 // queue for a name instead of racing each other; a lessor is not re-entrant, and its goroutines
 // share one place in a name's queue. It needs no Close: with no lease held and no wait it owns
 // no goroutine and no armed timer (renewal statements in flight end by their deadline, the end
-// of their leases' trust windows), but for its pool's listening connection, which it leaves a
-// second (listenerLinger) after its last wait or lease, and which closes when its last lessor
-// leaves. The holder id must be unique among live lessors: a pool's listening connection
-// routes wake-ups by holder id.
+// of their leases' trust windows), but for its hold on its pool's listening connection, which
+// it leaves after its last wait or lease, and which closes a second after its last subscriber
+// leaves. The holder id must be unique among live lessors: a name's queue keeps one
+// place per holder, and a hand-off is scoped to its holder.
 //
 // The scheme is the fencing-token lease of Gray and Cheriton (1989) and Kleppmann (2016),
 // with Postgres as the lock service and the fence in the same database as the guarded data;
@@ -54,13 +55,14 @@ type Lessor struct {
 	renewer *renewal.Renewer[*Lease] // the heartbeat and the trust watch of the held leases (lease.go); shares mu
 
 	mu        sync.Mutex
-	active    map[string]*Lease  // held leases by name (at most one each: no re-entry)
-	gates     map[string]*gate   // per-name serialisation of attempts, claims and releases
-	waits     map[string]*wait   // Acquires in a queue, by name (lease_queue.go)
-	semWaits  map[int64]*semWait // Semaphore.Acquires in a queue, by wait id (semaphore.go)
-	releasing map[Token]int      // grants whose Lease.Release is in progress
-	listener  *listener          // the pool's listening connection, while attached (listener.go)
-	lingering timing.Timer       // detaches from it once idle; nil until first armed
+	active    map[string]*Lease // held leases by name (at most one each: no re-entry)
+	gates     map[string]*gate  // per-name serialisation of attempts, claims and releases
+	releasing map[Token]int     // grants whose Lease.Release is in progress
+
+	// Waits in queues and the pool's notifier (lease_queue.go, listener.go); guarded by mu.
+	waits      map[string]*queue.Wait // Acquires in a queue, by name
+	otherWaits int                    // waits above the core in a queue (Semaphore.Acquire's)
+	listen     *notify.Subscription   // a hold on the pool's notifier while attached; nil: not
 
 	afterGrant func() // tests only: runs after each grant statement returns
 }
@@ -98,8 +100,7 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 		cfg:       cfg,
 		active:    make(map[string]*Lease),
 		gates:     make(map[string]*gate),
-		waits:     make(map[string]*wait),
-		semWaits:  make(map[int64]*semWait),
+		waits:     make(map[string]*queue.Wait),
 		releasing: make(map[Token]int),
 	}
 	l.cfg.common.resolve()
@@ -149,50 +150,6 @@ func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 	return lease, err
 }
 
-// Acquire grants the lease name for ttl to this lessor, waiting while someone else holds it,
-// until it is granted or ctx ends. Arguments are as for [Lessor.TryAcquire].
-//
-// Waiters are served first come, first served. The first refused attempt takes a place at the
-// back of the name's queue, in the same statement. The holder's release hands the lease to the
-// head of the queue in its own statement (one commit, a fresh token) and wakes that waiter
-// alone, by NOTIFY on the listening connection of its pool (a few hundred microseconds; figures
-// in docs/PERFORMANCE.md). A holder that dies hands nothing over: the head tries again just
-// after the grant expires on the database clock. While it waits, a waiter refreshes its place
-// every third of its liveness, which is the TTL bounded to [250 ms, 5 s]. A waiter whose ctx
-// ends leaves the queue before Acquire returns, and hands on a grant it was handed meanwhile. A
-// waiter that dies or stops (kill -9, SIGSTOP) leaves the queue when its place expires, at most
-// its liveness after its last refresh; a release in between hands the lease to it, and that
-// grant lapses by its TTL. So a dead waiter delays the others by at most its liveness plus, if
-// a release came in between, the TTL (measured: docs/RELIABILITY.md).
-//
-// Where LISTEN cannot work (behind a pooler such as PgBouncer in transaction mode, detected
-// when the backend pid differs from the connection's; or while the listening connection is
-// down), waiters poll with the lessor's [Backoff], capped by the holder's remaining TTL; a
-// release still hands the lease over, and the head finds it at its next poll. The order is the
-// same.
-//
-// The trust window of a handed-over grant is mapped onto the local clock through the waiter's
-// last statement (sent at s on the local clock, during which the database clock read S): it
-// ends at s + (expiry - S) - safety margin, the same clock-rate assumption as every trust
-// window.
-//
-// Errors: ctx's error (wrapped) when ctx ends first, with nothing left held and no place left
-// in the queue; otherwise as for [Lessor.TryAcquire], except that [ErrNotAcquired] is never
-// returned.
-func (l *Lessor) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := validateName("name", name); err != nil {
-		return nil, err
-	}
-	lt, err := l.cfg.times(ttl)
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	lease, err := l.acquireQueued(ctx, name, lt)
-	l.cfg.common.metrics.acquired(ctx, mAcquire, start, err)
-	return lease, err
-}
-
 // notAcquired maps errRefused to ErrNotAcquired at the API boundary.
 func notAcquired(err error) error {
 	if err == errRefused {
@@ -224,79 +181,6 @@ func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*L
 	}
 	return l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt)
 }
-
-// attempt makes one attempt of the wait w of an Acquire: the lease, errRefused, or another
-// error, and what a refusal tells the next attempt's timing. It first claims a grant a release
-// handed over by NOTIFY; then it runs LeaseAcquire, which grants the lease (outcome 1), finds
-// it handed to this wait before the statement (2) or while it ran (3), or refuses it, with the
-// wait in the queue (4). live is the wait's liveness in the queue.
-func (l *Lessor) attempt(ctx context.Context, name string, lt leaseTimes, w *wait, live time.Duration) (*Lease, attemptInfo, error) {
-	exit, err := l.enterFree(ctx, name)
-	if err != nil {
-		return nil, attemptInfo{}, err
-	}
-	defer exit()
-	l.mu.Lock()
-	handed, sent, serverNow := w.takeHandedLocked(), w.sent, w.serverNow
-	waitID, channel := w.id, l.listeningChannelLocked()
-	l.mu.Unlock()
-	if len(handed) > 0 { // at most one: a wait id is handed one grant
-		lease, err := l.claim(ctx, name, lt, handed[0], sent, serverNow)
-		w.noteClaim(l, lease)
-		if !errors.Is(err, errRefused) {
-			return lease, attemptInfo{}, err
-		}
-	}
-	var row db.LeaseAcquireRow
-	sent, err = l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
-		row, err = l.q.LeaseAcquire(ctx, conn, db.LeaseAcquireParams{
-			Name:    name,
-			Holder:  l.cfg.holder,
-			WaitID:  waitID,
-			TtlUs:   lt.TTL.Microseconds(),
-			Channel: channel,
-			LiveUs:  live.Microseconds(),
-		})
-		return err
-	})
-	if err != nil {
-		// The wait keeps its id, even after a statement of unknown outcome: the cleanup
-		// (grantFailed) ended what the statement may have granted (outcome 1, which also took
-		// the wait's row out of the queue) and spared any grant a release handed to the wait
-		// (one outcomes 2 and 3 found, or one handed since), which the wait's next attempt (a
-		// sibling's) then claims with that id, from the NOTIFY or from the row, or leaving the
-		// queue hands on. Under a new id the next attempt would reset the row, leaving such a
-		// grant held by nobody for its TTL, and lose the wait's place (outcome 4).
-		return nil, attemptInfo{}, err
-	}
-	l.mu.Lock()
-	w.sent, w.serverNow = sent, row.ServerNow
-	if row.Outcome == outcomeMine || row.Outcome == outcomeHanded {
-		w.renewIDLocked() // its row is used up
-	}
-	l.mu.Unlock()
-	info := attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
-	switch row.Outcome {
-	case outcomeGranted:
-		lease, err := l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt)
-		return lease, info, err
-	case outcomeMine, outcomeHanded:
-		lease, err := l.claim(ctx, name, lt, handoff{token: Token(row.Token), expiresAt: row.ExpiresAt}, sent, row.ServerNow)
-		w.noteClaim(l, lease)
-		return lease, info, err
-	case outcomeQueued:
-		return nil, info, errRefused
-	}
-	return nil, info, fmt.Errorf("acquire lease %q: unexpected outcome %d of the grant statement", name, row.Outcome)
-}
-
-// The outcomes of LeaseAcquire.
-const (
-	outcomeGranted = 1 // granted by this statement
-	outcomeMine    = 2 // handed to this wait before the statement
-	outcomeHanded  = 3 // handed to this wait by a release after the statement's snapshot
-	outcomeQueued  = 4 // refused, in the queue
-)
 
 // enterFree takes name's gate (see enter) and checks, inside it, that this lessor does not hold
 // name: no other attempt of this lessor on name can grant meanwhile. The returned func ends
@@ -337,10 +221,8 @@ func (l *Lessor) endUnknownGrants(names []string) func(context.Context) error {
 			if lease := l.active[name]; lease != nil {
 				keep = append(keep, int64(lease.token))
 			}
-			if w := l.waits[name]; w != nil {
-				for _, h := range w.handed { // its Acquire claims it, or leaving hands it on
-					keep = append(keep, int64(h.token))
-				}
+			if w := l.waits[name]; w != nil { // its Acquire claims them, or leaving hands them on
+				keep = append(keep, w.HandedTokens()...)
 			}
 		}
 		for token := range l.releasing { // its Release ends it, and must find it current
@@ -423,6 +305,27 @@ func (l *Lessor) grantFailed(ctx context.Context, what string, pid uint32, aband
 		return fmt.Errorf("%s: %w (ending the possible grant failed too, it expires by its TTL: %w)", what, err, cerr)
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// releaseToken ends the grant (name, this holder, token) with LeaseRelease, detached from
+// ctx's cancellation: a grant nobody will use must not stay held for a TTL. Errors are logged.
+func (l *Lessor) releaseToken(ctx context.Context, name string, token Token) {
+	rctx, cancel := detached(ctx, cleanupTimeout)
+	defer cancel()
+	if _, err := leaseRelease(rctx, l.q, l.pool, l.cfg.holder, name, token); err != nil {
+		l.cfg.common.logger.Error("fencelock: could not end a grant nobody uses; it expires by its TTL",
+			"lease", name, "token", int64(token), "holder", l.cfg.holder, "error", err)
+	}
+}
+
+// idleCheckLocked detaches l from its pool's notifier when l has neither a wait nor a held
+// lease (the notifier closes a second after its last subscriber leaves). l.mu must be held.
+func (l *Lessor) idleCheckLocked() {
+	if l.listen == nil || len(l.waits) > 0 || l.otherWaits > 0 || len(l.active) > 0 {
+		return
+	}
+	l.listen.Close()
+	l.listen = nil
 }
 
 // holds reports whether this lessor holds a lease of name it still trusts.

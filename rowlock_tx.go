@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/queue"
 	"github.com/fencelock/fencelock/internal/timing"
 )
 
@@ -68,7 +69,7 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 		return err
 	}
 	live := timing.RunLockedLiveness
-	return l.waitInQueue(ctx, "run locked", name, live, false, func(w *wait, stopWaiting func()) (attemptInfo, error) {
+	return l.waitInQueue(ctx, "run locked", name, live, false, func(w *queue.Wait, stopWaiting func()) (attemptInfo, error) {
 		// The transaction got the row: no longer waiting while fn runs.
 		got := func(ctx context.Context, tx pgx.Tx, token Token) error {
 			stopWaiting()
@@ -207,4 +208,16 @@ func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
 		return nil
 	}
 	return awaitBackendExit(cctx, l.pool, pid)
+}
+
+// joinQueue puts a RunLocked that was refused in the name's queue, or refreshes its place.
+func (l *Lessor) joinQueue(ctx context.Context, name string, w *queue.Wait, live time.Duration) (attemptInfo, error) {
+	l.mu.Lock()
+	id, channel := w.ID, l.listen.Channel()
+	l.mu.Unlock()
+	row, err := l.q.LeaseJoinQueue(ctx, l.pool, db.LeaseJoinQueueParams{Name: name, Holder: l.cfg.holder, WaitID: id, Channel: channel, LiveUs: live.Microseconds()})
+	if err != nil {
+		return attemptInfo{}, wrapPg(fmt.Sprintf("run locked %q: join the queue", name), err)
+	}
+	return attemptInfo{joined: row.Joined, listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}, nil
 }

@@ -3,6 +3,7 @@ package fencelock
 import (
 	"context"
 
+	"github.com/fencelock/fencelock/internal/queue"
 	"github.com/fencelock/fencelock/internal/testhook"
 )
 
@@ -19,7 +20,7 @@ func init() {
 		return err
 	}
 	testhook.SetAfterGrant = func(lessor any, f func()) { lessor.(*Lessor).afterGrant = f }
-	testhook.Wakeups = wakeups.Load
+	testhook.Wakeups = queue.WakeupsSent
 	testhook.EndAbandonedGrant = func(ctx context.Context, lessor any, pid uint32) error {
 		return lessor.(*Lessor).endAbandonedGrant(ctx, pid)
 	}

@@ -1,0 +1,141 @@
+package notify
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// testRegistry returns a registry whose notifiers open no connection: a test drives them with
+// dispatch and setReady. started receives each notifier's context.
+func testRegistry(linger time.Duration) (*registry, chan context.Context) {
+	started := make(chan context.Context, 8)
+	return &registry{byPool: make(map[*pgxpool.Pool]*notifier), linger: linger,
+		start: func(_ *notifier, ctx context.Context) { started <- ctx }}, started
+}
+
+// recorder collects a subscription's events.
+type recorder struct {
+	mu       sync.Mutex
+	payloads []string
+	ready    []bool
+}
+
+func (r *recorder) handler() Handler {
+	return Handler{
+		Notify: func(p string) { r.mu.Lock(); r.payloads = append(r.payloads, p); r.mu.Unlock() },
+		Ready:  func(b bool) { r.mu.Lock(); r.ready = append(r.ready, b); r.mu.Unlock() },
+	}
+}
+
+func (r *recorder) got() ([]string, []bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.payloads...), append([]bool(nil), r.ready...)
+}
+
+func TestRoutingByTopicAndKey(t *testing.T) {
+	reg, _ := testRegistry(time.Hour)
+	pool := &pgxpool.Pool{}
+	var wait7, wait8, elA, hold recorder
+	s7 := reg.subscribe(pool, Wakeups, "7", wait7.handler(), Options{})
+	reg.subscribe(pool, Wakeups, "8", wait8.handler(), Options{})
+	reg.subscribe(pool, Elections, "a b", elA.handler(), Options{})
+	reg.subscribe(pool, Wakeups, "", hold.handler(), Options{})
+	n := s7.n
+	n.dispatch(n.channel, "7 42 100 1 hx")
+	n.dispatch(n.channel, "8 0 0 1 hy")
+	n.dispatch(n.channel, "9 0 0 1 hz")       // nobody's: dropped
+	n.dispatch(ElectionChannel, "a b")        // the whole payload is the key
+	n.dispatch(ElectionChannel, "a")          // another election
+	n.dispatch(n.channel, "a b")              // the wake-up topic, key "a"
+	n.dispatch(ElectionChannel, "7 42 100 1") // the election topic, key is all of it
+	p, _ := wait7.got()
+	require.Equal(t, []string{"7 42 100 1 hx"}, p)
+	p, _ = wait8.got()
+	require.Equal(t, []string{"8 0 0 1 hy"}, p)
+	p, _ = elA.got()
+	require.Equal(t, []string{"a b"}, p)
+	p, _ = hold.got()
+	require.Empty(t, p, "a subscription with an empty key receives nothing")
+}
+
+func TestSetKeyAndClose(t *testing.T) {
+	reg, _ := testRegistry(time.Hour)
+	pool := &pgxpool.Pool{}
+	var r recorder
+	s := reg.subscribe(pool, Wakeups, "1", r.handler(), Options{})
+	n := s.n
+	s.SetKey("2")
+	n.dispatch(n.channel, "1 0 0 0 ")
+	n.dispatch(n.channel, "2 0 0 0 ")
+	s.Close()
+	s.Close() // idempotent
+	s.SetKey("3")
+	n.dispatch(n.channel, "2 0 0 0 ")
+	n.dispatch(n.channel, "3 0 0 0 ")
+	p, _ := r.got()
+	require.Equal(t, []string{"2 0 0 0 "}, p)
+	var nilSub *Subscription
+	require.Empty(t, nilSub.Channel())
+	nilSub.Close()
+}
+
+func TestReadinessCallbacksAndChannel(t *testing.T) {
+	reg, started := testRegistry(time.Hour)
+	pool := &pgxpool.Pool{}
+	var a, b recorder
+	sa := reg.subscribe(pool, Wakeups, "1", a.handler(), Options{})
+	sb := reg.subscribe(pool, Elections, "e", b.handler(), Options{})
+	ctx := <-started
+	require.Empty(t, sa.Channel(), "not listening yet")
+	sa.n.setReady(ctx, true)
+	sa.n.setReady(ctx, true) // no change: nobody told
+	require.Regexp(t, `^fencelock_[0-9a-f]{16}$`, sa.Channel())
+	require.Equal(t, sa.Channel(), sb.Channel(), "one notifier per pool")
+	sb.Close()
+	sa.n.setReady(ctx, false)
+	require.Empty(t, sa.Channel())
+	_, ra := a.got()
+	_, rb := b.got()
+	require.Equal(t, []bool{true, false}, ra)
+	require.Equal(t, []bool{true}, rb, "a closed subscription is told nothing")
+}
+
+func TestLingerAfterLastSubscription(t *testing.T) {
+	reg, started := testRegistry(20 * time.Millisecond)
+	pool, other := &pgxpool.Pool{}, &pgxpool.Pool{}
+	s1 := reg.subscribe(pool, Wakeups, "", Handler{}, Options{})
+	ctx1 := <-started
+	so := reg.subscribe(other, Wakeups, "", Handler{}, Options{})
+	<-started
+	require.NotSame(t, s1.n, so.n, "a notifier per pool")
+	s1.Close()
+	// Back within the linger: the same notifier, still open.
+	s2 := reg.subscribe(pool, Wakeups, "", Handler{}, Options{})
+	require.Same(t, s1.n, s2.n)
+	time.Sleep(60 * time.Millisecond)
+	require.NoError(t, ctx1.Err())
+	// Past the linger after the last one: closed, and the next subscription opens another.
+	s2.Close()
+	select {
+	case <-ctx1.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the notifier did not close after its linger")
+	}
+	s3 := reg.subscribe(pool, Wakeups, "", Handler{}, Options{})
+	<-started
+	require.NotSame(t, s1.n, s3.n)
+	require.Len(t, reg.byPool, 2)
+	s3.Close()
+	so.Close()
+	require.Eventually(t, func() bool {
+		reg.mu.Lock()
+		defer reg.mu.Unlock()
+		return len(reg.byPool) == 0
+	}, 5*time.Second, 5*time.Millisecond)
+}

@@ -1,0 +1,99 @@
+package notify
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The notifier's session: the goroutine that keeps its listening connection open and reads
+// its notifications.
+
+// run keeps the listening connection open until ctx ends: on a failure subscribers poll
+// (setReady(false)) and it opens the connection again after a backoff. Behind a pooler it
+// gives up: subscribers poll until the notifier retires.
+func (n *notifier) run(ctx context.Context) {
+	for attempt := 0; ; attempt++ {
+		listened, err := n.session(ctx)
+		n.setReady(ctx, false)
+		if listened {
+			attempt = 0 // a new streak of failures: say it again, and retry soon
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, ErrPooled) {
+			n.logger.Warn("fencelock: " + ErrPooled.Error())
+			return
+		}
+		if attempt == 0 {
+			n.logger.Warn("fencelock: listening connection lost; lease waiters poll until it is back", "error", err)
+		}
+		t := time.NewTimer(n.backoff(attempt))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// session opens one listening session and dispatches its notifications until it fails or ctx
+// ends.
+func (n *notifier) session(ctx context.Context) (listened bool, err error) {
+	conn, err := openListening(ctx, n.pool, n.channel)
+	if err != nil {
+		return false, err
+	}
+	defer closeListening(conn)
+	n.setReady(ctx, true)
+	for {
+		nt, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return true, err
+		}
+		n.dispatch(nt.Channel, nt.Payload)
+	}
+}
+
+// openListening takes a connection of pool out of it (hijacked: it never goes back) and,
+// unless a pooler answers for the server (ErrPooled: the backend pid differs from the startup
+// pid), LISTENs on channel and on ElectionChannel, with idle_session_timeout off (an older
+// server refuses the setting, which is then moot). The caller closes the connection with
+// closeListening. Bounded by openTimeout.
+func openListening(ctx context.Context, pool *pgxpool.Pool, channel string) (*pgx.Conn, error) {
+	octx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	pc, err := pool.Acquire(octx)
+	if err != nil {
+		return nil, err
+	}
+	conn := pc.Hijack()
+	var pid int32
+	if err := conn.QueryRow(octx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		closeListening(conn)
+		return nil, err
+	}
+	if uint32(pid) != conn.PgConn().PID() {
+		closeListening(conn)
+		return nil, ErrPooled
+	}
+	_, _ = conn.Exec(octx, "SET idle_session_timeout = 0")
+	listen := "LISTEN " + pgx.Identifier{channel}.Sanitize() + "; LISTEN " + pgx.Identifier{ElectionChannel}.Sanitize()
+	if _, err := conn.Exec(octx, listen); err != nil {
+		closeListening(conn)
+		return nil, err
+	}
+	return conn, nil
+}
+
+// closeListening closes a connection of openListening, bounded by closeTimeout.
+func closeListening(conn *pgx.Conn) {
+	cctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = conn.Close(cctx)
+}

@@ -1,0 +1,175 @@
+package fencelock
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/queue"
+	"github.com/fencelock/fencelock/internal/timing"
+)
+
+// A semaphore's permits: one grant attempt (SemaphoreAcquire), the claim of a permit a
+// release gave to a wait, and a permit's release (SemaphoreRelease, which gives it to the head
+// of the queue). A permit is a Lease whose release branch (Lease.releaseVia) is releasePermit.
+
+// TryAcquire grants a permit for ttl if one is free and nobody waits for one, in one
+// statement. ttl is a time.Duration between [MinTTL] and [MaxTTL] on the database clock. The
+// permit is a lease renewed by the lessor's heartbeat until released or lost.
+//
+// Errors: [ErrNotAcquired] when the limit is reached or anyone waits; an [*ArgumentError]
+// before any SQL; an error wrapping [ErrReadOnly] on a hot standby, or a token error as for
+// [Lessor.TryAcquire]; otherwise the pgx error, wrapped. If ctx ends while the grant is in
+// flight, any permit it may have granted is ended before TryAcquire returns.
+func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, error) {
+	lt, err := s.l.cfg.times(ttl)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	lease, _, err := s.attempt(ctx, lt, queue.NewWaitID(), false, "", 0, nil)
+	err = notAcquired(err)
+	m := s.l.cfg.common.metrics
+	m.acquired(ctx, mSemaphoreTry, start, err)
+	if err == ErrNotAcquired {
+		m.contention(mSemaphoreTry)
+	}
+	return lease, err
+}
+
+// semStatement is when a wait's statement was sent (local clock) and the database clock
+// during it: the pair that maps a permit given to the wait onto the local clock.
+type semStatement struct{ sent, serverNow time.Time }
+
+// attempt runs one SemaphoreAcquire: the permit (granted by it, outcome 1, or given to the
+// wait by a release, outcome 3), errRefused with what the refusal tells the next attempt's
+// timing, or another error. When last is not nil it records the statement's times there.
+// Attempts of one lessor on one semaphore run side by side: the cleanup of one of unknown
+// outcome ends only the permit granted or given to its own wait id (the permit row records
+// it), never a sibling's.
+func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, join bool, channel string, live time.Duration, last *semStatement) (*Lease, attemptInfo, error) {
+	l := s.l
+	var row db.SemaphoreAcquireRow
+	sent, err := l.runGrant(ctx, fmt.Sprintf("acquire semaphore %q", s.name), func(conn *pgxpool.Conn) (err error) {
+		row, err = l.q.SemaphoreAcquire(ctx, conn, db.SemaphoreAcquireParams{
+			Sem: s.name, Holder: l.cfg.holder, WaitID: waitID, TtlUs: lt.TTL.Microseconds(),
+			DefaultLimit: int32(s.limit), Queue: join, Channel: channel, LiveUs: live.Microseconds(),
+		})
+		return err
+	}, func(cctx context.Context) error { return s.releaseUnknown(cctx, waitID) })
+	if err != nil {
+		return nil, attemptInfo{}, err
+	}
+	st := semStatement{sent: sent, serverNow: row.ServerNow}
+	if last != nil {
+		*last = st
+	}
+	info := attemptInfo{listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
+	switch row.Outcome {
+	case outcomeGranted:
+	case outcomeHanded:
+		lease, err := s.claim(ctx, lt, row.Name, queue.Handoff{Token: row.Token, ExpiresAt: row.ExpiresAt}, st)
+		return lease, info, err
+	default:
+		return nil, info, errRefused
+	}
+	lease := s.permit(newLease(l, row.Name, Token(row.Token), lt, sent, row.ExpiresAt))
+	if !l.cfg.clock.Now().Before(lease.TrustedUntil()) {
+		lease.end(ErrReleased) // the reply came after the trust window: useless to its holder
+		l.releasePermitToken(ctx, s.name, row.Name, lease.token)
+		return nil, info, errRefused
+	}
+	s.install(lease)
+	return lease, info, nil
+}
+
+// claim makes a lease of the permit name that a release gave to a wait of this semaphore, with
+// h's token and expiry, its trust window mapped onto the local clock through the wait's
+// statement st (handedGrantSent), as for a lease handed over by [Lessor.Acquire]'s queue. A
+// permit whose window has already ended, or that no statement can map, goes on to the next
+// waiter (released), and the claim is refused.
+func (s *Semaphore) claim(ctx context.Context, lt leaseTimes, name string, h queue.Handoff, st semStatement) (*Lease, error) {
+	l := s.l
+	now := l.cfg.clock.Now()
+	grantedAt, ok := timing.HandedGrantSent(st.sent, st.serverNow, h.ExpiresAt, lt.TTL, now)
+	if !ok {
+		l.releasePermitToken(ctx, s.name, name, Token(h.Token))
+		return nil, errRefused
+	}
+	lease := s.permit(newLease(l, name, Token(h.Token), lt, grantedAt, h.ExpiresAt))
+	if !now.Before(lease.TrustedUntil()) {
+		lease.end(ErrReleased)
+		l.releasePermitToken(ctx, s.name, name, Token(h.Token))
+		return nil, errRefused
+	}
+	s.install(lease)
+	return lease, nil
+}
+
+// permit makes lease one of s's permits: its release runs releasePermit, which gives it to the
+// head of s's queue, instead of LeaseRelease.
+func (s *Semaphore) permit(lease *Lease) *Lease {
+	l, name, token := s.l, lease.name, lease.token
+	lease.releaseVia = func(ctx context.Context) (bool, error) { return l.releasePermit(ctx, s.name, name, token) }
+	return lease
+}
+
+// install adds a permit granted to this lessor to its held leases.
+func (s *Semaphore) install(lease *Lease) {
+	l := s.l
+	l.mu.Lock()
+	old := l.active[lease.name]
+	l.mu.Unlock()
+	if old != nil {
+		// The database granted this permit anew, so this lessor's earlier grant of it has
+		// ended there: expired (its trust window has ended too, though the trust watch may
+		// not have fired yet), or ended early (a forced release).
+		old.lost(errGoneOnServer)
+	}
+	l.add(lease)
+}
+
+// releaseUnknown ends the permit granted or given to the wait waitID, if any, and gives it to
+// the next waiter: after a grant attempt of unknown outcome, which handed no permit to anyone.
+func (s *Semaphore) releaseUnknown(ctx context.Context, waitID int64) error {
+	l := s.l
+	_, err := l.q.SemaphoreReleaseUnknown(ctx, l.pool, db.SemaphoreReleaseUnknownParams{Sem: s.name, Holder: l.cfg.holder, WaitID: waitID})
+	return err
+}
+
+// releasePermit runs SemaphoreRelease for the permit (slot, this holder, token) of sem: it ends
+// the permit and gives it to the head of the queue (or frees it). It reports whether the
+// grant was current.
+func (l *Lessor) releasePermit(ctx context.Context, sem, slot string, token Token) (bool, error) {
+	row, err := l.q.SemaphoreRelease(ctx, l.pool, db.SemaphoreReleaseParams{Sem: sem, Slot: slot, Holder: l.cfg.holder, Token: int64(token)})
+	if err != nil {
+		return false, wrapPg(fmt.Sprintf("release permit %q of semaphore %q", slot, sem), err)
+	}
+	if row.NotifyChannel != "" {
+		// The hand-off has committed; tell its waiter now, in a commit that waits for no
+		// flush (see fencelock.semaphore_release). Should this fail, the waiter finds the
+		// permit at its next refresh: logged, not an error of the release.
+		if err := l.q.SemaphoreNotify(ctx, l.pool, db.SemaphoreNotifyParams{Channel: row.NotifyChannel, Payload: row.NotifyPayload}); err != nil {
+			l.cfg.common.logger.Warn("fencelock: could not tell a waiter of the permit given to it; it finds it at its next refresh",
+				"semaphore", sem, "lease", slot, "error", err)
+		}
+	}
+	if row.Outcome >= 2 {
+		queue.CountWakeup()
+	}
+	return row.Outcome != 0, nil
+}
+
+// releasePermitToken is releasePermit detached from ctx's cancellation, for a permit nobody
+// will use; errors are logged.
+func (l *Lessor) releasePermitToken(ctx context.Context, sem, slot string, token Token) {
+	rctx, cancel := detached(ctx, cleanupTimeout)
+	defer cancel()
+	if _, err := l.releasePermit(rctx, sem, slot, token); err != nil {
+		l.cfg.common.logger.Error("fencelock: could not end a permit nobody uses; it expires by its TTL",
+			"semaphore", sem, "lease", slot, "token", int64(token), "holder", l.cfg.holder, "error", err)
+	}
+}
