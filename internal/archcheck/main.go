@@ -403,6 +403,29 @@ func (g *graph) report(w *os.File) {
 	for _, e := range up {
 		fmt.Fprintf(w, "  up: %s -> %s\n", e[0], e[1])
 	}
+	// The longest chain of uses, top down: what sets the number of floors.
+	var top string
+	for _, v := range g.nodes {
+		if level[v] == floors && (top == "" || v < top) {
+			top = v
+		}
+	}
+	chain := []string{top}
+	for v := top; level[v] > 1; {
+		next := ""
+		for _, w := range sortedKeys(g.edges[v]) {
+			if level[w] == level[v]-1 && !isUpEdge(up, v, w) {
+				next = w
+				break
+			}
+		}
+		if next == "" {
+			break
+		}
+		chain = append(chain, next)
+		v = next
+	}
+	fmt.Fprintf(w, "  longest chain: %s\n", strings.Join(chain, " -> "))
 	byFloor := map[int][]string{}
 	for v, l := range level {
 		byFloor[l] = append(byFloor[l], v)
@@ -422,6 +445,15 @@ func (g *graph) report(w *os.File) {
 		}
 	}
 	fmt.Fprintf(w, "root package: %d files, %d lines; files over 400 lines (not generated): %d %v\n", len(g.rootFiles), rootLines, len(big), big)
+}
+
+func isUpEdge(up [][2]string, from, to string) bool {
+	for _, e := range up {
+		if e[0] == from && e[1] == to {
+			return true
+		}
+	}
+	return false
 }
 
 func sortedKeysInt(m map[string]int) []string {
