@@ -1,7 +1,7 @@
 // Command archcheck measures the shape of fencelock's library module and checks that
 // docs/ARCHITECTURE.md still describes it.
 //
-//	go run ./internal/archcheck [-doc docs/ARCHITECTURE.md] [-report]
+//	GOWORK=off go run -C internal/archcheck . -C "$PWD" [-doc "$PWD/docs/ARCHITECTURE.md"] [-report] [-arrows]
 //
 // It loads every package of the module github.com/fencelock/fencelock (not its test files)
 // with golang.org/x/tools/go/packages and builds a graph by go/types references: a node is a
@@ -43,11 +43,16 @@ func main() {
 	doc := flag.String("doc", "", "check this Markdown file against the module (docs/ARCHITECTURE.md)")
 	report := flag.Bool("report", false, "print the measures")
 	dir := flag.String("C", ".", "the module's directory")
+	arrows := flag.Bool("arrows", false, "print the arrows block that docs/ARCHITECTURE.md needs")
 	flag.Parse()
 	g, err := load(*dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "archcheck:", err)
 		os.Exit(2)
+	}
+	if *arrows {
+		g.printArrows(os.Stdout)
+		return
 	}
 	if *report || *doc == "" {
 		g.report(os.Stdout)
@@ -445,6 +450,29 @@ func (g *graph) report(w *os.File) {
 		}
 	}
 	fmt.Fprintf(w, "root package: %d files, %d lines; files over 400 lines (not generated): %d %v\n", len(g.rootFiles), rootLines, len(big), big)
+}
+
+// printArrows prints the imports between the module's packages as the arrows block of
+// docs/ARCHITECTURE.md expects them: one line per importing package, the root named fencelock.
+func (g *graph) printArrows(w *os.File) {
+	name := func(p string) string {
+		if p == "." {
+			return "fencelock"
+		}
+		return p
+	}
+	fmt.Fprintln(w, "```arrows")
+	for _, p := range sortedPkgs(g.pkgs) {
+		if len(g.imports[p]) == 0 {
+			continue
+		}
+		var tos []string
+		for _, t := range sortedKeys(g.imports[p]) {
+			tos = append(tos, name(t))
+		}
+		fmt.Fprintf(w, "%s -> %s\n", name(p), strings.Join(tos, ", "))
+	}
+	fmt.Fprintln(w, "```")
 }
 
 func isUpEdge(up [][2]string, from, to string) bool {
