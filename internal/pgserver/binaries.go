@@ -17,10 +17,6 @@ import (
 	"syscall"
 )
 
-// EnvPGBin names the variable holding the directory of the PostgreSQL server binaries
-// (initdb, postgres) to use for local servers.
-const EnvPGBin = "PG_BIN"
-
 // Binaries are the PostgreSQL server programs a local server runs.
 type Binaries struct {
 	// Dir is the directory holding them (pg_basebackup and pg_ctl are looked for there too).

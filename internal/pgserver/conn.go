@@ -14,6 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// EnvPGBin names the variable holding the directory of the PostgreSQL server binaries
+// (initdb, postgres) to use for local servers.
+const EnvPGBin = "PG_BIN"
+
 // Setting is one postgresql.conf parameter passed on a server's command line.
 type Setting struct {
 	Name, Value string

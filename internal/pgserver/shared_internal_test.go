@@ -1,4 +1,4 @@
-package pgtest
+package pgserver
 
 import (
 	"flag"
@@ -23,7 +23,7 @@ func TestSkipExamplesIfShort(t *testing.T) {
 	} {
 		require.NoError(t, flag.Set("test.short", tc.short))
 		require.NoError(t, flag.Set("test.skip", tc.skip))
-		require.NoError(t, skipExamplesIfShort())
+		require.NoError(t, SkipExamplesIfShort())
 		require.Equal(t, tc.want, flag.Lookup("test.skip").Value.String(), "short=%s skip=%q", tc.short, tc.skip)
 	}
 }
