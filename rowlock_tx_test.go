@@ -1,4 +1,4 @@
-package integration
+package fencelock_test
 
 import (
 	"context"

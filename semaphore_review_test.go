@@ -1,4 +1,4 @@
-package integration
+package fencelock_test
 
 // Adversarial review of the semaphore hand-off (migration 00012). Each TestReview* test fails
 // while the defect it names is there.
