@@ -53,7 +53,7 @@ func lookBinaries() (Binaries, error) {
 		if b, ok := inDir(dir); ok {
 			return b, nil
 		}
-		return Binaries{}, fmt.Errorf("pgtest: %s=%s does not hold both initdb and postgres", EnvPGBin, dir)
+		return Binaries{}, fmt.Errorf("pgserver: %s=%s does not hold both initdb and postgres", EnvPGBin, dir)
 	}
 	if initdb, err := exec.LookPath("initdb"); err == nil {
 		// Prefer the postgres next to initdb (same version), resolving Debian-style symlinks.
@@ -80,7 +80,7 @@ func lookBinaries() (Binaries, error) {
 			return b, nil
 		}
 	}
-	return Binaries{}, fmt.Errorf("pgtest: initdb and postgres not found in %s, PATH, /usr/lib/postgresql/*/bin or /usr/pgsql-*/bin (install the PostgreSQL server, or set %s)", EnvPGBin, EnvPGBin)
+	return Binaries{}, fmt.Errorf("pgserver: initdb and postgres not found in %s, PATH, /usr/lib/postgresql/*/bin or /usr/pgsql-*/bin (install the PostgreSQL server, or set %s)", EnvPGBin, EnvPGBin)
 }
 
 // dirVersion extracts the version of a binaries directory: "15" from
@@ -127,7 +127,7 @@ func RunAsCredential() (*syscall.Credential, error) {
 			runCred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 			return
 		}
-		runErr = errors.New("pgtest: running as root, and neither user postgres nor user nobody exists to run the server as")
+		runErr = errors.New("pgserver: running as root, and neither user postgres nor user nobody exists to run the server as")
 	})
 	return runCred, runErr
 }

@@ -126,10 +126,10 @@ func WaitAccepting(ctx context.Context, what, url string, timeout time.Duration,
 		select {
 		case <-exited:
 			timer.Stop()
-			return fmt.Errorf("pgtest: %s %w", what, ErrExited)
+			return fmt.Errorf("pgserver: %s %w", what, ErrExited)
 		case <-ctx.Done():
 			timer.Stop()
-			return fmt.Errorf("pgtest: %s did not accept connections within %s: %w (last attempt: %w)", what, timeout, ctx.Err(), err)
+			return fmt.Errorf("pgserver: %s did not accept connections within %s: %w (last attempt: %w)", what, timeout, ctx.Err(), err)
 		case <-timer.C:
 		}
 		delay = min(2*delay, 100*time.Millisecond)

@@ -32,18 +32,18 @@ func acquirePristine(ctx context.Context, b Binaries, cred *syscall.Credential) 
 	if pristine.dir == "" {
 		dir, err := os.MkdirTemp("", "pgtest-initdb-*")
 		if err != nil {
-			return "", fmt.Errorf("pgtest: initdb: %w", err)
+			return "", fmt.Errorf("pgserver: initdb: %w", err)
 		}
 		if err := ChownTo(dir, cred); err != nil {
 			os.RemoveAll(dir)
-			return "", fmt.Errorf("pgtest: initdb: %w", err)
+			return "", fmt.Errorf("pgserver: initdb: %w", err)
 		}
 		cmd := Command(ctx, cred, dir, b.Initdb,
 			"-D", filepath.Join(dir, "data"), "-U", "postgres", "-A", "trust",
 			"-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			os.RemoveAll(dir)
-			return "", fmt.Errorf("pgtest: %s: %w\n%s", b.Initdb, err, bytes.TrimSpace(out))
+			return "", fmt.Errorf("pgserver: %s: %w\n%s", b.Initdb, err, bytes.TrimSpace(out))
 		}
 		if err := allowReplication(filepath.Join(dir, "data", "pg_hba.conf")); err != nil {
 			os.RemoveAll(dir)
@@ -82,7 +82,7 @@ func removeUnusedPristine() error {
 	dir := pristine.dir
 	pristine.dir = ""
 	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("pgtest: remove initdb cluster: %w", err)
+		return fmt.Errorf("pgserver: remove initdb cluster: %w", err)
 	}
 	return nil
 }
@@ -153,25 +153,25 @@ func StartLocal(ctx context.Context, settings []Setting, archive bool) (*Local, 
 		return nil, nil, errors.Join(err, releasePristine())
 	}
 	if l.dir, err = os.MkdirTemp("", "pgtest-*"); err != nil {
-		return fail(fmt.Errorf("pgtest: %w", err))
+		return fail(fmt.Errorf("pgserver: %w", err))
 	}
 	if err := ChownTo(l.dir, cred); err != nil {
-		return fail(fmt.Errorf("pgtest: %w", err))
+		return fail(fmt.Errorf("pgserver: %w", err))
 	}
 	if archive {
 		l.archiveDir = filepath.Join(l.dir, "archive")
 		if err := os.Mkdir(l.archiveDir, 0o700); err != nil {
-			return fail(fmt.Errorf("pgtest: %w", err))
+			return fail(fmt.Errorf("pgserver: %w", err))
 		}
 		if err := ChownTo(l.archiveDir, cred); err != nil {
-			return fail(fmt.Errorf("pgtest: %w", err))
+			return fail(fmt.Errorf("pgserver: %w", err))
 		}
 		settings = append(settings, archiveSettings(l.archiveDir)...)
 	}
 	l.flags = Flags(settings)
 	data := filepath.Join(l.dir, "data")
 	if out, err := Command(ctx, cred, l.dir, "cp", "-a", pdata, data).CombinedOutput(); err != nil {
-		return fail(fmt.Errorf("pgtest: copy cluster: %w\n%s", err, bytes.TrimSpace(out)))
+		return fail(fmt.Errorf("pgserver: copy cluster: %w\n%s", err, bytes.TrimSpace(out)))
 	}
 	base, err := l.startOnFreePort(ctx, data)
 	if err != nil {
@@ -216,7 +216,7 @@ func (l *Local) startOnFreePort(ctx context.Context, data string) (*url.URL, err
 func (l *Local) start(ctx context.Context) (logStart int64, err error) {
 	logf, err := os.OpenFile(l.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
-		return 0, fmt.Errorf("pgtest: server log: %w", err)
+		return 0, fmt.Errorf("pgserver: server log: %w", err)
 	}
 	if fi, err := logf.Stat(); err == nil {
 		logStart = fi.Size()
@@ -242,7 +242,7 @@ func (l *Local) start(ctx context.Context) (logStart int64, err error) {
 	return logStart, nil
 }
 
-var errClosed = errors.New("pgtest: server is closed")
+var errClosed = errors.New("pgserver: server is closed")
 
 // Crash shuts the server down the way `pg_ctl stop -m immediate` does (SIGQUIT to the
 // postmaster: no checkpoint, so the next start runs crash recovery), kills the WAL senders
@@ -256,10 +256,10 @@ func (l *Local) Crash(ctx context.Context) error {
 	}
 	r := l.run
 	if r == nil {
-		return errors.New("pgtest: crash: server is not running")
+		return errors.New("pgserver: crash: server is not running")
 	}
 	if err := r.Cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: crash: %w", err)
+		return fmt.Errorf("pgserver: crash: %w", err)
 	}
 	l.killPaused() // after SIGQUIT: the postmaster is in immediate shutdown and restarts nothing
 	select {
@@ -267,7 +267,7 @@ func (l *Local) Crash(ctx context.Context) error {
 		l.run = nil
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("pgtest: crash: %w", ctx.Err())
+		return fmt.Errorf("pgserver: crash: %w", ctx.Err())
 	}
 }
 
@@ -283,7 +283,7 @@ func (l *Local) Restart(ctx context.Context) error {
 	}
 	if l.run != nil {
 		if !l.run.HasExited() {
-			return errors.New("pgtest: restart: server is running; Crash it first")
+			return errors.New("pgserver: restart: server is running; Crash it first")
 		}
 		l.run = nil // it died on its own
 	}
@@ -311,7 +311,7 @@ func (l *Local) Close() error {
 		l.run = nil
 	}
 	if err := os.RemoveAll(l.dir); err != nil {
-		errs = append(errs, fmt.Errorf("pgtest: remove server dir: %w", err))
+		errs = append(errs, fmt.Errorf("pgserver: remove server dir: %w", err))
 	}
 	if l.pristineRef {
 		errs = append(errs, releasePristine())

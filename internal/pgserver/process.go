@@ -45,7 +45,7 @@ func StartRun(cmd *exec.Cmd) (*Run, error) {
 	started := make(chan error, 1)
 	go func() { started <- cmd.Start() }()
 	if err := <-started; err != nil {
-		return nil, fmt.Errorf("pgtest: start %s: %w", cmd.Path, err)
+		return nil, fmt.Errorf("pgserver: start %s: %w", cmd.Path, err)
 	}
 	r := &Run{Cmd: cmd, exited: make(chan struct{})}
 	go func() {
@@ -76,7 +76,7 @@ func (r *Run) HasExited() bool {
 // a process still there.
 func (r *Run) Kill() error {
 	if err := r.Cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: kill %s: %w", filepath.Base(r.Cmd.Path), err)
+		return fmt.Errorf("pgserver: kill %s: %w", filepath.Base(r.Cmd.Path), err)
 	}
 	<-r.exited
 	return nil
@@ -87,7 +87,7 @@ func (r *Run) Kill() error {
 // could not be sent to a process still there.
 func (r *Run) Stop(afterQuit func()) error {
 	if err := r.Cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: stop server: %w", err)
+		return fmt.Errorf("pgserver: stop server: %w", err)
 	}
 	if afterQuit != nil {
 		afterQuit()
@@ -100,7 +100,7 @@ func (r *Run) Stop(afterQuit func()) error {
 	case <-timer.C:
 	}
 	if err := r.Cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("pgtest: kill server: %w", err)
+		return fmt.Errorf("pgserver: kill server: %w", err)
 	}
 	<-r.exited
 	return nil
@@ -122,7 +122,7 @@ func FreePorts(n int) ([]int, error) {
 	for i := range ports {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
-			return nil, fmt.Errorf("pgtest: free port: %w", err)
+			return nil, fmt.Errorf("pgserver: free port: %w", err)
 		}
 		defer ln.Close() // held until all are chosen, so that they differ
 		ports[i] = ln.Addr().(*net.TCPAddr).Port

@@ -216,14 +216,14 @@ func SkipExamplesIfShort() error {
 			// go test splits -skip at slashes into one pattern per level of subtest: an
 			// alternative appended to the last level would not match examples, and one
 			// put in the first would change what the user's pattern skips.
-			fmt.Fprintln(os.Stderr, "pgtest: -short with a -skip pattern that has a slash: the examples are not skipped; add ^Example to it")
+			fmt.Fprintln(os.Stderr, "pgserver: -short with a -skip pattern that has a slash: the examples are not skipped; add ^Example to it")
 			return nil
 		}
 		pattern = f.Value.String() + "|" + pattern
 	}
 	if err := flag.Set("test.skip", pattern); err != nil {
-		return fmt.Errorf("pgtest: skip examples under -short: %w", err)
+		return fmt.Errorf("pgserver: skip examples under -short: %w", err)
 	}
-	fmt.Fprintln(os.Stderr, "pgtest: -short: skipping the examples, which need PostgreSQL")
+	fmt.Fprintln(os.Stderr, "pgserver: -short: skipping the examples, which need PostgreSQL")
 	return nil
 }

@@ -27,7 +27,7 @@ const replicationHBA = "host replication all 127.0.0.1/32 trust"
 func allowReplication(path string) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("pgtest: pg_hba.conf: %w", err)
+		return fmt.Errorf("pgserver: pg_hba.conf: %w", err)
 	}
 	for line := range strings.Lines(string(b)) {
 		f := strings.Fields(line)
@@ -38,11 +38,11 @@ func allowReplication(path string) error {
 	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
 	if err != nil {
-		return fmt.Errorf("pgtest: pg_hba.conf: %w", err)
+		return fmt.Errorf("pgserver: pg_hba.conf: %w", err)
 	}
 	_, err = fmt.Fprintf(f, "\n# added by pgtest for StartStandby\n%s\n", replicationHBA)
 	if err := errors.Join(err, f.Close()); err != nil {
-		return fmt.Errorf("pgtest: pg_hba.conf: %w", err)
+		return fmt.Errorf("pgserver: pg_hba.conf: %w", err)
 	}
 	return nil
 }
@@ -57,31 +57,31 @@ func (l *Local) StartStandby(ctx context.Context, primary *url.URL) (*Local, *ur
 	if !IsExecutable(basebackup) {
 		var err error
 		if basebackup, err = exec.LookPath("pg_basebackup"); err != nil {
-			return nil, nil, fmt.Errorf("pgtest: start standby: pg_basebackup is neither in %s nor on PATH", l.bins.Dir)
+			return nil, nil, fmt.Errorf("pgserver: start standby: pg_basebackup is neither in %s nor on PATH", l.bins.Dir)
 		}
 	}
 	sl := &Local{bins: l.bins, cred: l.cred, flags: l.flags, archiveDir: l.archiveDir}
 	var err error
 	if sl.dir, err = os.MkdirTemp("", "pgtest-standby-*"); err != nil {
-		return nil, nil, fmt.Errorf("pgtest: start standby: %w", err)
+		return nil, nil, fmt.Errorf("pgserver: start standby: %w", err)
 	}
 	fail := func(err error) (*Local, *url.URL, error) {
 		os.RemoveAll(sl.dir)
 		return nil, nil, err
 	}
 	if err := ChownTo(sl.dir, sl.cred); err != nil {
-		return fail(fmt.Errorf("pgtest: start standby: %w", err))
+		return fail(fmt.Errorf("pgserver: start standby: %w", err))
 	}
 	data := filepath.Join(sl.dir, "data")
 	cmd := Command(ctx, sl.cred, sl.dir, basebackup,
 		"-D", data, "-R", "-X", "stream", "--checkpoint=fast", "--no-sync", "--no-password",
 		"-h", primary.Hostname(), "-p", primary.Port(), "-U", primary.User.Username())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fail(fmt.Errorf("pgtest: start standby: %s: %w\n%s", basebackup, err, bytes.TrimSpace(out)))
+		return fail(fmt.Errorf("pgserver: start standby: %s: %w\n%s", basebackup, err, bytes.TrimSpace(out)))
 	}
 	base, err := sl.startOnFreePort(ctx, data)
 	if err != nil {
-		return fail(fmt.Errorf("pgtest: start standby: %w", err))
+		return fail(fmt.Errorf("pgserver: start standby: %w", err))
 	}
 	return sl, base, nil
 }
@@ -92,11 +92,11 @@ func (l *Local) PauseWALSenders(pids []int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed || l.run == nil || l.run.HasExited() {
-		return errors.New("pgtest: pause WAL senders: server is closed or not running")
+		return errors.New("pgserver: pause WAL senders: server is closed or not running")
 	}
 	for _, pid := range pids {
 		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-			return fmt.Errorf("pgtest: pause WAL sender %d: %w", pid, err)
+			return fmt.Errorf("pgserver: pause WAL sender %d: %w", pid, err)
 		}
 		l.paused = append(l.paused, pid)
 	}
@@ -111,7 +111,7 @@ func (l *Local) ResumeWALSenders() error {
 	var errs []error
 	for _, pid := range l.paused {
 		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil && !errors.Is(err, syscall.ESRCH) {
-			errs = append(errs, fmt.Errorf("pgtest: resume WAL sender %d: %w", pid, err))
+			errs = append(errs, fmt.Errorf("pgserver: resume WAL sender %d: %w", pid, err))
 		}
 	}
 	l.paused = nil

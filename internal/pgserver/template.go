@@ -69,7 +69,7 @@ func (c *Cloner) CreateDatabase(ctx context.Context) (string, error) {
 	defer c.createMu.Unlock()
 	conn, err := pgx.Connect(ctx, c.addr.URL(c.maintDB))
 	if err != nil {
-		return "", fmt.Errorf("pgtest: create database: %w", err)
+		return "", fmt.Errorf("pgserver: create database: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+QuoteIdent(name)+" TEMPLATE "+QuoteIdent(c.tplName)); err != nil {
@@ -82,10 +82,10 @@ func (c *Cloner) CreateDatabase(ctx context.Context) (string, error) {
 func (c *Cloner) createError(conn *pgx.Conn, what string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
-		return fmt.Errorf("pgtest: %s: role %q cannot create databases on %s; grant it CREATEDB (each test needs its own database): %w",
+		return fmt.Errorf("pgserver: %s: role %q cannot create databases on %s; grant it CREATEDB (each test needs its own database): %w",
 			what, conn.Config().User, c.where, err)
 	}
-	return fmt.Errorf("pgtest: %s: %w", what, err)
+	return fmt.Errorf("pgserver: %s: %w", what, err)
 }
 
 // templateLockKey is the session advisory lock key (in the maintenance database) that
@@ -104,11 +104,11 @@ func (c *Cloner) ensureTemplate(ctx context.Context) error {
 	}
 	conn, err := pgx.Connect(ctx, c.addr.URL(c.maintDB))
 	if err != nil {
-		return fmt.Errorf("pgtest: template database: %w", err)
+		return fmt.Errorf("pgserver: template database: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx)) // also releases the advisory lock
 	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, templateLockKey); err != nil {
-		return fmt.Errorf("pgtest: template database: lock: %w", err)
+		return fmt.Errorf("pgserver: template database: lock: %w", err)
 	}
 	var isTemplate bool
 	err = conn.QueryRow(ctx, `SELECT datistemplate FROM pg_database WHERE datname = $1`, c.tplName).Scan(&isTemplate)
@@ -118,25 +118,25 @@ func (c *Cloner) ensureTemplate(ctx context.Context) error {
 		return nil
 	case err == nil: // half-built by a process that died
 		if _, err := conn.Exec(ctx, "DROP DATABASE "+QuoteIdent(c.tplName)+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("pgtest: template database: drop unfinished %s: %w", c.tplName, err)
+			return fmt.Errorf("pgserver: template database: drop unfinished %s: %w", c.tplName, err)
 		}
 	case !errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("pgtest: template database: %w", err)
+		return fmt.Errorf("pgserver: template database: %w", err)
 	}
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+QuoteIdent(c.tplName)); err != nil {
 		return c.createError(conn, "template database", err)
 	}
 	pool, err := pgxpool.New(ctx, c.addr.URL(c.tplName))
 	if err != nil {
-		return fmt.Errorf("pgtest: template database: %w", err)
+		return fmt.Errorf("pgserver: template database: %w", err)
 	}
 	err = c.migrate(ctx, pool)
 	pool.Close()
 	if err != nil {
-		return fmt.Errorf("pgtest: template database: %w", err)
+		return fmt.Errorf("pgserver: template database: %w", err)
 	}
 	if _, err := conn.Exec(ctx, "ALTER DATABASE "+QuoteIdent(c.tplName)+" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"); err != nil {
-		return fmt.Errorf("pgtest: template database: %w", err)
+		return fmt.Errorf("pgserver: template database: %w", err)
 	}
 	c.tplDone = true
 	return nil
@@ -147,11 +147,11 @@ func (c *Cloner) ensureTemplate(ctx context.Context) error {
 func (c *Cloner) DropDatabase(ctx context.Context, name string) error {
 	conn, err := pgx.Connect(ctx, c.addr.URL(c.maintDB))
 	if err != nil {
-		return fmt.Errorf("pgtest: drop database %s: %w", name, err)
+		return fmt.Errorf("pgserver: drop database %s: %w", name, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+QuoteIdent(name)+" WITH (FORCE)"); err != nil {
-		return fmt.Errorf("pgtest: drop database %s: %w", name, err)
+		return fmt.Errorf("pgserver: drop database %s: %w", name, err)
 	}
 	return nil
 }
@@ -177,7 +177,7 @@ func MigrationsHash() (string, error) {
 		return nil
 	})
 	if err != nil {
-		return "", fmt.Errorf("pgtest: hash migrations: %w", err)
+		return "", fmt.Errorf("pgserver: hash migrations: %w", err)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:12], nil
 }
