@@ -52,7 +52,6 @@ type leaseRow struct {
 	Expired bool
 }
 
-// readLease returns the row of lease name, failing the test if there is none.
 // newPool returns a pool on url, closed at test cleanup.
 func newPool(t *testing.T, ctx context.Context, url string) *pgxpool.Pool {
 	t.Helper()
@@ -62,6 +61,7 @@ func newPool(t *testing.T, ctx context.Context, url string) *pgxpool.Pool {
 	return pool
 }
 
+// readLease returns the row of lease name, failing the test if there is none.
 func readLease(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) leaseRow {
 	t.Helper()
 	var r leaseRow
