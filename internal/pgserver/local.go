@@ -236,7 +236,7 @@ func (l *Local) start(ctx context.Context) (logStart int64, err error) {
 			err = fmt.Errorf("%w: %w", err, r.Err())
 		}
 		l.run = nil
-		_ = r.Stop(nil)
+		_ = r.stop(nil)
 		return logStart, fmt.Errorf("%w\nserver log (%s):\n%s", err, l.logPath, l.logSince(logStart))
 	}
 	return logStart, nil
@@ -307,7 +307,7 @@ func (l *Local) Close() error {
 	l.closed = true
 	var errs []error
 	if l.run != nil {
-		errs = append(errs, l.run.Stop(l.killPaused))
+		errs = append(errs, l.run.stop(l.killPaused))
 		l.run = nil
 	}
 	if err := os.RemoveAll(l.dir); err != nil {

@@ -82,10 +82,10 @@ func (r *Run) Kill() error {
 	return nil
 }
 
-// Stop shuts a postmaster down immediately (SIGQUIT), calls afterQuit (if not nil), and
+// stop shuts a postmaster down immediately (SIGQUIT), calls afterQuit (if not nil), and
 // waits for it; after [StopTimeout] it sends SIGKILL and waits again. Errors: a signal that
 // could not be sent to a process still there.
-func (r *Run) Stop(afterQuit func()) error {
+func (r *Run) stop(afterQuit func()) error {
 	if err := r.Cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return fmt.Errorf("pgserver: stop server: %w", err)
 	}
