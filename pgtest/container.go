@@ -13,6 +13,8 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 const (
@@ -71,7 +73,7 @@ func dockerHinted() bool {
 func startContainer(ctx context.Context, settings []setting) (*Server, error) {
 	ctr, err := tcpostgres.Run(ctx, postgresImage,
 		// The module's command is "postgres -c fsync=off"; append the settings to it.
-		testcontainers.WithCmdArgs(commandFlags(settings)...),
+		testcontainers.WithCmdArgs(pgserver.Flags(settings)...),
 		testcontainers.WithTmpfs(map[string]string{"/var/lib/postgresql/data": "rw"}),
 		// The log line twice (the entrypoint restarts the server after initdb), then the port.
 		tcpostgres.BasicWaitStrategies(),
@@ -91,8 +93,8 @@ func startContainer(ctx context.Context, settings []setting) (*Server, error) {
 		return fail(err)
 	}
 	// The module's defaults: user postgres, password postgres, database postgres.
-	base := loopbackURL(host, int(port.Num()), url.UserPassword("postgres", "postgres"))
-	if err := waitAccepting(ctx, "postgres", base.String(), time.Minute, nil); err != nil {
+	base := pgserver.LoopbackURL(host, int(port.Num()), url.UserPassword("postgres", "postgres"))
+	if err := pgserver.WaitAccepting(ctx, "postgres", base.String(), time.Minute, nil); err != nil {
 		return fail(err)
 	}
 	return &Server{kind: kindContainer, base: base, maintDB: "postgres", tplName: templateName, ctr: ctr}, nil

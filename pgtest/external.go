@@ -2,10 +2,8 @@ package pgtest
 
 import (
 	"fmt"
-	"net/url"
-	"strings"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 // newExternal returns a Server for the existing server at raw (a postgres:// URL or a
@@ -14,21 +12,13 @@ import (
 // after a hash of the migrations, so processes with other migrations never share it. It does
 // not connect: the first CreateDatabase does.
 func newExternal(raw string) (*Server, error) {
-	cfg, err := pgx.ParseConfig(raw)
+	addr, maintDB, err := pgserver.ParseAddr(raw)
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %s: %w", EnvDatabaseURL, err)
 	}
-	hash, err := migrationsHash()
+	hash, err := pgserver.MigrationsHash()
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{kind: kindExternal, maintDB: cfg.Database, tplName: templateName + "_" + hash}
-	if strings.HasPrefix(raw, "postgres://") || strings.HasPrefix(raw, "postgresql://") {
-		if s.base, err = url.Parse(raw); err != nil {
-			return nil, fmt.Errorf("pgtest: %s: %w", EnvDatabaseURL, err)
-		}
-	} else {
-		s.kv = raw
-	}
-	return s, nil
+	return &Server{kind: kindExternal, base: addr.Base, kv: addr.KV, maintDB: maintDB, tplName: templateName + "_" + hash}, nil
 }

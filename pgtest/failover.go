@@ -95,14 +95,14 @@ func (s *Server) PauseWALSenders(ctx context.Context) (int, error) {
 	// spinlock". Rare, but a test would hang: so check that a local commit still goes
 	// through, and if it does not, resume the senders and stop them again.
 	for attempt := 1; ; attempt++ {
-		if err := s.local.pauseWALSenders(pids); err != nil {
+		if err := s.local.PauseWALSenders(pids); err != nil {
 			return 0, err
 		}
 		err := s.probeLocalCommit(ctx)
 		if err == nil {
 			return len(pids), nil
 		}
-		if rerr := s.local.resumeWALSenders(); rerr != nil {
+		if rerr := s.local.ResumeWALSenders(); rerr != nil {
 			return 0, errors.Join(err, rerr)
 		}
 		if attempt == pauseAttempts || ctx.Err() != nil {
@@ -142,7 +142,7 @@ func (s *Server) ResumeWALSenders() error {
 	if s.kind != kindLocal {
 		return fmt.Errorf("pgtest: ResumeWALSenders needs a server started from local binaries, this is %s: %w", s.kind, errors.ErrUnsupported)
 	}
-	return s.local.resumeWALSenders()
+	return s.local.ResumeWALSenders()
 }
 
 // syncStandbyTimeout bounds how long [Server.SetSynchronousStandbys] waits for a synchronous
@@ -248,5 +248,5 @@ func (s *Server) WALArchive() string {
 	if s.kind != kindLocal {
 		return ""
 	}
-	return s.local.archiveDir
+	return s.local.ArchiveDir()
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 // Option configures a server started by [Start] or [NewServer] (or a cluster of
@@ -39,9 +41,7 @@ func WALArchive() Option {
 }
 
 // setting is one postgresql.conf parameter passed on the server's command line.
-type setting struct {
-	name, value string
-}
+type setting = pgserver.Setting
 
 // settingName matches a configuration parameter name, including the two-part names of
 // extension ("custom") parameters such as auto_explain.log_min_duration.
@@ -79,29 +79,14 @@ func WithSetting(name, value string) Option {
 		case strings.ContainsRune(value, 0):
 			c.errs = append(c.errs, fmt.Errorf("pgtest: WithSetting: value of %q contains a NUL byte", name))
 		default:
-			c.settings = append(c.settings, setting{name: name, value: value})
+			c.settings = append(c.settings, setting{Name: name, Value: value})
 		}
 	}
 }
 
-// defaultSettings are passed to every server pgtest starts, before the caller's settings.
-// They trade durability against an OS crash (which a test never survives anyway) for speed;
-// a server process crash loses nothing, as WAL still reaches the kernel at commit.
-var defaultSettings = []setting{
-	{"fsync", "off"},
-	{"full_page_writes", "off"},
-	{"max_connections", "300"},
-	{"shared_buffers", "64MB"},
-}
-
-// commandFlags returns settings as postgres command-line flags: "-c", "name=value", ...
-func commandFlags(settings []setting) []string {
-	flags := make([]string, 0, 2*len(settings))
-	for _, s := range settings {
-		flags = append(flags, "-c", s.name+"="+s.value)
-	}
-	return flags
-}
+// defaultSettings are passed to every server pgtest starts, before the caller's settings
+// (fsync=off, full_page_writes=off, max_connections=300, shared_buffers=64MB).
+var defaultSettings = pgserver.DefaultSettings
 
 // AsyncCommit makes synchronous_commit = off the server's default and has the WAL writer wait
 // 10 s between flushes (wal_writer_delay), so that a crash loses the WAL of the last

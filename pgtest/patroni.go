@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 const (
@@ -78,8 +80,8 @@ type patroniNode struct {
 	name    string
 	pgPort  int
 	apiPort int
-	dir     string // node<i>/: data/, patroni.json, patroni.log, pgpass
-	proc    *run   // the Patroni process; nil once killed
+	dir     string        // node<i>/: data/, patroni.json, patroni.log, pgpass
+	proc    *pgserver.Run // the Patroni process; nil once killed
 }
 
 // LeaderChange describes a change of leader made by [PatroniCluster.Switchover] or
@@ -128,7 +130,7 @@ func StartPatroni(ctx context.Context, nodes int, opts ...Option) (*PatroniClust
 	if err != nil {
 		return nil, err
 	}
-	settings := append(slices.Clone(defaultSettings), setting{"full_page_writes", "on"}, setting{"wal_log_hints", "on"})
+	settings := append(slices.Clone(defaultSettings), setting{Name: "full_page_writes", Value: "on"}, setting{Name: "wal_log_hints", Value: "on"})
 	settings = append(settings, c.settings...)
 	ctx, cancel := context.WithTimeout(ctx, patroniStartTimeout)
 	defer cancel()
@@ -145,7 +147,7 @@ func StartPatroni(ctx context.Context, nodes int, opts ...Option) (*PatroniClust
 // worth another try on other ports. Seen in CI: a member's REST API "Couldn't start a service".
 func portTaken(err error) bool {
 	msg := err.Error()
-	return strings.Contains(msg, "Couldn't start a service") || strings.Contains(msg, "address already in use") || isBindError(msg)
+	return strings.Contains(msg, "Couldn't start a service") || strings.Contains(msg, "address already in use") || pgserver.IsBindError(msg)
 }
 
 // NewPatroni starts a Patroni cluster of nodes members with [StartPatroni] and closes it at
@@ -172,7 +174,7 @@ func multiHostURL(ports []int) *url.URL {
 	for i, p := range ports {
 		hosts[i] = "127.0.0.1:" + strconv.Itoa(p)
 	}
-	base := loopbackURL("127.0.0.1", ports[0], url.User("postgres"))
+	base := pgserver.LoopbackURL("127.0.0.1", ports[0], url.User("postgres"))
 	base.Host = strings.Join(hosts, ",")
 	q := base.Query()
 	q.Set("target_session_attrs", "read-write")
@@ -218,7 +220,7 @@ func (c *PatroniCluster) NodeURL(node, database string) (string, error) {
 }
 
 func (n *patroniNode) url(database string) string {
-	u := loopbackURL("127.0.0.1", n.pgPort, url.User("postgres"))
+	u := pgserver.LoopbackURL("127.0.0.1", n.pgPort, url.User("postgres"))
 	u.Path = "/" + database
 	q := u.Query()
 	q.Set("connect_timeout", "2")
@@ -241,7 +243,7 @@ func (c *PatroniCluster) running() []*patroniNode {
 	defer c.mu.Unlock()
 	var nodes []*patroniNode
 	for _, n := range c.nodes {
-		if n.proc != nil && !n.proc.hasExited() {
+		if n.proc != nil && !n.proc.HasExited() {
 			nodes = append(nodes, n)
 		}
 	}
@@ -335,7 +337,7 @@ func isPrimary(ctx context.Context, n *patroniNode) (bool, int, error) {
 var errNoMember = errors.New("no member is running")
 
 // poll calls try every 50 ms until it reports done, until the reason it gives wraps
-// errNoMember or errExited (hopeless), or until ctx ends; it then returns an error wrapping
+// errNoMember or pgserver.ErrExited (hopeless), or until ctx ends; it then returns an error wrapping
 // that reason (and ctx's error), prefixed with "pgtest: " and what.
 func poll(ctx context.Context, what string, try func() (done bool, reason error)) error {
 	for {
@@ -343,7 +345,7 @@ func poll(ctx context.Context, what string, try func() (done bool, reason error)
 		if done {
 			return nil
 		}
-		if errors.Is(reason, errNoMember) || errors.Is(reason, errExited) {
+		if errors.Is(reason, errNoMember) || errors.Is(reason, pgserver.ErrExited) {
 			return fmt.Errorf("pgtest: %s: %w", what, reason)
 		}
 		timer := time.NewTimer(50 * time.Millisecond)
@@ -565,7 +567,7 @@ func (c *PatroniCluster) CreateDatabase(ctx context.Context) (name, dbURL string
 	}
 	// The leader, seen as a server of its own (pgx stops at the first host that answers
 	// "database does not exist", so the template is built through the leader alone).
-	srv := &Server{kind: kindLocal, base: loopbackURL("127.0.0.1", leader.pgPort, url.User("postgres")), maintDB: "postgres", tplName: templateName}
+	srv := &Server{kind: kindLocal, base: pgserver.LoopbackURL("127.0.0.1", leader.pgPort, url.User("postgres")), maintDB: "postgres", tplName: templateName}
 	c.createMu.Lock() // one clone at a time: CREATE DATABASE ... TEMPLATE fails while another copies it
 	defer c.createMu.Unlock()
 	if name, _, err = srv.CreateDatabase(ctx); err != nil {
@@ -672,7 +674,7 @@ func (c *PatroniCluster) dropDatabase(ctx context.Context, name string) error {
 		return fmt.Errorf("pgtest: patroni: drop database %s: %w", name, err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+quoteIdent(name)+" WITH (FORCE)"); err != nil {
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgserver.QuoteIdent(name)+" WITH (FORCE)"); err != nil {
 		return fmt.Errorf("pgtest: patroni: drop database %s: %w", name, err)
 	}
 	return nil

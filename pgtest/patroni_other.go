@@ -21,6 +21,4 @@ func (*PatroniCluster) killNode(*patroniNode) error  { return errNoPatroni }
 func (*PatroniCluster) nodeLog(*patroniNode) string  { return "" }
 func (*PatroniCluster) close() error                 { return nil }
 
-// hasExited reports true: a run is never started outside Unix.
-func (*run) hasExited() bool                 { return true }
 func findPatroniPrograms() ([]string, error) { return nil, errNoPatroni }

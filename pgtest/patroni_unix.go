@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 // patroniProcs are a cluster's processes other than the members, and what starts members.
@@ -24,10 +26,10 @@ type patroniProcs struct {
 	cred    *syscall.Credential
 	patroni string // the patroni and patronictl programs
 	ctl     string
-	etcd    *run
+	etcd    *pgserver.Run
 	// janitor runs patroniJanitor; janitorIn is the write end of its stdin, which only this
 	// process holds.
-	janitor   *run
+	janitor   *pgserver.Run
 	janitorIn io.WriteCloser
 }
 
@@ -66,7 +68,7 @@ func findPatroniPrograms() ([]string, error) {
 	for i, name := range patroniPrograms {
 		if p, err := exec.LookPath(name); err == nil {
 			paths[i] = p
-		} else if p := filepath.Join("/usr/bin", name); isExecutable(p) {
+		} else if p := filepath.Join("/usr/bin", name); pgserver.IsExecutable(p) {
 			paths[i] = p
 		} else {
 			missing = append(missing, name)
@@ -79,7 +81,7 @@ func findPatroniPrograms() ([]string, error) {
 }
 
 func startPatroni(ctx context.Context, nodes int, settings []setting) (*PatroniCluster, error) {
-	b, err := findBinaries()
+	b, err := pgserver.FindBinaries()
 	if err != nil {
 		return nil, err
 	}
@@ -87,11 +89,11 @@ func startPatroni(ctx context.Context, nodes int, settings []setting) (*PatroniC
 	if err != nil {
 		return nil, err
 	}
-	cred, err := runAsCredential()
+	cred, err := pgserver.RunAsCredential()
 	if err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(2 + 2*nodes) // etcd client and peer; per node PostgreSQL and REST
+	ports, err := pgserver.FreePorts(2 + 2*nodes) // etcd client and peer; per node PostgreSQL and REST
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +120,7 @@ func startPatroni(ctx context.Context, nodes int, settings []setting) (*PatroniC
 	fail := func(err error) (*PatroniCluster, error) {
 		return nil, errors.Join(err, c.close())
 	}
-	if err := chownTo(dir, cred); err != nil {
+	if err := pgserver.ChownTo(dir, cred); err != nil {
 		return fail(fmt.Errorf("pgtest: patroni: %w", err))
 	}
 	if err := c.startJanitor(); err != nil {
@@ -136,7 +138,7 @@ func startPatroni(ctx context.Context, nodes int, settings []setting) (*PatroniC
 		return fail(err)
 	}
 	for _, n := range c.nodes {
-		if err := c.writeNodeConfig(n, b.dir, etcdHost, settings); err != nil {
+		if err := c.writeNodeConfig(n, b.Dir, etcdHost, settings); err != nil {
 			return fail(err)
 		}
 	}
@@ -147,7 +149,7 @@ func startPatroni(ctx context.Context, nodes int, settings []setting) (*PatroniC
 	}
 	err = poll(ctx, "patroni: bootstrap", func() (bool, error) {
 		if len(c.running()) < nodes {
-			return false, fmt.Errorf("a member %w", errExited)
+			return false, fmt.Errorf("a member %w", pgserver.ErrExited)
 		}
 		leader, _, err := c.tryLeader(ctx, nil)
 		if err == nil {
@@ -163,14 +165,14 @@ func startPatroni(ctx context.Context, nodes int, settings []setting) (*PatroniC
 
 // startJanitor starts the janitor (see patroniJanitor) on the cluster's dir.
 func (c *PatroniCluster) startJanitor() error {
-	cmd := command(context.Background(), c.procs.cred, c.dir, "/bin/sh", "-c", patroniJanitor, "janitor", c.dir)
+	cmd := pgserver.Command(context.Background(), c.procs.cred, c.dir, "/bin/sh", "-c", patroniJanitor, "janitor", c.dir)
 	// Its own process group (no ^C), and no parent-death signal: it must outlive this process.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.procs.cred, Setpgid: true}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return fmt.Errorf("pgtest: patroni: janitor: %w", err)
 	}
-	r, err := startRun(cmd)
+	r, err := pgserver.StartRun(cmd)
 	if err != nil {
 		in.Close()
 		return err
@@ -197,8 +199,8 @@ func (c *PatroniCluster) startEtcd(ctx context.Context, bin, client, peer string
 	}
 	c.procs.etcd = r
 	err = poll(ctx, "patroni: wait for etcd", func() (bool, error) {
-		if r.hasExited() {
-			return false, fmt.Errorf("etcd %w", errExited)
+		if r.HasExited() {
+			return false, fmt.Errorf("etcd %w", pgserver.ErrExited)
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+client+"/health", nil)
 		if err != nil {
@@ -213,7 +215,7 @@ func (c *PatroniCluster) startEtcd(ctx context.Context, bin, client, peer string
 		return resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"true"`)), fmt.Errorf("etcd /health: %s %s", resp.Status, body)
 	})
 	if err != nil {
-		return fmt.Errorf("%w\netcd log:\n%s", err, logTail(logPath, 0))
+		return fmt.Errorf("%w\netcd log:\n%s", err, pgserver.LogTail(logPath, 0))
 	}
 	return nil
 }
@@ -221,25 +223,25 @@ func (c *PatroniCluster) startEtcd(ctx context.Context, bin, client, peer string
 // spawn starts bin with args as the servers' user in the cluster's dir, its output appended
 // to logPath and its pid written to <dir>/<name>.pid for the janitor, and returns its run.
 // env adds to the environment.
-func (c *PatroniCluster) spawn(bin, name, logPath string, env []string, args ...string) (*run, error) {
+func (c *PatroniCluster) spawn(bin, name, logPath string, env []string, args ...string) (*pgserver.Run, error) {
 	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: patroni: %s log: %w", name, err)
 	}
 	defer logf.Close()
-	if err := chownTo(logPath, c.procs.cred); err != nil {
+	if err := pgserver.ChownTo(logPath, c.procs.cred); err != nil {
 		return nil, fmt.Errorf("pgtest: patroni: %s log: %w", name, err)
 	}
 	// The process outlives any ctx of the caller; Close or the janitor ends it.
-	cmd := command(context.Background(), c.procs.cred, c.dir, bin, args...)
+	cmd := pgserver.Command(context.Background(), c.procs.cred, c.dir, bin, args...)
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	r, err := startRun(cmd)
+	r, err := pgserver.StartRun(cmd)
 	if err != nil {
 		return nil, err
 	}
-	if err := writePatroniFile(filepath.Join(c.dir, name+".pid"), strconv.Itoa(r.cmd.Process.Pid)+"\n", c.procs.cred); err != nil {
-		return nil, errors.Join(err, r.kill())
+	if err := writePatroniFile(filepath.Join(c.dir, name+".pid"), strconv.Itoa(r.Cmd.Process.Pid)+"\n", c.procs.cred); err != nil {
+		return nil, errors.Join(err, r.Kill())
 	}
 	return r, nil
 }
@@ -249,12 +251,12 @@ func (c *PatroniCluster) writeNodeConfig(n *patroniNode, binDir, etcdHost string
 	if err := os.Mkdir(n.dir, 0o700); err != nil {
 		return fmt.Errorf("pgtest: patroni: %w", err)
 	}
-	if err := chownTo(n.dir, c.procs.cred); err != nil {
+	if err := pgserver.ChownTo(n.dir, c.procs.cred); err != nil {
 		return fmt.Errorf("pgtest: patroni: %w", err)
 	}
 	params := map[string]string{}
 	for _, s := range settings {
-		params[s.name] = s.value
+		params[s.Name] = s.Value
 	}
 	hba := []string{
 		"local all all trust",
@@ -309,7 +311,7 @@ func writePatroniFile(path, text string, cred *syscall.Credential) error {
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		return fmt.Errorf("pgtest: patroni: %w", err)
 	}
-	if err := chownTo(path, cred); err != nil {
+	if err := pgserver.ChownTo(path, cred); err != nil {
 		return fmt.Errorf("pgtest: patroni: %w", err)
 	}
 	return nil
@@ -322,7 +324,7 @@ func (c *PatroniCluster) startNode(n *patroniNode) error {
 	if c.closed {
 		return errors.New("pgtest: patroni: the cluster is closed")
 	}
-	if n.proc != nil && !n.proc.hasExited() {
+	if n.proc != nil && !n.proc.HasExited() {
 		return fmt.Errorf("pgtest: patroni: %s is running", n.name)
 	}
 	r, err := c.spawn(c.procs.patroni, n.name, filepath.Join(n.dir, "patroni.log"), []string{"HOME=" + n.dir},
@@ -335,13 +337,13 @@ func (c *PatroniCluster) startNode(n *patroniNode) error {
 }
 
 // killNode kills n's Patroni process, then its postmaster (SIGKILL both), and waits until
-// both are gone (the postmaster at most stopTimeout).
+// both are gone (the postmaster at most pgserver.StopTimeout).
 func (c *PatroniCluster) killNode(n *patroniNode) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var errs []error
 	if n.proc != nil {
-		errs = append(errs, n.proc.kill())
+		errs = append(errs, n.proc.Kill())
 		n.proc = nil
 	}
 	errs = append(errs, killPostmaster(filepath.Join(n.dir, "data")))
@@ -350,7 +352,7 @@ func (c *PatroniCluster) killNode(n *patroniNode) error {
 
 // killPostmaster kills (SIGKILL) the postmaster of the data directory data, if its
 // postmaster.pid names a live process whose command line names data, and waits until it is
-// gone (or a zombie), at most stopTimeout. Its backends exit on their own when they notice.
+// gone (or a zombie), at most pgserver.StopTimeout. Its backends exit on their own when they notice.
 func killPostmaster(data string) error {
 	b, err := os.ReadFile(filepath.Join(data, "postmaster.pid"))
 	if errors.Is(err, os.ErrNotExist) {
@@ -373,10 +375,10 @@ func killPostmaster(data string) error {
 		}
 		return fmt.Errorf("pgtest: patroni: kill postmaster %d: %w", pid, err)
 	}
-	deadline := time.Now().Add(stopTimeout)
+	deadline := time.Now().Add(pgserver.StopTimeout)
 	for !processGone(pid) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("pgtest: patroni: postmaster %d still there %s after SIGKILL", pid, stopTimeout)
+			return fmt.Errorf("pgtest: patroni: postmaster %d still there %s after SIGKILL", pid, pgserver.StopTimeout)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -400,7 +402,7 @@ func processGone(pid int) bool {
 // output. Errors: its exit status with its output.
 func (c *PatroniCluster) patronictl(ctx context.Context, args ...string) (string, error) {
 	args = append([]string{"-c", filepath.Join(c.dir, "patronictl.json")}, args...)
-	cmd := command(ctx, c.procs.cred, c.dir, c.procs.ctl, args...)
+	cmd := pgserver.Command(ctx, c.procs.cred, c.dir, c.procs.ctl, args...)
 	cmd.Env = append(cmd.Env, "HOME="+c.dir)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -411,12 +413,12 @@ func (c *PatroniCluster) patronictl(ctx context.Context, args ...string) (string
 
 // nodeLog returns the tail of n's Patroni log (PostgreSQL's log goes there too).
 func (c *PatroniCluster) nodeLog(n *patroniNode) string {
-	return n.name + " log:\n" + logTail(filepath.Join(n.dir, "patroni.log"), 0)
+	return n.name + " log:\n" + pgserver.LogTail(filepath.Join(n.dir, "patroni.log"), 0)
 }
 
 // logs returns the tails of etcd's and every member's log.
 func (c *PatroniCluster) logs() string {
-	parts := []string{"etcd log:\n" + logTail(filepath.Join(c.dir, "etcd.log"), 0)}
+	parts := []string{"etcd log:\n" + pgserver.LogTail(filepath.Join(c.dir, "etcd.log"), 0)}
 	for _, n := range c.nodes {
 		parts = append(parts, c.nodeLog(n))
 	}
@@ -431,7 +433,7 @@ func (c *PatroniCluster) close() error {
 	// Patroni first, so that none restarts a postmaster or takes over.
 	for _, n := range c.nodes {
 		if n.proc != nil {
-			errs = append(errs, n.proc.kill())
+			errs = append(errs, n.proc.Kill())
 		}
 	}
 	for _, n := range c.nodes {
@@ -439,10 +441,10 @@ func (c *PatroniCluster) close() error {
 		errs = append(errs, killPostmaster(filepath.Join(n.dir, "data")))
 	}
 	if c.procs.etcd != nil {
-		errs = append(errs, c.procs.etcd.kill())
+		errs = append(errs, c.procs.etcd.Kill())
 	}
 	if c.procs.janitor != nil {
-		errs = append(errs, c.procs.janitor.kill())
+		errs = append(errs, c.procs.janitor.Kill())
 		c.procs.janitorIn.Close()
 	}
 	if err := os.RemoveAll(c.dir); err != nil {

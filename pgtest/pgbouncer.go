@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 // PgBouncer is a PgBouncer process in front of a [Server], for tests of code that must work
@@ -36,7 +38,7 @@ type PgBouncer struct {
 	version  string   // first line of pgbouncer --version, e.g. "PgBouncer 1.18.0"
 	prepared bool     // max_prepared_statements is set
 	dir      string   // temp dir: pgbouncer.ini, userlist.txt, pgbouncer.log, stderr.log
-	proc     *run
+	proc     *pgserver.Run
 
 	closeOnce sync.Once
 	closeErr  error

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 // debianPgBouncer is where Debian's pgbouncer package puts the binary, off a non-root PATH.
@@ -23,7 +25,7 @@ func findPgBouncer() (string, error) {
 	if path, err := exec.LookPath("pgbouncer"); err == nil {
 		return path, nil
 	}
-	if isExecutable(debianPgBouncer) {
+	if pgserver.IsExecutable(debianPgBouncer) {
 		return debianPgBouncer, nil
 	}
 	return "", fmt.Errorf("pgtest: pgbouncer not found on PATH nor at %s: install it (Debian, Ubuntu: apt-get install pgbouncer)", debianPgBouncer)
@@ -33,7 +35,7 @@ func findPgBouncer() (string, error) {
 // starts bin on a free port (another one if the port is taken before PgBouncer binds it) and
 // waits until a connection through it to database checkDB succeeds.
 func launchPgBouncer(ctx context.Context, bin, target, poolMode, checkDB string) (*PgBouncer, error) {
-	cred, err := runAsCredential()
+	cred, err := pgserver.RunAsCredential()
 	if err != nil {
 		return nil, err
 	}
@@ -45,10 +47,10 @@ func launchPgBouncer(ctx context.Context, bin, target, poolMode, checkDB string)
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	if err := chownTo(dir, cred); err != nil {
+	if err := pgserver.ChownTo(dir, cred); err != nil {
 		return fail(fmt.Errorf("pgtest: pgbouncer: %w", err))
 	}
-	out, err := command(ctx, cred, dir, bin, "--version").CombinedOutput()
+	out, err := pgserver.Command(ctx, cred, dir, bin, "--version").CombinedOutput()
 	if err != nil {
 		return fail(fmt.Errorf("pgtest: %s --version: %w\n%s", bin, err, bytes.TrimSpace(out)))
 	}
@@ -57,12 +59,12 @@ func launchPgBouncer(ctx context.Context, bin, target, poolMode, checkDB string)
 		return fail(err)
 	}
 	for attempt := 1; ; attempt++ {
-		port, err := freePort()
+		port, err := pgserver.FreePort()
 		if err != nil {
 			return fail(err)
 		}
 		p := &PgBouncer{
-			base:     loopbackURL("127.0.0.1", port, url.User("postgres")),
+			base:     pgserver.LoopbackURL("127.0.0.1", port, url.User("postgres")),
 			version:  version,
 			prepared: prepared,
 			dir:      dir,
@@ -75,7 +77,7 @@ func launchPgBouncer(ctx context.Context, bin, target, poolMode, checkDB string)
 		if err == nil {
 			return p, nil
 		}
-		if attempt == portAttempts || !strings.Contains(err.Error(), "Address already in use") {
+		if attempt == pgserver.PortAttempts || !strings.Contains(err.Error(), "Address already in use") {
 			return fail(err)
 		}
 		// Start the next attempt's logs afresh.
@@ -89,7 +91,7 @@ func writeOwned(path, text string, cred *syscall.Credential) error {
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		return fmt.Errorf("pgtest: pgbouncer: %w", err)
 	}
-	if err := chownTo(path, cred); err != nil {
+	if err := pgserver.ChownTo(path, cred); err != nil {
 		return fmt.Errorf("pgtest: pgbouncer: %w", err)
 	}
 	return nil
@@ -105,25 +107,25 @@ func (p *PgBouncer) start(ctx context.Context, cred *syscall.Credential, bin, in
 		return fmt.Errorf("pgtest: pgbouncer: %w", err)
 	}
 	// PgBouncer outlives ctx, which only bounds the start.
-	cmd := command(context.Background(), cred, p.dir, bin, "-q", ini)
+	cmd := pgserver.Command(context.Background(), cred, p.dir, bin, "-q", ini)
 	cmd.Stdout, cmd.Stderr = stderr, stderr
-	r, err := startRun(cmd)
+	r, err := pgserver.StartRun(cmd)
 	stderr.Close()
 	if err != nil {
 		return err
 	}
-	err = waitAccepting(ctx, "pgbouncer", p.URL(checkDB), readyTimeout, r.exited)
+	err = pgserver.WaitAccepting(ctx, "pgbouncer", p.URL(checkDB), pgserver.ReadyTimeout, r.Exited())
 	if err == nil {
 		p.proc = r
 		return nil
 	}
-	if errors.Is(err, errExited) {
-		<-r.exited
-		err = fmt.Errorf("%w: %w", err, r.err)
+	if errors.Is(err, pgserver.ErrExited) {
+		<-r.Exited()
+		err = fmt.Errorf("%w: %w", err, r.Err())
 	}
-	_ = r.kill()
-	logs := "pgbouncer log:\n" + logTail(filepath.Join(p.dir, "pgbouncer.log"), 0)
-	if tail := logTail(stderrPath, 0); tail != "" {
+	_ = r.Kill()
+	logs := "pgbouncer log:\n" + pgserver.LogTail(filepath.Join(p.dir, "pgbouncer.log"), 0)
+	if tail := pgserver.LogTail(stderrPath, 0); tail != "" {
 		logs += "\nstderr:\n" + tail
 	}
 	return fmt.Errorf("%w\n%s", err, logs)
@@ -132,7 +134,7 @@ func (p *PgBouncer) start(ctx context.Context, cred *syscall.Credential, bin, in
 func (p *PgBouncer) close() error {
 	var errs []error
 	if p.proc != nil {
-		errs = append(errs, p.proc.kill())
+		errs = append(errs, p.proc.Kill())
 	}
 	if err := os.RemoveAll(p.dir); err != nil {
 		errs = append(errs, fmt.Errorf("pgtest: remove pgbouncer dir: %w", err))

@@ -3,16 +3,16 @@ package pgtest
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 const (
@@ -181,15 +181,16 @@ func (s *Server) NewDB(t testing.TB) *DB {
 //
 //	func TestMain(m *testing.M) { pgtest.Main(m) }
 //
-// With go test -short it skips the package's examples (it adds ^Example to -skip): an example
-// cannot call t.Skip, and one that needs PostgreSQL would fail where none can be started.
+// With go test -short it skips the package's examples (it adds ^Example to -skip, see
+// [pgserver.SkipExamplesIfShort]): an example cannot call t.Skip, and one that needs
+// PostgreSQL would fail where none can be started.
 func Main(m *testing.M) {
-	if err := skipExamplesIfShort(); err != nil {
+	if err := pgserver.SkipExamplesIfShort(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	mainRunning.Store(true)
-	_ = holdPristine(true)
+	_ = pgserver.HoldPristine(true)
 	code := m.Run()
 	mainRunning.Store(false)
 
@@ -200,7 +201,7 @@ func Main(m *testing.M) {
 	}
 	shared.srv, shared.err, shared.done = nil, errors.New("pgtest: the shared server is stopped: Main has returned"), true
 	shared.mu.Unlock()
-	errs = append(errs, holdPristine(false))
+	errs = append(errs, pgserver.HoldPristine(false))
 	if err := errors.Join(errs...); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
@@ -208,30 +209,4 @@ func Main(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-// skipExamplesIfShort adds ^Example to the -test.skip pattern under -short.
-func skipExamplesIfShort() error {
-	if !flag.Parsed() {
-		flag.Parse()
-	}
-	if !testing.Short() {
-		return nil
-	}
-	pattern := "^Example"
-	if f := flag.Lookup("test.skip"); f != nil && f.Value.String() != "" {
-		if strings.Contains(f.Value.String(), "/") {
-			// go test splits -skip at slashes into one pattern per level of subtest: an
-			// alternative appended to the last level would not match examples, and one
-			// put in the first would change what the user's pattern skips.
-			fmt.Fprintln(os.Stderr, "pgtest: -short with a -skip pattern that has a slash: the examples are not skipped; add ^Example to it")
-			return nil
-		}
-		pattern = f.Value.String() + "|" + pattern
-	}
-	if err := flag.Set("test.skip", pattern); err != nil {
-		return fmt.Errorf("pgtest: skip examples under -short: %w", err)
-	}
-	fmt.Fprintln(os.Stderr, "pgtest: -short: skipping the examples, which need PostgreSQL")
-	return nil
 }

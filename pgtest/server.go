@@ -2,13 +2,8 @@ package pgtest
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
-	"net"
 	"net/url"
 	"os"
 	"slices"
@@ -16,15 +11,14 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/migrations"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 // Environment variables read by pgtest.
@@ -37,11 +31,11 @@ const (
 	EnvServer = "FENCELOCK_TEST_SERVER"
 	// EnvPGBin names the variable holding the directory of the PostgreSQL server binaries
 	// (initdb, postgres) to use for local servers.
-	EnvPGBin = "PG_BIN"
+	EnvPGBin = pgserver.EnvPGBin
 )
 
 // templateName is the migrated template database on servers pgtest starts itself.
-const templateName = "fencelock_template"
+const templateName = pgserver.TemplateName
 
 // serverKind says where a Server runs.
 type serverKind int
@@ -78,15 +72,14 @@ type Server struct {
 	// tplName is the migrated template each CreateDatabase clones.
 	tplName string
 
-	local *localServer                  // kindLocal only
+	local *pgserver.Local               // kindLocal only
 	ctr   *tcpostgres.PostgresContainer // kindContainer only
 	// primary is the server this one is a hot standby of (see StartStandby); nil otherwise,
 	// and nil again once [Server.Promote] has promoted it.
 	primary atomic.Pointer[Server]
 
-	tplMu    sync.Mutex // guards tplDone; held while the template is built
-	tplDone  bool
-	createMu sync.Mutex // serialises CREATE DATABASE ... TEMPLATE
+	clonerOnce sync.Once
+	cloner     *pgserver.Cloner // makes the databases of CreateDatabase; see clones
 
 	closeOnce sync.Once
 	closeErr  error
@@ -153,18 +146,7 @@ func Start(ctx context.Context, opts ...Option) (*Server, error) {
 // sslmode=disable (for the server of FENCELOCK_TEST_DATABASE_URL: that URL with its database
 // replaced, in the same form). It does not check that the database exists.
 func (s *Server) URL(database string) string {
-	if s.base == nil {
-		return s.kv + " dbname=" + quoteKeywordValue(database)
-	}
-	u := *s.base
-	u.Path = "/" + database
-	u.RawPath = ""
-	return u.String()
-}
-
-// quoteKeywordValue quotes v for a keyword/value connection string.
-func quoteKeywordValue(v string) string {
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(v) + "'"
+	return pgserver.Addr{Base: s.base, KV: s.kv}.URL(database)
 }
 
 // CanCrash reports whether [Server.Crash] and [Server.Restart] work on this server: true for
@@ -182,7 +164,7 @@ func (s *Server) Crash(ctx context.Context) error {
 	if s.kind != kindLocal {
 		return fmt.Errorf("pgtest: Crash needs a server started from local binaries, this is %s: %w", s.kind, errors.ErrUnsupported)
 	}
-	return s.local.crash(ctx)
+	return s.local.Crash(ctx)
 }
 
 // Restart starts the server again on the same data directory, port and settings after
@@ -196,7 +178,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	if s.kind != kindLocal {
 		return fmt.Errorf("pgtest: Restart needs a server started from local binaries, this is %s: %w", s.kind, errors.ErrUnsupported)
 	}
-	return s.local.restart(ctx)
+	return s.local.Restart(ctx)
 }
 
 // Close stops the server and removes its data directory (local server) or terminates its
@@ -208,7 +190,7 @@ func (s *Server) Close() error {
 		switch s.kind {
 		case kindLocal:
 			s.closed.Store(true)
-			s.closeErr = s.local.close()
+			s.closeErr = s.local.Close()
 		case kindContainer:
 			s.closed.Store(true)
 			s.closeErr = closeContainer(s.ctr)
@@ -223,7 +205,7 @@ func (s *Server) running() bool {
 	if s.closed.Load() {
 		return false
 	}
-	return s.kind != kindLocal || s.local.isRunning()
+	return s.kind != kindLocal || s.local.IsRunning()
 }
 
 // TerminateBackend terminates the backend with process ID pid (pgconn.PgConn.PID) through
@@ -267,9 +249,6 @@ func (s *Server) connect(ctx context.Context, database string) (*pgx.Conn, error
 	return pgx.Connect(ctx, s.URL(database))
 }
 
-// dbCounter numbers the databases CreateDatabase makes in this process.
-var dbCounter atomic.Uint64
-
 // CreateDatabase creates a fresh database with fencelock's schema and returns its name and
 // URL. The first call on a server creates the template database (fencelock_template, on the
 // server of FENCELOCK_TEST_DATABASE_URL fencelock_template_<hash of the migrations>) and runs
@@ -285,169 +264,21 @@ func (s *Server) CreateDatabase(ctx context.Context) (name, url string, err erro
 	if s.primary.Load() != nil {
 		return "", "", errors.New("pgtest: create database: this server is a read-only hot standby; create the database on its primary (then WaitReplay)")
 	}
-	if err := s.ensureTemplate(ctx); err != nil {
+	if name, err = s.clones().CreateDatabase(ctx); err != nil {
 		return "", "", err
-	}
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	name = fmt.Sprintf("t_%d_%s", dbCounter.Add(1), hex.EncodeToString(b[:]))
-
-	s.createMu.Lock()
-	defer s.createMu.Unlock()
-	conn, err := s.connect(ctx, s.maintDB)
-	if err != nil {
-		return "", "", fmt.Errorf("pgtest: create database: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+quoteIdent(name)+" TEMPLATE "+quoteIdent(s.tplName)); err != nil {
-		return "", "", s.createError(conn, "create database "+name, err)
 	}
 	return name, s.URL(name), nil
 }
 
-// createError wraps err from CREATE DATABASE, explaining a missing CREATEDB privilege.
-func (s *Server) createError(conn *pgx.Conn, what string, err error) error {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42501" { // insufficient_privilege
-		return fmt.Errorf("pgtest: %s: role %q cannot create databases on %s; grant it CREATEDB (each test needs its own database): %w",
-			what, conn.Config().User, s.kind, err)
-	}
-	return fmt.Errorf("pgtest: %s: %w", what, err)
-}
-
-// templateLockKey is the session advisory lock key (in the maintenance database) that
-// serialises template builds of processes sharing a server: "pgtestpl" in ASCII.
-const templateLockKey int64 = 0x7067746573747066
-
-// ensureTemplate creates and migrates the template database once per Server. Processes that
-// share a server serialise on an advisory lock; a template left half-built by a killed
-// process (not yet marked IS_TEMPLATE) is dropped and rebuilt. The finished template refuses
-// connections, so no session can block the clones.
-func (s *Server) ensureTemplate(ctx context.Context) error {
-	s.tplMu.Lock()
-	defer s.tplMu.Unlock()
-	if s.tplDone {
-		return nil
-	}
-	conn, err := s.connect(ctx, s.maintDB)
-	if err != nil {
-		return fmt.Errorf("pgtest: template database: %w", err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx)) // also releases the advisory lock
-	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, templateLockKey); err != nil {
-		return fmt.Errorf("pgtest: template database: lock: %w", err)
-	}
-	var isTemplate bool
-	err = conn.QueryRow(ctx, `SELECT datistemplate FROM pg_database WHERE datname = $1`, s.tplName).Scan(&isTemplate)
-	switch {
-	case err == nil && isTemplate:
-		s.tplDone = true
-		return nil
-	case err == nil: // half-built by a process that died
-		if _, err := conn.Exec(ctx, "DROP DATABASE "+quoteIdent(s.tplName)+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("pgtest: template database: drop unfinished %s: %w", s.tplName, err)
-		}
-	case !errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("pgtest: template database: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+quoteIdent(s.tplName)); err != nil {
-		return s.createError(conn, "template database", err)
-	}
-	pool, err := pgxpool.New(ctx, s.URL(s.tplName))
-	if err != nil {
-		return fmt.Errorf("pgtest: template database: %w", err)
-	}
-	err = fencelock.Migrate(ctx, pool)
-	pool.Close()
-	if err != nil {
-		return fmt.Errorf("pgtest: template database: %w", err)
-	}
-	if _, err := conn.Exec(ctx, "ALTER DATABASE "+quoteIdent(s.tplName)+" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false"); err != nil {
-		return fmt.Errorf("pgtest: template database: %w", err)
-	}
-	s.tplDone = true
-	return nil
+// clones returns the Cloner of the server's databases, made at the first call.
+func (s *Server) clones() *pgserver.Cloner {
+	s.clonerOnce.Do(func() {
+		s.cloner = pgserver.NewCloner(pgserver.Addr{Base: s.base, KV: s.kv}, s.maintDB, s.tplName, s.kind.String(), fencelock.Migrate)
+	})
+	return s.cloner
 }
 
 // dropDatabase drops database name, terminating its sessions (PostgreSQL 13 or later).
 func (s *Server) dropDatabase(ctx context.Context, name string) error {
-	conn, err := s.connect(ctx, s.maintDB)
-	if err != nil {
-		return fmt.Errorf("pgtest: drop database %s: %w", name, err)
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+quoteIdent(name)+" WITH (FORCE)"); err != nil {
-		return fmt.Errorf("pgtest: drop database %s: %w", name, err)
-	}
-	return nil
-}
-
-// quoteIdent quotes an SQL identifier.
-func quoteIdent(name string) string { return pgx.Identifier{name}.Sanitize() }
-
-// migrationsHash returns a short hash of fencelock's migration files, so that processes with
-// different migrations never share a template on an existing server.
-func migrationsHash() (string, error) {
-	h := sha256.New()
-	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := fs.ReadFile(migrations.FS, path)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00", path, len(b))
-		h.Write(b)
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("pgtest: hash migrations: %w", err)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:12], nil
-}
-
-// loopbackURL returns the URL of the postgres database at host:port as user.
-func loopbackURL(host string, port int, user *url.Userinfo) *url.URL {
-	return &url.URL{
-		Scheme:   "postgres",
-		User:     user,
-		Host:     net.JoinHostPort(host, strconv.Itoa(port)),
-		Path:     "/postgres",
-		RawQuery: "sslmode=disable",
-	}
-}
-
-// errExited says a child process (postgres, pgbouncer) exited while pgtest waited for it to
-// accept connections.
-var errExited = errors.New("exited while starting")
-
-// waitAccepting polls url until a connection succeeds (and closes it), backing off from 5 ms
-// to 100 ms between attempts. It gives up when ctx ends or timeout passes, returning the last
-// connection error too, or (errExited) when exited is closed; a nil exited never is. what
-// names the program listening at url in errors ("postgres", "pgbouncer").
-func waitAccepting(ctx context.Context, what, url string, timeout time.Duration, exited <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	delay := 5 * time.Millisecond
-	for {
-		attemptCtx, cancelAttempt := context.WithTimeout(ctx, 2*time.Second)
-		conn, err := pgconn.Connect(attemptCtx, url)
-		cancelAttempt()
-		if err == nil {
-			_ = conn.Close(ctx)
-			return nil
-		}
-		timer := time.NewTimer(delay)
-		select {
-		case <-exited:
-			timer.Stop()
-			return fmt.Errorf("pgtest: %s %w", what, errExited)
-		case <-ctx.Done():
-			timer.Stop()
-			return fmt.Errorf("pgtest: %s did not accept connections within %s: %w (last attempt: %w)", what, timeout, ctx.Err(), err)
-		case <-timer.C:
-		}
-		delay = min(2*delay, 100*time.Millisecond)
-	}
+	return s.clones().DropDatabase(ctx, name)
 }

@@ -43,7 +43,7 @@ func (s *Server) StartStandby(ctx context.Context) (*Server, error) {
 	if !s.running() {
 		return nil, errors.New("pgtest: start standby: the primary is closed or not running")
 	}
-	l, base, err := s.local.startStandby(ctx, s.base)
+	l, base, err := s.local.StartStandby(ctx, s.base)
 	if err != nil {
 		return nil, err
 	}

@@ -4,42 +4,73 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fencelock/fencelock/internal/pgserver"
 	"github.com/fencelock/fencelock/ratelimit"
 )
 
-// This example is compiled with the package's tests but not run: it needs a PostgreSQL server
-// (DATABASE_URL) where fencelock.Migrate has run. Its runnable version, with the output
-// checked, is Example_rateLimit in internal/integration/example_test.go.
+// The examples run against the test server of TestMain (main_test.go), each on a fresh
+// database with fencelock's schema, and their output is checked; with go test -short they are
+// skipped. In a program, the pool is yours: pgxpool.New(ctx, os.Getenv("DATABASE_URL")), then
+// fencelock.Migrate(ctx, pool) once.
+
+// examplePool returns a pool on a fresh database with fencelock's schema, and a func that
+// closes it and drops the database.
+func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
+	db, err := pgserver.Open(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return db.Pool, func() {
+		if err := db.Close(); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// A rate limit of 10 a second with a burst of 3: three requests at once, the fourth refused
+// with the time until it is due.
+func ExampleLimiter_Allow() {
+	ctx := context.Background()
+	pool, stop := examplePool(ctx)
+	defer stop()
+	rl, err := ratelimit.New(pool, ratelimit.Limit{Rate: 10, Per: time.Second, Burst: 3})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 4 {
+		res, _ := rl.Allow(ctx, "domain:example.com")
+		fmt.Println("allowed:", res.Allowed, "remaining:", res.Remaining, "retry within 100ms:", res.RetryAfter > 0 && res.RetryAfter <= 100*time.Millisecond)
+	}
+	// Output:
+	// allowed: 1 remaining: 2 retry within 100ms: false
+	// allowed: 1 remaining: 1 retry within 100ms: false
+	// allowed: 1 remaining: 0 retry within 100ms: false
+	// allowed: 0 remaining: 0 retry within 100ms: true
+}
 
 // A rate limit of 20 requests a second per domain, in bursts of up to 5, shared by every
 // process on the database.
 func ExampleLimiter_Wait() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
+	pool, stop := examplePool(ctx)
+	defer stop()
 	rl, err := ratelimit.New(pool, ratelimit.Limit{Rate: 20, Per: time.Second, Burst: 5})
 	if err != nil {
 		log.Fatal(err)
 	}
+	start := time.Now()
 	for range 10 {
 		if _, err := rl.Wait(ctx, "domain:example.com", 1); err != nil { // sleeps until allowed
 			log.Fatal(err)
 		}
 		// ... send the request ...
 	}
-	res, err := rl.Allow(ctx, "domain:example.com")
-	if err != nil {
-		log.Fatal(err)
-	}
-	if res.Allowed == 0 {
-		fmt.Println("refused; retry after", res.RetryAfter.Round(time.Millisecond))
-	}
+	// Five at once (the burst), then one every 50 ms: the tenth is due 250 ms after the first.
+	fmt.Println("10 requests took at least 200ms:", time.Since(start) >= 200*time.Millisecond)
+	// Output:
+	// 10 requests took at least 200ms: true
 }

@@ -1,11 +1,15 @@
-// Package integration holds the tests of package fencelock that need a real PostgreSQL:
-// leases, advisory locks, fencing, migrations, the fault tests of single mechanisms, the
-// benchmarks and the runnable examples. It is a module of its own
-// (github.com/fencelock/fencelock/internal/integration), so that the test harness it needs
-// (pgtest, with testcontainers-go) stays out of the requirements of the fencelock module that
-// users import; the workspace at the repository's root (go.work) runs it with every other test:
+// Package integration holds the tests of package fencelock that need more than the root
+// package's own tests can have: PgBouncer, Patroni, standbys, failovers and crashes (pgtest's
+// servers), goroutine-leak checks (goleak), the OpenTelemetry SDK, the peers of the
+// benchmarks (pglock, redis), the command's tests, the benchmarks, and the tests that drive
+// internals through internal/testhook. The advisory lock, job and rate limit tests live here
+// too for now. Tests of the public API that need only a server live beside the code, in the
+// root package (on internal/pgserver's shared server).
+//
+// It is a module of its own (github.com/fencelock/fencelock/internal/integration), so that the
+// test harness it needs (pgtest, with testcontainers-go) stays out of the requirements of the
+// fencelock module that users import; the workspace at the repository's root (go.work) runs
+// it with every other test:
 //
 //	go test -race github.com/fencelock/fencelock/...
-//
-// It reaches the few internals a test must drive through internal/testhook.
 package integration

@@ -1,0 +1,376 @@
+package fencelock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// Every path that ends something (release, unlock, resign, leave a queue, clean up) finishes
+// its work when the caller's context has just ended: it detaches from ctx's cancellation, with
+// a bound of its own (DESIGN.md). Each test below calls one such path with a context that has
+// already ended, then checks the server: the name is free at once (another lessor is granted
+// it), an advisory key is free, nothing is left in a queue.
+
+// endedCtx returns a copy of parent that has already ended, as a caller's context has when its
+// deadline passed or its request was cancelled just before the release.
+func endedCtx(parent context.Context) context.Context {
+	ctx, cancel := context.WithCancel(parent)
+	cancel()
+	return ctx
+}
+
+// requireFree fails the test unless another lessor is granted name at once (TryAcquire), then
+// releases that grant.
+func requireFree(t *testing.T, b *bundle, name string) {
+	t.Helper()
+	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, name, 10*time.Second)
+	require.NoError(t, err, "lease %q is not free", name)
+	require.NoError(t, other.Release(b.ctx))
+}
+
+// requireNoWaiters fails the test unless the queue of lease name is empty.
+func requireNoWaiters(t *testing.T, b *bundle, name string) {
+	t.Helper()
+	require.Empty(t, readQueue(t, b.ctx, b.pool, name), "places left in the queue of %q", name)
+}
+
+// Lease.Release with an ended ctx ends the grant on the server: the name is free at once; with
+// a waiter queued, the release hands the lease to it.
+func TestEndedContextLeaseRelease(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Plain", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		lease, err := newLessor(t, b.pool, "holder").TryAcquire(b.ctx, "ended:plain", 10*time.Second)
+		require.NoError(t, err)
+		require.NoError(t, lease.Release(endedCtx(b.ctx)))
+		require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
+		requireFree(t, b, "ended:plain")
+	})
+
+	t.Run("HandsOffToWaiter", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		lease, err := newLessor(t, b.pool, "holder").TryAcquire(b.ctx, "ended:handoff", time.Minute)
+		require.NoError(t, err)
+		waiting := acquireAsync(b.ctx, newLessor(t, b.pool, "waiter"), "ended:handoff", time.Minute)
+		awaitQueue(t, b.ctx, b.pool, "ended:handoff", true, "waiter")
+		require.NoError(t, lease.Release(endedCtx(b.ctx)))
+		got := receive(t, waiting, 5*time.Second) // the TTL is a minute: only a hand-off is this fast
+		require.NoError(t, got.err)
+		require.Greater(t, got.lease.Token(), lease.Token())
+		require.Equal(t, leaseRow{Holder: "waiter", Token: int64(got.lease.Token())}, readLease(t, b.ctx, b.pool, "ended:handoff"))
+		requireNoWaiters(t, b, "ended:handoff")
+		require.NoError(t, got.lease.Release(b.ctx))
+	})
+}
+
+// AdvisoryLock.Unlock with an ended ctx unlocks on the session and puts the connection back
+// in the pool (it does not close a session that holds nothing): the key is free at once.
+func TestEndedContextAdvisoryUnlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	a, err := fencelock.NewAdvisoryLocker(pool)
+	require.NoError(t, err)
+	lk, err := a.TryLock(b.ctx, "ended:advisory")
+	require.NoError(t, err)
+	pid := lk.BackendPID()
+
+	require.NoError(t, lk.Unlock(endedCtx(b.ctx)))
+	require.ErrorIs(t, lk.Err(), fencelock.ErrUnlocked)
+	other, err := fencelock.NewAdvisoryLocker(b.pool)
+	require.NoError(t, err)
+	lk2, err := other.TryLock(b.ctx, "ended:advisory")
+	require.NoError(t, err, "the key is still held")
+	require.NoError(t, lk2.Unlock(b.ctx))
+	conn, err := pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	require.Equal(t, pid, conn.Conn().PgConn().PID(), "the session was closed instead of going back to the pool")
+}
+
+// Term.Resign with an ended ctx ends the term and wakes the election's observers: they see
+// nobody leading at once, not a TTL (30 s) later.
+func TestEndedContextTermResign(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e, err := fencelock.NewElection(newLessor(t, b.pool, "leader"), "election/ended", 30*time.Second)
+	require.NoError(t, err)
+	term, err := e.Campaign(b.ctx, "leader:1")
+	require.NoError(t, err)
+	octx, stop := context.WithCancel(b.ctx)
+	defer stop()
+	seen := e.Observe(octx)
+	select {
+	case info := <-seen:
+		require.Equal(t, term.Token(), info.Token)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the observer saw no state within 10 s")
+	}
+
+	require.NoError(t, term.Resign(endedCtx(b.ctx)))
+	require.ErrorIs(t, term.Err(), fencelock.ErrReleased)
+	select {
+	case info := <-seen:
+		require.Zero(t, info.Token, "nobody leads")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the observer was not woken by the resign")
+	}
+	_, err = e.Leader(b.ctx)
+	require.ErrorIs(t, err, fencelock.ErrNoLeader)
+	requireFree(t, b, "election/ended")
+}
+
+// Election.Run whose ctx ends while it leads resigns the term (detached): the term is free
+// when Run returns.
+func TestEndedContextElectionRunExit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e, err := fencelock.NewElection(newLessor(t, b.pool, "leader"), "election/run", 30*time.Second)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	var stopped error
+	err = e.Run(ctx, "leader:1", fencelock.ElectionCallbacks{
+		OnStartedLeading: func(context.Context, *fencelock.Term) { cancel() },
+		OnStoppedLeading: func(_ *fencelock.Term, err error) { stopped = err },
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, stopped, fencelock.ErrReleased)
+	requireFree(t, b, "election/run")
+}
+
+// A Campaign whose ctx ends while it waits leaves nothing in the queue.
+func TestEndedContextCampaignExit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e, err := fencelock.NewElection(newLessor(t, b.pool, "leader"), "election/wait", 30*time.Second)
+	require.NoError(t, err)
+	term, err := e.Campaign(b.ctx, "leader")
+	require.NoError(t, err)
+	ec, err := fencelock.NewElection(newLessor(t, b.pool, "candidate"), "election/wait", 30*time.Second)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	campaigned := make(chan error, 1)
+	go func() {
+		_, err := ec.Campaign(ctx, "candidate")
+		campaigned <- err
+	}()
+	awaitQueue(t, b.ctx, b.pool, "election/wait", false, "candidate")
+	cancel()
+	require.ErrorIs(t, <-campaigned, context.Canceled)
+	requireNoWaiters(t, b, "election/wait")
+	require.NoError(t, term.Resign(b.ctx))
+	requireFree(t, b, "election/wait")
+}
+
+// LeaseSet.Release with an ended ctx releases every member.
+func TestEndedContextLeaseSetRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	names := []string{"set:a", "set:b", "set:c"}
+	set, err := newLessor(t, b.pool, "holder").TryAcquireAll(b.ctx, names, 10*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, set.Release(endedCtx(b.ctx)))
+	require.ErrorIs(t, set.Err(), fencelock.ErrReleased)
+	other, err := newLessor(t, b.pool, "other").TryAcquireAll(b.ctx, names, 10*time.Second)
+	require.NoError(t, err, "members are still held")
+	require.NoError(t, other.Release(b.ctx))
+}
+
+// A semaphore permit's Release with an ended ctx ends the permit: another lessor gets it at
+// once; with a waiter queued, the waiter gets it and the queue is empty.
+func TestEndedContextPermitRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s, err := fencelock.NewSemaphore(newLessor(t, b.pool, "holder"), "sem:ended", 1)
+	require.NoError(t, err)
+	permit, err := s.TryAcquire(b.ctx, time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, permit.Release(endedCtx(b.ctx)))
+	require.ErrorIs(t, permit.Err(), fencelock.ErrReleased)
+
+	s2, err := fencelock.NewSemaphore(newLessor(t, b.pool, "other"), "sem:ended", 1)
+	require.NoError(t, err)
+	permit2, err := s2.TryAcquire(b.ctx, time.Minute)
+	require.NoError(t, err, "the permit is still held")
+
+	// A waiter: the release with an ended ctx lets it in, well before the permit's TTL.
+	s3, err := fencelock.NewSemaphore(newLessor(t, b.pool, "waiter"), "sem:ended", 1)
+	require.NoError(t, err)
+	waiting := make(chan acquired, 1)
+	go func() {
+		p, err := s3.Acquire(b.ctx, time.Minute)
+		waiting <- acquired{p, err, time.Now()}
+	}()
+	waitFor(t, b, "the waiter queues", func() bool {
+		st, err := s.State(b.ctx)
+		require.NoError(t, err)
+		return st.Waiting == 1
+	})
+	require.NoError(t, permit2.Release(endedCtx(b.ctx)))
+	got := receive(t, waiting, 10*time.Second)
+	require.NoError(t, got.err)
+	st, err := s.State(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, fencelock.SemaphoreState{Limit: 1, Held: 1, Waiting: 0}, st)
+	require.NoError(t, got.lease.Release(b.ctx))
+}
+
+// GooseLocker.Unlock with an ended ctx (goose's locktesting does this: it unlocks with the
+// Lock context, past its deadline) releases the lease.
+func TestEndedContextGooseUnlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "migrator"), "goose:ended", 10*time.Second)
+	require.NoError(t, err)
+	ctx, cancel := context.WithDeadline(b.ctx, time.Now().Add(time.Minute))
+	require.NoError(t, g.Lock(ctx, nil))
+	cancel()
+	require.NoError(t, g.Unlock(ctx, nil))
+	require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
+	requireFree(t, b, "goose:ended")
+}
+
+// An Acquire whose ctx ends while it waits leaves the queue before it returns.
+func TestEndedContextLeaveQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder, err := newLessor(t, b.pool, "holder").TryAcquire(b.ctx, "ended:queue", time.Minute)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	waiting := acquireAsync(ctx, newLessor(t, b.pool, "waiter"), "ended:queue", time.Minute)
+	awaitQueue(t, b.ctx, b.pool, "ended:queue", false, "waiter")
+	cancel()
+	require.ErrorIs(t, receive(t, waiting, 10*time.Second).err, context.Canceled)
+	requireNoWaiters(t, b, "ended:queue")
+	require.NoError(t, holder.Release(b.ctx))
+}
+
+// RunLeased whose ctx ends during fn releases the lease before it returns.
+func TestEndedContextRunLeased(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(b.ctx)
+	err := newLessor(t, b.pool, "runner").RunLeased(ctx, "ended:run", 10*time.Second, func(ctx context.Context, _ *fencelock.Lease) error {
+		cancel()
+		<-ctx.Done()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	requireFree(t, b, "ended:run")
+}
+
+// RunLocked whose ctx ends during fn rolls its transaction back (fn's write is not committed,
+// even when fn returns nil) and leaves the row free and the queue empty when it returns: the
+// rollback does not depend on the ended ctx, and the session is not closed to end it.
+func TestEndedContextRunLocked(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name  string
+		fnErr bool // fn returns ctx's error (else nil)
+	}{
+		{"FnReturnsNil", false},
+		{"FnReturnsCtxErr", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			createWrites(t, b)
+			const name = "ended:locked"
+			// A TTL holder first, so that RunLocked waits in the queue before it gets the row.
+			holder, err := newLessor(t, b.pool, "holder").TryAcquire(b.ctx, name, time.Minute)
+			require.NoError(t, err)
+			ctx, cancel := context.WithCancel(b.ctx)
+			defer cancel()
+			var pid uint32
+			ran := make(chan error, 1)
+			runner := newLessor(t, b.pool, "runner")
+			go func() {
+				ran <- runner.RunLocked(ctx, name, func(ctx context.Context, tx pgx.Tx, token fencelock.Token) error {
+					pid = tx.Conn().PgConn().PID()
+					if _, err := tx.Exec(ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, name, int64(token)); err != nil {
+						return err
+					}
+					cancel()
+					if tt.fnErr {
+						return ctx.Err()
+					}
+					return nil
+				})
+			}()
+			awaitQueue(t, b.ctx, b.pool, name, false, "runner")
+			require.NoError(t, holder.Release(b.ctx))
+			select {
+			case err = <-ran:
+			case <-time.After(10 * time.Second):
+				t.Fatal("RunLocked did not return within 10 s of the release")
+			}
+			require.ErrorIs(t, err, context.Canceled)
+			require.Empty(t, writtenTokens(t, b, name), "fn's write committed after ctx ended")
+			requireNoWaiters(t, b, name)
+			requireFree(t, b, name)
+			var alive bool
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, int32(pid)).Scan(&alive))
+			require.True(t, alive, "the session was closed to end the transaction")
+		})
+	}
+}
+
+// A Job's run whose ctx ends during fn releases the job's lease before RunSlot returns.
+func TestEndedContextJob(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	j, err := fencelock.NewJob(newLessor(t, b.pool, "replica"), "job:ended", 10*time.Second)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	err = j.RunSlot(ctx, time.Now(), func(ctx context.Context, _ *fencelock.JobRun) error {
+		cancel()
+		return ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	requireFree(t, b, "job:ended")
+}
+
+// Migrate whose ctx ends mid-run ends its lock before it returns: the advisory key is free.
+func TestEndedContextMigrate(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := gooseProvider(t, b.pool).DownTo(b.ctx, 4)
+	require.NoError(t, err)
+	// Migration 00005 waits for this transaction's lock on fencelock.leases.
+	hold, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(context.Background())
+	_, err = hold.Exec(b.ctx, `LOCK TABLE fencelock.leases IN ACCESS SHARE MODE`)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	migrated := make(chan error, 1)
+	go func() { migrated <- fencelock.Migrate(ctx, b.pool) }()
+	waitFor(t, b, "Migrate reaches migration 00005", func() bool {
+		var waiting bool
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass)`).Scan(&waiting))
+		return waiting
+	})
+	cancel()
+	require.ErrorIs(t, <-migrated, context.Canceled)
+	var took bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_try_advisory_xact_lock($1)`, migrateLockKey).Scan(&took))
+	require.True(t, took, "Migrate's lock is still held after it returned")
+	require.NoError(t, hold.Rollback(b.ctx))
+	require.NoError(t, fencelock.Migrate(b.ctx, b.pool), "a later Migrate finishes the run")
+}

@@ -1,0 +1,267 @@
+package fencelock_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/db"
+)
+
+// doneLateness waits for lease's Done and returns how long after the end of its trust window
+// it closed (negative: before). It fails the test after limit.
+func doneLateness(t *testing.T, lease *fencelock.Lease, limit time.Duration) time.Duration {
+	t.Helper()
+	select {
+	case <-lease.Done():
+		return time.Since(lease.TrustedUntil())
+	case <-time.After(limit):
+		t.Fatalf("lease %q: Done not closed within %v", lease.Name(), limit)
+		return 0
+	}
+}
+
+// maxDoneLateness is how late past the end of its trust window a Done may close in these
+// tests: the timer fires on time; the rest is the Go scheduler on a loaded 2-core machine
+// under -race.
+const maxDoneLateness = 50 * time.Millisecond
+
+// Done closes at the end of the trust window while the heartbeat is busy with another lease's
+// renewal. Lease "long" (TTL 4 s, heartbeat 1.33 s) comes due at 1.0 to 1.33 s; lease "short"
+// (TTL 2.4 s, heartbeat 0.8 s, granted at 0.9 s) comes due only at 1.5 to 1.7 s and its window
+// ends at 3.06 s. From 1.1 s every renewal is blocked: by a table lock, or by a pool the
+// application has exhausted. Before the trust watch, the heartbeat sat in long's renewal
+// (started at 1.33 s) until long's window ended (3.6 s), and short's Done closed 0.54 s late.
+func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		desc  string
+		block func(t *testing.T, ctx context.Context, b *bundle, pool *pgxpool.Pool) (unblock func())
+	}{
+		{"TableLocked", func(t *testing.T, ctx context.Context, b *bundle, _ *pgxpool.Pool) func() {
+			tx, err := b.pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `LOCK TABLE fencelock.leases IN EXCLUSIVE MODE`)
+			require.NoError(t, err)
+			return func() { _ = tx.Rollback(ctx) }
+		}},
+		{"PoolExhausted", func(t *testing.T, ctx context.Context, _ *bundle, pool *pgxpool.Pool) func() {
+			var conns []*pgxpool.Conn
+			for range int(pool.Config().MaxConns) {
+				c, err := pool.Acquire(ctx)
+				require.NoError(t, err)
+				conns = append(conns, c)
+			}
+			return func() {
+				for _, c := range conns {
+					c.Release()
+				}
+			}
+		}},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			cfg, err := pgxpool.ParseConfig(b.db.URL)
+			require.NoError(t, err)
+			cfg.MaxConns = 2
+			pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+			require.NoError(t, err)
+			defer pool.Close()
+			l := newLessor(t, pool, "busy")
+
+			start := time.Now()
+			long, err := l.TryAcquire(b.ctx, "long", 4*time.Second)
+			require.NoError(t, err)
+			time.Sleep(time.Until(start.Add(900 * time.Millisecond))) // staging the schedule, not awaiting an event
+			short, err := l.TryAcquire(b.ctx, "short", 2400*time.Millisecond)
+			require.NoError(t, err)
+			time.Sleep(time.Until(start.Add(1100 * time.Millisecond)))
+			unblock := tc.block(t, b.ctx, b, pool)
+			defer unblock()
+
+			shortLate := doneLateness(t, short, 5*time.Second)
+			require.Less(t, shortLate, maxDoneLateness, "short's Done closed %v after its trust window", shortLate)
+			require.ErrorIs(t, short.Err(), fencelock.ErrTrustWindowExpired)
+			longLate := doneLateness(t, long, 5*time.Second)
+			require.Less(t, longLate, maxDoneLateness, "long's Done closed %v after its trust window", longLate)
+			t.Logf("Done lateness while renewals are blocked: short %v, long %v", shortLate, longLate)
+		})
+	}
+}
+
+// Renewal costs O(n) in the batch: no plan node of the renewal statement does more than a few
+// rows' work per lease renewed (rows x loops), including when some leases are not renewed
+// (row locked by a guard) and the statement reports the rest. The anti-join it used before
+// ran a CTE scan once per lease: about n^2/2 rows (2 million at n = 2,000; 10 s at 16,000).
+func TestRenewalPlanLinear(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 2000
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+		SELECT 'lease:' || i, 'h', now(), now() + interval '1 hour' FROM generate_series(1, $1) AS i`, n)
+	require.NoError(t, err)
+	rows, err := b.pool.Query(b.ctx, `SELECT name, token FROM fencelock.leases ORDER BY name`)
+	require.NoError(t, err)
+	var names []string
+	var tokens, ttls []int64
+	for rows.Next() {
+		var name string
+		var token int64
+		require.NoError(t, rows.Scan(&name, &token))
+		names, tokens, ttls = append(names, name), append(tokens, token), append(ttls, 60_000_000)
+	}
+	require.NoError(t, rows.Err())
+	// One lease's row is locked by a guard-like transaction: the statement then reports the
+	// current leases too.
+	guard, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = guard.Rollback(b.ctx) }()
+	_, err = guard.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'lease:1' FOR SHARE`)
+	require.NoError(t, err)
+
+	var plan []map[string]any
+	// sqlc numbers the parameters in order of appearance: names, tokens, ttls_us, holder.
+	err = b.pool.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
+	require.NoError(t, err)
+	require.Len(t, plan, 1)
+	worst, where := 0.0, ""
+	var walk func(node map[string]any)
+	walk = func(node map[string]any) {
+		work := node["Actual Rows"].(float64) * node["Actual Loops"].(float64)
+		if work > worst {
+			worst, where = work, fmt.Sprint(node["Node Type"], " ", node["Relation Name"], node["CTE Name"])
+		}
+		children, _ := node["Plans"].([]any)
+		for _, c := range children {
+			walk(c.(map[string]any))
+		}
+	}
+	walk(plan[0]["Plan"].(map[string]any))
+	require.LessOrEqual(t, worst, 3.0*n, "plan node %s handles %.0f rows for %d leases: not linear\n%s", where, worst, n, mustJSON(plan))
+	t.Logf("renewal of %d leases: the busiest plan node (%s) handles %.0f rows", n, where, worst)
+}
+
+func mustJSON(v any) string {
+	out, _ := json.MarshalIndent(v, "", " ")
+	return string(out)
+}
+
+// A token sequence that cannot keep tokens in grant order (CACHE > 1: each backend hands out its
+// own block; CYCLE: it wraps; a negative INCREMENT: it counts down) is refused with
+// ErrTokenSequence before any token is issued, on every path, and nothing is left held.
+func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
+	t.Parallel()
+	for _, alter := range []string{"CACHE 20", "CYCLE", "INCREMENT -1"} {
+		t.Run(alter, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			_, err := b.pool.Exec(b.ctx, `ALTER SEQUENCE fencelock.leases_token_seq `+alter)
+			require.NoError(t, err)
+			l := newLessor(t, b.pool, "a")
+			_, err = l.TryAcquire(b.ctx, "job", time.Minute)
+			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
+			err = l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil })
+			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
+			a, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithFencingTokens())
+			require.NoError(t, err)
+			err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+				_, err := a.TryLockTx(b.ctx, tx, "job")
+				return err
+			})
+			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
+			// The session lock's statement fails after the lock was granted: its connection is
+			// closed, never pooled, and the server ends the session, and the lock, when it sees
+			// the close.
+			_, err = a.TryLock(b.ctx, "job")
+			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
+			var leases int // RunLocked leaves an expired placeholder row, with token 0
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE token <> 0 OR expires_at > now()`).Scan(&leases))
+			require.Zero(t, leases, "a refused grant left a lease row")
+
+			// Nothing is left held: with the sequence repaired, every path grants (the advisory
+			// lock once the closed session's backend has exited: waited for in the server's
+			// lock queue, within 5 s).
+			var lastValue int64
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&lastValue))
+			require.EqualValues(t, 1, lastValue, "a token was drawn from the misconfigured sequence")
+			_, err = b.pool.Exec(b.ctx, `ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 INCREMENT 1 NO CYCLE`)
+			require.NoError(t, err)
+			lctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+			defer cancel()
+			lk, err := a.Lock(lctx, "job")
+			require.NoError(t, err)
+			require.Positive(t, lk.Token())
+			require.NoError(t, lk.Unlock(b.ctx))
+			lease, err := l.TryAcquire(b.ctx, "job", time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, lease.Release(b.ctx))
+		})
+	}
+}
+
+// A failed Release still stops the renewals: the lease is left to expire within its TTL.
+func TestFailedReleaseStopsRenewals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "h", fencelock.WithHeartbeatInterval(20*time.Millisecond))
+	lease, err := l.Acquire(b.ctx, "job", 600*time.Millisecond)
+	require.NoError(t, err)
+	// The release fails on the server: a trigger refuses to end h's lease (renewals, which move
+	// the expiry ahead, still pass). (An ended ctx no longer makes it fail: Release detaches.)
+	_, err = b.pool.Exec(b.ctx, `CREATE FUNCTION refuse_release() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.expires_at <= clock_timestamp() THEN RAISE EXCEPTION 'release refused by the test'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_release BEFORE UPDATE ON fencelock.leases FOR EACH ROW
+			WHEN (NEW.holder = 'h') EXECUTE FUNCTION refuse_release()`)
+	require.NoError(t, err)
+	require.ErrorContains(t, lease.Release(b.ctx), "release refused by the test")
+	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
+	// A renewal already in flight when the lease ended may still land (seen in CI under load:
+	// the expiry moved 28 ms after the release returned); none may start after it.
+	time.Sleep(200 * time.Millisecond)
+	before := readExpiry(t, b, "job")
+	time.Sleep(100 * time.Millisecond) // five heartbeats: waiting for renewals that must not come
+	require.Equal(t, before, readExpiry(t, b, "job"), "the heartbeat renewed a released lease")
+	_, err = b.pool.Exec(b.ctx, `SELECT pg_sleep_until($1::timestamptz + interval '10 milliseconds')`, before)
+	require.NoError(t, err)
+	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, "job", time.Second)
+	require.NoError(t, err, "the lease did not expire within its TTL")
+	require.NoError(t, other.Release(b.ctx))
+}
+
+func readExpiry(t *testing.T, b *bundle, name string) time.Time {
+	t.Helper()
+	var at time.Time
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT expires_at FROM fencelock.leases WHERE name = $1`, name).Scan(&at))
+	return at
+}
+
+// Acquire's wait is capped by the holder's remaining TTL on the database clock (plus a quarter
+// of the first backoff, as jitter): with a backoff of 4 s to 10 s (equal jitter: the first
+// wait is 2 to 4 s), a lease that expires 300 ms after the waiter starts is granted 0.8 to
+// 1.3 s after, not after a backoff period.
+func TestAcquireWaitCappedByRemainingTTL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder, err := newLessor(t, b.pool, "holder", fencelock.WithoutHeartbeat()).Acquire(b.ctx, "job", 300*time.Millisecond)
+	require.NoError(t, err)
+	slow := newLessor(t, b.pool, "slow", fencelock.WithBackoff(fencelock.ExponentialBackoff(4*time.Second, 10*time.Second)))
+	start := time.Now()
+	lease, err := slow.Acquire(b.ctx, "job", time.Second)
+	require.NoError(t, err)
+	waited := time.Since(start)
+	require.Less(t, waited, 1900*time.Millisecond, "Acquire slept its backoff instead of the holder's remaining TTL")
+	require.Greater(t, lease.Token(), holder.Token())
+	require.NoError(t, lease.Release(b.ctx))
+	t.Logf("granted %v after the waiter started (holder's TTL 300 ms, backoff from 4 s)", waited.Round(time.Millisecond))
+}

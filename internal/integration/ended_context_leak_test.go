@@ -1,0 +1,46 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/fencelock/fencelock"
+)
+
+// A Release with an ended ctx stays bounded by its own timeout (5 s) when its statement cannot
+// finish (another transaction holds the lease row FOR UPDATE), and leaves no goroutine behind.
+//
+// Not parallel: goleak must not see other tests' goroutines.
+func TestEndedContextLeaseReleaseBounded(t *testing.T) {
+	b := setup(t)
+	l := newLessor(t, b.pool, "holder")
+	ignore := goleak.IgnoreCurrent()
+	lease, err := l.TryAcquire(b.ctx, "ended:bounded", time.Minute)
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'ended:bounded' FOR UPDATE`)
+	require.NoError(t, err)
+
+	start := time.Now()
+	err = lease.Release(endedCtx(b.ctx))
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "the release's own bound, not the caller's ended ctx")
+	require.GreaterOrEqual(t, elapsed, 5*time.Second, "the release did not wait its own bound")
+	require.Less(t, elapsed, 8*time.Second, "the release ran past its bound")
+	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased, "Done closes before the statement, whatever it does")
+	require.NoError(t, tx.Rollback(b.ctx))
+	// The client gave the statement up; its backend may still run it once the row is free
+	// (the release is scoped to the grant, so that is harmless), else the grant stays until
+	// its TTL. Either way a second Release ends it.
+	if err := lease.Release(b.ctx); err != nil {
+		require.ErrorIs(t, err, fencelock.ErrNotHeld)
+	}
+	requireFree(t, b, "ended:bounded")
+	verifyNoLeakWithin(t, 5*time.Second, ignore)
+}

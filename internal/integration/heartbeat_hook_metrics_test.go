@@ -1,0 +1,112 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testhook"
+)
+
+// A grant whose reply arrives after its trust window is released on a context of its own, so
+// the name is free at once even when the caller's ctx ended meanwhile (before, the release
+// used the caller's ctx, was never sent, and the name stayed held for a whole TTL).
+func TestLateGrantReleasedAfterCallerCancels(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "late", fencelock.WithSafetyMargin(9900*time.Millisecond), fencelock.WithHeartbeatInterval(30*time.Millisecond))
+	ctx, cancel := context.WithCancel(b.ctx)
+	testhook.SetAfterGrant(l, func() {
+		cancel()                           // the caller gives up as the reply arrives...
+		time.Sleep(150 * time.Millisecond) // ...which arrives past the 100 ms trust window
+	})
+	lease, err := l.TryAcquire(ctx, "slow", 10*time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	require.Nil(t, lease)
+	require.True(t, readLease(t, b.ctx, b.pool, "slow").Expired, "the late grant is still held")
+	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, "slow", time.Second)
+	require.NoError(t, err)
+	require.NoError(t, other.Release(b.ctx))
+}
+
+// No amount of polling or waiting by other lessors (TryAcquire in tight loops, Acquire and
+// RunLocked waiting) costs a healthy holder its lease: a refused grant never row-locks the
+// holder's row, so renewals (which skip locked rows) never skip it.
+// Before the pre-check ran on every attempt, each refused poll row-locked the holder's row
+// (6 pollers made a holder with a 300 ms TTL lose its lease 1 to 3 times in 4 s). The
+// invariant is checked directly, whatever the machine's speed: no renewal of the holder ever
+// came back "locked" (its row locked by someone else); and the holder keeps its lease.
+func TestPollersCannotCostHolderItsLease(t *testing.T) {
+	// Not parallel: 18 goroutines against a short TTL on 2 cores.
+	b := setup(t)
+	// A 1 s TTL and a 100 ms heartbeat: nine renewal attempts in the trust window, so that a
+	// loaded machine (the suite run beside a CPU hog) does not lose the lease by slowness; the
+	// power to catch pollers that lock the row comes from the renewals' "locked" count, which
+	// must stay 0 (with the old pollers, most renewals skipped).
+	metrics := newMetricsReader(t)
+	holder := newLessor(t, b.pool, "holder", fencelock.WithHeartbeatInterval(100*time.Millisecond), fencelock.WithMeterProvider(metrics.mp))
+	lease, err := holder.Acquire(b.ctx, "hot", time.Second)
+	require.NoError(t, err)
+	ctx, stop := context.WithTimeout(b.ctx, 4*time.Second)
+	defer stop()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 16 // the pollers' own pool: they never wait for the holder's connections
+	pollers, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	defer pollers.Close()
+	var polls, granted atomic.Int64
+	var wg sync.WaitGroup
+	for i := range 16 {
+		poller := newLessor(t, pollers, fmt.Sprintf("poller%d", i))
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				got, err := poller.TryAcquire(ctx, "hot", 300*time.Millisecond)
+				polls.Add(1)
+				if err == nil {
+					granted.Add(1)
+					_ = got.Release(context.WithoutCancel(ctx))
+				}
+			}
+		})
+	}
+	// Waiters too: Acquire and RunLocked, with a short backoff, until the end.
+	waitBackoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 5*time.Millisecond))
+	for i := range 2 {
+		waiter := newLessor(t, pollers, fmt.Sprintf("waiter%d", i), waitBackoff)
+		wg.Go(func() {
+			if got, err := waiter.Acquire(ctx, "hot", 300*time.Millisecond); err == nil {
+				granted.Add(1)
+				_ = got.Release(context.WithoutCancel(ctx))
+			}
+		})
+		wg.Go(func() {
+			err := waiter.RunLocked(ctx, "hot", func(context.Context, pgx.Tx, fencelock.Token) error { return nil })
+			if err == nil {
+				granted.Add(1)
+			}
+		})
+	}
+	select {
+	case <-lease.Done():
+		t.Fatalf("the holder lost its lease to pollers: %v", lease.Err())
+	case <-ctx.Done():
+	}
+	wg.Wait()
+	require.NoError(t, lease.Err())
+	require.Zero(t, granted.Load(), "a poller or waiter was granted a held lease")
+	require.Greater(t, polls.Load(), int64(100), "the pollers hardly polled")
+	renewed := metrics.value("fencelock.lease.renewals", outcome("renewed"))
+	require.Positive(t, renewed, "the holder never renewed")
+	require.Zero(t, metrics.value("fencelock.lease.renewals", outcome("locked")), "a renewal found the holder's row locked by a poller or waiter")
+	require.NoError(t, lease.Release(b.ctx))
+	t.Logf("%d refused polls in 4 s; the holder kept its lease (%d renewals, none locked)", polls.Load(), renewed)
+}

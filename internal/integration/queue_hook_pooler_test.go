@@ -1,0 +1,151 @@
+package integration
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/fencelock/fencelock/internal/testhook"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// A release to a queue sends one NOTIFY, to the head's lessor only: the others stay queued and
+// are not woken (each would otherwise poll and refresh its place: their rows stay as they were).
+func TestReleaseWakesOnlyTheHead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newLessor(t, b.pool, "holder")
+	lh, err := holder.TryAcquire(b.ctx, "herd", time.Minute)
+	require.NoError(t, err)
+	var names []string
+	var results []<-chan acquired
+	for i := range 5 {
+		names = append(names, fmt.Sprintf("w%d", i))
+		// One pool per waiter: each lessor has a listening connection of its own, as the
+		// processes of a fleet do.
+		results = append(results, acquireAsync(b.ctx, newLessor(t, newPool(t, b.ctx, b.db.URL), names[i]), "herd", time.Minute))
+		awaitQueue(t, b.ctx, b.pool, "herd", true, names...)
+	}
+	refreshed := func() map[string]time.Time {
+		rows, err := b.pool.Query(b.ctx, `SELECT holder, expires_at FROM fencelock.lease_waiters WHERE name = 'herd'`)
+		require.NoError(t, err)
+		m := map[string]time.Time{}
+		for rows.Next() {
+			var h string
+			var at time.Time
+			require.NoError(t, rows.Scan(&h, &at))
+			m[h] = at
+		}
+		require.NoError(t, rows.Err())
+		return m
+	}
+	before := refreshed()
+	wakes := testhook.Wakeups()
+	require.NoError(t, lh.Release(b.ctx))
+	got := receive(t, results[0], time.Second)
+	require.NoError(t, got.err)
+	require.Equal(t, "w0", got.lease.Holder())
+	after := refreshed()
+	require.GreaterOrEqual(t, testhook.Wakeups()-wakes, int64(1))
+	for _, h := range names[1:] {
+		// A woken waiter would have run an attempt, which refreshes its place (a later expiry).
+		require.Equal(t, before[h], after[h], "%s was woken by a release for the head", h)
+	}
+	require.NoError(t, got.lease.Release(b.ctx))
+	for i := 1; i < len(names); i++ {
+		got := receive(t, results[i], time.Second)
+		require.NoError(t, got.err)
+		require.NoError(t, got.lease.Release(b.ctx))
+	}
+}
+
+// The listening connection killed (pg_terminate_backend): the waiter falls back to polling and
+// is still granted by the release (it finds the hand-off at its next poll), the connection is
+// opened again, and once nothing is held or awaited no goroutine is left (the connection closes
+// a second after the lessor's last wait or lease).
+//
+// Not parallel: goleak must not see other tests' goroutines.
+func TestQueueListenerTerminated(t *testing.T) {
+	b := setup(t)
+	pool := newPool(t, b.ctx, b.db.URL) // the waiter's own, for one listening connection of its own
+	ignore := goleak.IgnoreCurrent()
+	holder := newLessor(t, b.pool, "holder")
+	waiter := newLessor(t, pool, "waiter", fastBackoff)
+	lh, err := holder.TryAcquire(b.ctx, "deaf", time.Minute)
+	require.NoError(t, err)
+	w := acquireAsync(b.ctx, waiter, "deaf", time.Minute)
+	awaitQueue(t, b.ctx, b.pool, "deaf", true, "waiter")
+	pids := listeners(t, b.ctx, b.pool)
+	require.Len(t, pids, 1)
+	var ok bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_terminate_backend($1)`, pids[0]).Scan(&ok))
+	require.True(t, ok)
+	// The waiter refreshes its place without a channel: it polls now.
+	awaitQueue(t, b.ctx, b.pool, "deaf", false, "waiter")
+	require.NoError(t, lh.Release(b.ctx))
+	got := receive(t, w, 2*time.Second)
+	require.NoError(t, got.err)
+	require.Equal(t, "waiter", got.lease.Holder())
+	// It listens again, on a new session.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if now := listeners(t, b.ctx, b.pool); len(now) == 1 && now[0] != pids[0] {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the listening connection was not opened again")
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, got.lease.Release(b.ctx))
+	verifyNoLeakWithin(t, 3*time.Second, ignore)
+	require.Empty(t, listeners(t, b.ctx, b.pool))
+}
+
+// Behind PgBouncer in transaction mode LISTEN cannot work (the next statement may run on
+// another server session): the lessor detects the pooler (its backend pid is not the one the
+// connection reported) and its waiters poll, with no channel in their place; they are still
+// served first come, first served, by hand-offs they find at their next poll.
+func TestQueueBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pgtest.NeedPgBouncer(t)
+	bouncer, err := pgtest.StartPgBouncer(b.ctx, b.db.Server, "transaction")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, bouncer.Close()) })
+	cfg, err := pgxpool.ParseConfig(bouncer.URL(b.db.Name))
+	require.NoError(t, err)
+	if !bouncer.PreparedStatements() {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	pooled, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pooled.Close)
+
+	holder := newLessor(t, pooled, "holder")
+	lh, err := holder.TryAcquire(b.ctx, "bounced", time.Minute)
+	require.NoError(t, err)
+	var names []string
+	var results []<-chan acquired
+	for i := range 3 {
+		names = append(names, fmt.Sprintf("w%d", i))
+		results = append(results, acquireAsync(b.ctx, newLessor(t, pooled, names[i], fastBackoff), "bounced", time.Minute))
+		awaitQueue(t, b.ctx, b.pool, "bounced", false, names...)
+	}
+	for _, e := range readQueue(t, b.ctx, b.pool, "bounced") {
+		require.False(t, e.Notify, "%s listens behind a transaction pooler", e.Holder)
+	}
+	require.Empty(t, listeners(t, b.ctx, b.pool))
+	prev := lh
+	for i := range names {
+		require.NoError(t, prev.Release(b.ctx))
+		got := receive(t, results[i], 2*time.Second)
+		require.NoError(t, got.err)
+		require.Equal(t, names[i], got.lease.Holder())
+		prev = got.lease
+	}
+	require.NoError(t, prev.Release(b.ctx))
+}

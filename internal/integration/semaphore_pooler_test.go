@@ -1,0 +1,41 @@
+package integration
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// Behind PgBouncer in transaction mode (no LISTEN: waiters poll), permits are granted up to
+// the limit, a waiter polls its way to the permit a release frees, and a try does not barge
+// past it.
+func TestSemaphoreBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
+	pool := goosePool(t, b.ctx, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+	h, err := fencelock.NewSemaphore(newLessor(t, pool, "pooled-h"), "sem:pooled", 2)
+	require.NoError(t, err)
+	p1, err := h.TryAcquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	p2, err := h.Acquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	w, err := fencelock.NewSemaphore(newLessor(t, pool, "pooled-w", fastBackoff), "sem:pooled", 2)
+	require.NoError(t, err)
+	waiting := permitAsync(b.ctx, w, 10*time.Second)
+	waitQueued(t, b, h, 1)
+	_, err = newSemaphore(t, b, "pooled-try", "sem:pooled", 2).TryAcquire(b.ctx, time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	require.NoError(t, p1.Release(b.ctx))
+	got := receive(t, waiting, 5*time.Second)
+	require.NoError(t, got.err)
+	require.Equal(t, p1.Name(), got.lease.Name())
+	require.Greater(t, got.lease.Token(), p1.Token())
+	require.NoError(t, got.lease.Release(b.ctx))
+	require.NoError(t, p2.Release(b.ctx))
+	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, h))
+}

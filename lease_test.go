@@ -1,0 +1,347 @@
+package fencelock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+func TestLease(t *testing.T) {
+	t.Parallel()
+
+	t.Run("OneHolderThenLargerTokenAfterRelease", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := newLessor(t, b.pool, "a")
+		c := newLessor(t, b.pool, "c")
+
+		la, err := a.TryAcquire(b.ctx, "job", 10*time.Second)
+		require.NoError(t, err)
+		require.Greater(t, la.Token(), fencelock.Token(0))
+		_, err = c.TryAcquire(b.ctx, "job", 10*time.Second)
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+
+		require.NoError(t, la.Release(b.ctx))
+		waitDone(t, la, time.Second)
+		require.ErrorIs(t, la.Err(), fencelock.ErrReleased)
+
+		lc, err := c.TryAcquire(b.ctx, "job", 10*time.Second)
+		require.NoError(t, err)
+		require.Greater(t, lc.Token(), la.Token())
+		require.Equal(t, leaseRow{Holder: "c", Token: int64(lc.Token())}, readLease(t, b.ctx, b.pool, "job"))
+		require.NoError(t, lc.Release(b.ctx))
+	})
+
+	t.Run("LargerTokenAfterExpiry", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
+		c := newLessor(t, b.pool, "c", fastBackoff)
+
+		la, err := a.Acquire(b.ctx, "job", 300*time.Millisecond)
+		require.NoError(t, err)
+		_, err = c.TryAcquire(b.ctx, "job", time.Second)
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+
+		// Acquire waits until the server-side expiry and then gets a larger token.
+		lc, err := c.Acquire(b.ctx, "job", time.Second)
+		require.NoError(t, err)
+		require.Greater(t, lc.Token(), la.Token())
+		// The old holder stopped trusting its lease before the new grant: its trust window
+		// (TTL less the margin, from before its grant was sent) ended first, and Done closes.
+		require.True(t, la.TrustedUntil().Before(time.Now()), "old trust window still open after a new grant")
+		waitDone(t, la, time.Second)
+		require.ErrorIs(t, la.Err(), fencelock.ErrLeaseLost)
+		require.ErrorIs(t, la.Err(), fencelock.ErrTrustWindowExpired)
+		require.NoError(t, lc.Release(b.ctx))
+	})
+
+	t.Run("HeartbeatKeepsLeasePastTTL", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := newLessor(t, b.pool, "a")
+		c := newLessor(t, b.pool, "c")
+		la, err := a.Acquire(b.ctx, "job", 150*time.Millisecond)
+		require.NoError(t, err)
+		// Wait for several renewals: each moves ExpiresAt on the database clock.
+		first := la.ExpiresAt()
+		deadline := time.Now().Add(5 * time.Second)
+		for !la.ExpiresAt().After(first.Add(300 * time.Millisecond)) {
+			require.True(t, time.Now().Before(deadline), "lease not renewed")
+			select {
+			case <-la.Done():
+				t.Fatalf("healthy lease lost: %v", la.Err())
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		_, err = c.TryAcquire(b.ctx, "job", time.Second)
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+		require.NoError(t, la.Err())
+		require.NoError(t, la.Release(b.ctx))
+	})
+
+	t.Run("ManyLeasesOneLessor", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		a := newLessor(t, b.pool, "a")
+		var leases []*fencelock.Lease
+		for i := range 200 {
+			l, err := a.TryAcquire(b.ctx, fmt.Sprintf("job:%d", i), time.Second)
+			require.NoError(t, err)
+			leases = append(leases, l)
+		}
+		// Past two TTLs every lease is still held: the batched heartbeat kept all 200.
+		var stillHeld int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_sleep(2.2)::text IS NOT NULL`).Scan(new(bool)))
+		require.NoError(t, b.pool.QueryRow(b.ctx,
+			`SELECT count(*) FROM fencelock.leases WHERE holder = 'a' AND expires_at > clock_timestamp()`).Scan(&stillHeld))
+		require.Equal(t, 200, stillHeld)
+		for _, l := range leases {
+			require.NoError(t, l.Err())
+			require.NoError(t, l.Release(b.ctx))
+		}
+	})
+}
+
+// Tokens for one name strictly increase across 1,000 grants raced by 16 goroutines, each with
+// its own lessor. Grants are exclusive, so appending under a mutex while holding records them
+// in grant order.
+func TestTokensStrictlyIncreaseUnderContention(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const workers, grants = 16, 1000
+	var (
+		mu     sync.Mutex
+		tokens []int64
+		wg     sync.WaitGroup
+		errs   = make(chan error, workers)
+	)
+	next := make(chan struct{}, grants)
+	for range grants {
+		next <- struct{}{}
+	}
+	close(next)
+	for w := range workers {
+		l := newLessor(t, b.pool, fmt.Sprintf("w%d", w), fastBackoff)
+		wg.Go(func() {
+			for range next {
+				lease, err := l.Acquire(b.ctx, "hot", 5*time.Second)
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				tokens = append(tokens, int64(lease.Token()))
+				mu.Unlock()
+				if err := lease.Release(b.ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Len(t, tokens, grants)
+	for i := 1; i < len(tokens); i++ {
+		require.Greater(t, tokens[i], tokens[i-1], "grant %d", i)
+	}
+	require.Equal(t, tokens[len(tokens)-1], readLease(t, b.ctx, b.pool, "hot").Token)
+}
+
+// A holder paused past its TTL (its heartbeat stopped): the new holder's fenced write commits,
+// the old holder's is rejected with the typed error, and the old holder's Done has closed.
+func TestPausedHolderIsFenced(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	createWrites(t, b)
+	old := newLessor(t, b.pool, "old", fencelock.WithoutHeartbeat())
+	cur := newLessor(t, b.pool, "new", fastBackoff)
+
+	lo, err := old.Acquire(b.ctx, "payment:1", 200*time.Millisecond)
+	require.NoError(t, err)
+	// "Pause": the old holder does nothing while the new one waits out its TTL.
+	ln, err := cur.Acquire(b.ctx, "payment:1", 5*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, fencedWrite(b.ctx, b.pool, "payment:1", ln.Token()))
+
+	// The old holder wakes up and writes with its old token.
+	err = fencedWrite(b.ctx, b.pool, "payment:1", lo.Token())
+	var stale *fencelock.StaleTokenError
+	require.ErrorAs(t, err, &stale)
+	require.ErrorIs(t, err, fencelock.ErrStaleToken)
+	require.Equal(t, fencelock.StaleTokenError{Resource: "payment:1", Token: lo.Token(), Current: ln.Token()}, *stale)
+	waitDone(t, lo, time.Second)
+	require.ErrorIs(t, lo.Err(), fencelock.ErrLeaseLost)
+
+	require.Equal(t, []int64{int64(ln.Token())}, writtenTokens(t, b, "payment:1"))
+	require.NoError(t, ln.Release(b.ctx))
+}
+
+// A late release or renew from an old holder does not touch the new grant.
+func TestLateReleaseAndRenewDoNotTouchNewGrant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := newLessor(t, b.pool, "old", fencelock.WithoutHeartbeat())
+	cur := newLessor(t, b.pool, "new")
+
+	lo, err := old.TryAcquire(b.ctx, "job", 10*time.Second)
+	require.NoError(t, err)
+	// An operator force-expires the lease (the old holder still trusts it), and a new holder
+	// takes over.
+	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+	require.NoError(t, err)
+	ln, err := cur.TryAcquire(b.ctx, "job", 10*time.Second)
+	require.NoError(t, err)
+	want := readLease(t, b.ctx, b.pool, "job")
+
+	err = lo.Renew(b.ctx)
+	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
+	waitDone(t, lo, time.Second)
+	require.Equal(t, want, readLease(t, b.ctx, b.pool, "job"))
+
+	err = lo.Release(b.ctx)
+	require.ErrorIs(t, err, fencelock.ErrNotHeld)
+	require.Equal(t, want, readLease(t, b.ctx, b.pool, "job"))
+	require.False(t, want.Expired)
+
+	require.NoError(t, ln.Renew(b.ctx))
+	require.NoError(t, ln.Release(b.ctx))
+}
+
+// The heartbeat notices a takeover: Done closes with the server's verdict, not only at the
+// end of the trust window.
+func TestHeartbeatSignalsTakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	old := newLessor(t, b.pool, "old", fencelock.WithHeartbeatInterval(20*time.Millisecond))
+	cur := newLessor(t, b.pool, "new")
+	lo, err := old.TryAcquire(b.ctx, "job", time.Minute)
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+	require.NoError(t, err)
+	ln, err := cur.TryAcquire(b.ctx, "job", time.Minute)
+	require.NoError(t, err)
+	waitDone(t, lo, 5*time.Second) // far less than the minute-long trust window
+	require.ErrorIs(t, lo.Err(), fencelock.ErrLeaseLost)
+	require.NotErrorIs(t, lo.Err(), fencelock.ErrTrustWindowExpired)
+	require.NoError(t, ln.Release(b.ctx))
+}
+
+// A cancelled ctx during the grant statement itself (blocked on a row held by a transaction)
+// leaves nothing held.
+func TestRunLockedCancelledWhileWaitingOnRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := newLessor(t, b.pool, "a")
+	c := newLessor(t, b.pool, "c")
+	inside, finish := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- a.RunLocked(b.ctx, "job", func(ctx context.Context, tx pgxTx, token fencelock.Token) error {
+			close(inside)
+			<-finish
+			return nil
+		})
+	}()
+	<-inside
+	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	err := c.RunLocked(ctx, "job", func(context.Context, pgxTx, fencelock.Token) error {
+		t.Error("fn ran while another transaction held the row")
+		return nil
+	})
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	close(finish)
+	require.NoError(t, <-done)
+	var waiting []string
+	rows, err := b.pool.Query(b.ctx,
+		`SELECT format('pid=%s app=%s state=%s wait=%s query=%s', pid, application_name, state, wait_event, left(query, 80)) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
+	require.NoError(t, err)
+	waiting, err = collectStrings(rows)
+	require.NoError(t, err)
+	require.Empty(t, waiting)
+	require.Equal(t, "a", readLease(t, b.ctx, b.pool, "job").Holder)
+}
+
+var errBoom = errors.New("boom")
+
+// A lessor is not re-entrant: a second grant of a name it holds is refused as such, not as
+// someone else's.
+func TestLessorNotReentrant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	a := newLessor(t, b.pool, "a")
+	l, err := a.TryAcquire(b.ctx, "job", time.Minute)
+	require.NoError(t, err)
+	_, err = a.TryAcquire(b.ctx, "job", time.Minute)
+	require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
+	require.NotErrorIs(t, err, fencelock.ErrNotAcquired)
+	_, err = a.Acquire(b.ctx, "job", time.Minute)
+	require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
+	require.NoError(t, l.Release(b.ctx))
+	l, err = a.TryAcquire(b.ctx, "job", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, l.Release(b.ctx))
+}
+
+// Attempts by one lessor on one name are serialised locally: 32 goroutines sharing a lessor
+// ask for one name at once; one is granted, every other is told the lessor holds it already
+// (ErrAlreadyHeld), never that someone else does.
+func TestLessorSerialisesAttemptsOnOneName(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "shared")
+	start := make(chan struct{})
+	errs := make(chan error, 32)
+	leases := make(chan *fencelock.Lease, 32)
+	var wg sync.WaitGroup
+	for range 32 {
+		wg.Go(func() {
+			<-start
+			lease, err := l.TryAcquire(b.ctx, "job", time.Minute)
+			if err == nil {
+				leases <- lease
+			}
+			errs <- err
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	close(leases)
+	granted := 0
+	for err := range errs {
+		if err == nil {
+			granted++
+			continue
+		}
+		require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
+	}
+	require.Equal(t, 1, granted)
+	for lease := range leases {
+		require.NoError(t, lease.Release(b.ctx))
+	}
+}
+
+func collectStrings(rows pgxRows) ([]string, error) {
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}

@@ -1,0 +1,315 @@
+package fencelock_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// Tests of the queue of lease waiters (migration 00004, lease_queue.go, listener.go): first
+// come, first served, a release that hands the lease to the head and wakes only it, a place
+// that a waiter leaves when it gives up, and the fallbacks to polling.
+
+// queued is one row of the view fencelock.lease_queue.
+type queued struct {
+	Holder   string
+	Position int64
+	Notify   bool
+}
+
+// readQueue returns the live waiters of name in order, as the view fencelock.lease_queue
+// shows them.
+func readQueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) []queued {
+	t.Helper()
+	rows, err := pool.Query(ctx, `SELECT holder, position, woken_by_notify FROM fencelock.lease_queue WHERE name = $1 ORDER BY position`, name)
+	require.NoError(t, err)
+	q, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (queued, error) {
+		var e queued
+		err := r.Scan(&e.Holder, &e.Position, &e.Notify)
+		return e, err
+	})
+	require.NoError(t, err)
+	return q
+}
+
+// awaitQueue waits until the queue of name is exactly holders, in that order (and, with notify,
+// each of them is woken by NOTIFY rather than polling), failing the test after 10 s.
+func awaitQueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string, notify bool, holders ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		q := readQueue(t, ctx, pool, name)
+		got := make([]string, len(q))
+		ok := len(q) == len(holders)
+		for i, e := range q {
+			got[i] = e.Holder
+			ok = ok && e.Holder == holders[i] && e.Position == int64(i+1) && (!notify || e.Notify)
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue of %q is %v (%+v), want %v (notify %v)", name, got, q, holders, notify)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// acquireAsync runs l.Acquire in a goroutine; the result arrives on the channel.
+type acquired struct {
+	lease *fencelock.Lease
+	err   error
+	at    time.Time
+}
+
+func acquireAsync(ctx context.Context, l *fencelock.Lessor, name string, ttl time.Duration) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, name, ttl)
+		ch <- acquired{lease, err, time.Now()}
+	}()
+	return ch
+}
+
+// receive waits for an acquire's result, failing the test after limit.
+func receive(t *testing.T, ch <-chan acquired, limit time.Duration) acquired {
+	t.Helper()
+	select {
+	case a := <-ch:
+		return a
+	case <-time.After(limit):
+		t.Fatalf("no grant within %v", limit)
+		return acquired{}
+	}
+}
+
+// Eight waiters that join one after the other are granted in that order, each by the release
+// of the one before (a hand-off in the release's statement, woken by NOTIFY: well within the
+// waiters' refresh period of 1.7 s), with rising tokens; the queue is visible in SQL the whole
+// time, with the head's wait.
+func TestQueueFirstComeFirstServed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const n = 8
+	holder := newLessor(t, b.pool, "holder")
+	first, err := holder.TryAcquire(b.ctx, "fifo", time.Minute)
+	require.NoError(t, err)
+	var names []string
+	var results []<-chan acquired
+	for i := range n {
+		name := fmt.Sprintf("w%d", i)
+		names = append(names, name)
+		results = append(results, acquireAsync(b.ctx, newLessor(t, b.pool, name), "fifo", time.Minute))
+		awaitQueue(t, b.ctx, b.pool, "fifo", true, names...)
+	}
+	var waiters int64
+	var head string
+	var headWaited time.Duration
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT waiters, head_holder, head_waited FROM fencelock.lease_queue_summary WHERE name = 'fifo'`).
+		Scan(&waiters, &head, &headWaited))
+	require.EqualValues(t, n, waiters)
+	require.Equal(t, "w0", head)
+	require.Positive(t, headWaited)
+
+	prev := first
+	for i := range n {
+		require.NoError(t, prev.Release(b.ctx))
+		got := receive(t, results[i], time.Second)
+		require.NoError(t, got.err, "w%d", i)
+		require.Equal(t, names[i], got.lease.Holder(), "grant %d went out of order", i)
+		require.Greater(t, got.lease.Token(), prev.Token())
+		require.Equal(t, names[i], readLease(t, b.ctx, b.pool, "fifo").Holder)
+		awaitQueue(t, b.ctx, b.pool, "fifo", true, names[i+1:]...)
+		prev = got.lease
+	}
+	require.NoError(t, prev.Release(b.ctx))
+}
+
+// While anyone waits, a try grant does not barge: TryAcquire and TryRunLocked are refused even
+// when the lease is free (here a waiter whose place is live but who has not taken the free lease
+// yet), and granted once the queue is empty.
+func TestQueueNoBarging(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.lease_waiters (name, holder, wait_id, seq, ttl_us, since, expires_at)
+		VALUES ('nobarge', 'someone', 1, nextval('fencelock.lease_waiters_seq'), 60000000, now(), now() + interval '1 minute')`)
+	require.NoError(t, err)
+	l := newLessor(t, b.pool, "newcomer")
+	_, err = l.TryAcquire(b.ctx, "nobarge", time.Minute)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	err = l.TryRunLocked(b.ctx, "nobarge", func(context.Context, pgx.Tx, fencelock.Token) error {
+		t.Error("a transaction-scoped grant barged past the queue")
+		return nil
+	})
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	_, err = b.pool.Exec(b.ctx, `DELETE FROM fencelock.lease_waiters WHERE name = 'nobarge'`)
+	require.NoError(t, err)
+	lease, err := l.TryAcquire(b.ctx, "nobarge", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(b.ctx))
+	// An Acquire granted at its first attempt never waits: no listening connection is opened
+	// for a lessor that never waits.
+	lease, err = l.Acquire(b.ctx, "nobarge", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(b.ctx))
+	require.Empty(t, listeners(t, b.ctx, b.pool))
+}
+
+// A Release from inside a transaction that the same lease guards (GuardTx holds its row FOR
+// KEY SHARE) while someone waits: the release does not wait for that transaction (which would
+// never end: its own goroutine is in Release), ends the grant without a hand-off, and the
+// head, woken, takes the lease once the transaction has ended, with a larger token.
+func TestReleaseInsideGuardedTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newLessor(t, b.pool, "holder")
+	lh, err := holder.TryAcquire(b.ctx, "guarded", time.Minute)
+	require.NoError(t, err)
+	w := acquireAsync(b.ctx, newLessor(t, b.pool, "waiter", fastBackoff), "guarded", time.Minute)
+	awaitQueue(t, b.ctx, b.pool, "guarded", true, "waiter")
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	require.NoError(t, lh.GuardTx(b.ctx, tx))
+	rctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, lh.Release(rctx), "the release waited for the transaction its own lease guards")
+	row := readLease(t, b.ctx, b.pool, "guarded")
+	require.Equal(t, "holder", row.Holder, "handed over while the holder's guarded transaction was open")
+	require.True(t, row.Expired)
+	require.NoError(t, tx.Commit(b.ctx))
+	got := receive(t, w, 2*time.Second)
+	require.NoError(t, got.err)
+	require.Greater(t, got.lease.Token(), lh.Token())
+	require.NoError(t, got.lease.Release(b.ctx))
+}
+
+// A RunLocked waits in the same queue: queued before a TTL waiter, it runs first, woken by the
+// release (which does not hand it a TTL grant but leaves the lease free for it), and the TTL
+// waiter behind it is then woken in turn.
+func TestRunLockedWaitsInQueue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newLessor(t, b.pool, "holder")
+	lh, err := holder.TryAcquire(b.ctx, "mixed", time.Minute)
+	require.NoError(t, err)
+	ran := make(chan fencelock.Token, 1)
+	txDone := make(chan error, 1)
+	go func() {
+		txDone <- newLessor(t, b.pool, "tx").RunLocked(b.ctx, "mixed", func(_ context.Context, _ pgx.Tx, token fencelock.Token) error {
+			ran <- token
+			return nil
+		})
+	}()
+	awaitQueue(t, b.ctx, b.pool, "mixed", true, "tx")
+	ttl := acquireAsync(b.ctx, newLessor(t, b.pool, "ttl"), "mixed", time.Minute)
+	awaitQueue(t, b.ctx, b.pool, "mixed", true, "tx", "ttl")
+	require.NoError(t, lh.Release(b.ctx))
+	var token fencelock.Token
+	select {
+	case token = <-ran:
+	case a := <-ttl:
+		t.Fatalf("the TTL waiter behind the RunLocked was granted first: %+v", a)
+	case <-time.After(time.Second):
+		t.Fatal("the RunLocked at the head was not woken")
+	}
+	require.NoError(t, <-txDone)
+	require.Greater(t, token, lh.Token())
+	got := receive(t, ttl, time.Second)
+	require.NoError(t, got.err)
+	require.Greater(t, got.lease.Token(), token)
+	require.NoError(t, got.lease.Release(b.ctx))
+}
+
+// A waiter that gives up (ctx ends) leaves the queue before Acquire returns, and the next one
+// is served by the holder's release. Then 50 rounds race a release against a waiter's
+// cancellation: whichever wins, the cancelled waiter holds nothing and is in no queue, and the
+// waiter behind it gets the lease within a second of the release.
+func TestQueueWaiterCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newLessor(t, b.pool, "holder")
+	quitter := newLessor(t, b.pool, "quitter")
+	next := newLessor(t, b.pool, "next")
+
+	lh, err := holder.TryAcquire(b.ctx, "cancel", time.Minute)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.ctx)
+	q := acquireAsync(ctx, quitter, "cancel", time.Minute)
+	awaitQueue(t, b.ctx, b.pool, "cancel", true, "quitter")
+	n := acquireAsync(b.ctx, next, "cancel", time.Minute)
+	awaitQueue(t, b.ctx, b.pool, "cancel", true, "quitter", "next")
+	cancel()
+	require.ErrorIs(t, receive(t, q, time.Second).err, context.Canceled)
+	require.Equal(t, []queued{{"next", 1, true}}, readQueue(t, b.ctx, b.pool, "cancel"))
+	require.NoError(t, lh.Release(b.ctx))
+	got := receive(t, n, time.Second)
+	require.NoError(t, got.err)
+	require.NoError(t, got.lease.Release(b.ctx))
+
+	for round := range 50 {
+		name := fmt.Sprintf("race:%d", round)
+		lh, err := holder.TryAcquire(b.ctx, name, time.Minute)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(b.ctx)
+		q := acquireAsync(ctx, quitter, name, time.Minute)
+		awaitQueue(t, b.ctx, b.pool, name, true, "quitter")
+		n := acquireAsync(b.ctx, next, name, time.Minute)
+		awaitQueue(t, b.ctx, b.pool, name, true, "quitter", "next")
+		time.AfterFunc(time.Duration(rand.IntN(2000))*time.Microsecond, cancel)
+		released := time.Now()
+		require.NoError(t, lh.Release(b.ctx))
+		if r := receive(t, q, time.Second); r.err == nil {
+			// The quitter was granted before its ctx ended: a grant like any other.
+			require.NoError(t, r.lease.Release(b.ctx), "round %d", round)
+		} else {
+			require.ErrorIs(t, r.err, context.Canceled, "round %d", round)
+		}
+		got := receive(t, n, time.Second)
+		require.NoError(t, got.err, "round %d", round)
+		require.Less(t, got.at.Sub(released), time.Second, "round %d", round)
+		require.Empty(t, readQueue(t, b.ctx, b.pool, name), "round %d", round)
+		var held int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE holder = 'quitter' AND expires_at > clock_timestamp()`).Scan(&held))
+		require.Zero(t, held, "round %d", round)
+		require.NoError(t, got.lease.Release(b.ctx))
+		cancel()
+	}
+}
+
+// listeners returns the backend pids of the database's listening connections.
+func listeners(t *testing.T, ctx context.Context, pool *pgxpool.Pool) []int32 {
+	t.Helper()
+	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %' ORDER BY pid`)
+	require.NoError(t, err)
+	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
+	require.NoError(t, err)
+	return pids
+}
+
+// SweepLeases deletes the places of waiters that left the queue longer ago than its grace, and
+// keeps live ones.
+func TestSweepQueueRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.lease_waiters (name, holder, wait_id, seq, ttl_us, since, expires_at) VALUES
+		('old', 'a', 1, nextval('fencelock.lease_waiters_seq'), 1000000, now() - interval '3 hours', now() - interval '2 hours'),
+		('live', 'b', 2, nextval('fencelock.lease_waiters_seq'), 1000000, now(), now() + interval '1 minute')`)
+	require.NoError(t, err)
+	_, err = fencelock.SweepLeases(b.ctx, b.pool, fencelock.DefaultSweepGrace)
+	require.NoError(t, err)
+	var names []string
+	rows, err := b.pool.Query(b.ctx, `SELECT name FROM fencelock.lease_waiters ORDER BY name`)
+	require.NoError(t, err)
+	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"live"}, names)
+}

@@ -1,0 +1,129 @@
+package fencelock_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// poolWithApp returns a pool whose sessions carry application_name app, for triggers that
+// stall one client's statements.
+func poolWithApp(t *testing.T, url, app string) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = app
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
+}
+
+// stallRenewals installs a statement trigger on fencelock.leases that makes the UPDATEs of the
+// sessions named app sleep seconds, from the first'th UPDATE on (1: the grant). It stands in
+// for a renewal held up on the server (a relation lock, I/O) after its transaction started.
+func stallRenewals(t *testing.T, b *bundle, app string, first, last int, seconds float64) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `
+CREATE SEQUENCE public.stall_seq;
+CREATE FUNCTION public.stall() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE n bigint;
+BEGIN
+  IF current_setting('application_name') = '`+app+`' THEN
+    n := nextval('public.stall_seq');
+    IF n BETWEEN `+itoa(first)+` AND `+itoa(last)+` THEN PERFORM pg_sleep(`+ftoa(seconds)+`); END IF;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER stall BEFORE UPDATE ON fencelock.leases FOR EACH STATEMENT EXECUTE FUNCTION public.stall();`)
+	require.NoError(t, err)
+}
+
+// Two renewals of one lease that overlap (the heartbeat's and a Lease.Renew; here two Renew
+// calls) never move its expiry back: the one that commits last may have started first, and
+// now() is its transaction's start. The holder trusts the later window, so the database must
+// keep the later expiry. Before greatest() in LeaseRenew, a second lessor was granted the name
+// while the first still trusted it for 0.7 s more. (Found by review.)
+func TestOverlappingRenewalsNeverMoveExpiryBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stallRenewals(t, b, "holder1", 2, 2, 1.5) // the first renewal stalls 1.5 s after it started
+	l1 := newLessor(t, poolWithApp(t, b.db.URL, "holder1"), "h1", fencelock.WithoutHeartbeat())
+	l2 := newLessor(t, b.pool, "h2")
+	lease, err := l1.TryAcquire(b.ctx, "x", 3*time.Second)
+	require.NoError(t, err)
+	stalled := make(chan error, 1)
+	go func() { stalled <- lease.Renew(b.ctx) }()
+	require.Eventually(t, func() bool { // the stalled renewal is in its trigger
+		var n int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'holder1' AND wait_event = 'PgSleep'`).Scan(&n)
+		return err == nil && n == 1
+	}, 5*time.Second, 5*time.Millisecond)
+	// Staging: the second renewal starts 1 s after the stalled one, so its expiry is later by
+	// more than the 300 ms safety margin, and an expiry moved back would leave the first holder
+	// trusting a lease the database has already given up (by about 0.7 s).
+	time.Sleep(time.Second)
+	require.NoError(t, lease.Renew(b.ctx)) // commits first, with the later expiry
+	require.NoError(t, <-stalled)          // commits last, with the earlier now()
+	for {
+		taken, err := l2.TryAcquire(b.ctx, "x", time.Second)
+		if err == nil {
+			require.Error(t, lease.Err(), "two holders: the first still trusts its lease for %v after the second was granted", time.Until(lease.TrustedUntil()))
+			require.NoError(t, taken.Release(b.ctx))
+			return
+		}
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+		select {
+		case <-lease.Done(): // the first's window ended: the second gets it soon after
+		case <-time.After(5 * time.Millisecond): // polling the grant: no event to await on another lessor's row
+		}
+	}
+}
+
+// Renewals that are slow on the server but come back inside the trust window keep the lease:
+// each renewal takes 1.2 s of a 2.7 s trust window (TTL 3 s, heartbeat 1 s). (A statement
+// deadline capped at one heartbeat lost this lease at 2.7 s; found by review.)
+func TestSlowRenewalsKeepLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	stallRenewals(t, b, "holder1", 2, 1_000_000, 1.2)
+	l1 := newLessor(t, poolWithApp(t, b.db.URL, "holder1"), "h1")
+	lease, err := l1.TryAcquire(b.ctx, "x", 3*time.Second)
+	require.NoError(t, err)
+	select {
+	case <-lease.Done():
+		t.Fatalf("lease lost with renewals taking 1.2 s of a 2.7 s trust window: %v", lease.Err())
+	case <-time.After(6 * time.Second): // two TTLs: the renewals are what is tested
+	}
+	require.NoError(t, lease.Release(b.ctx))
+}
+
+// RunLocked and TryRunLocked return an error, and do not panic, when the pool gives them no
+// connection (a cancelled ctx, an unreachable server). (Found by review.)
+func TestRunLockedWithoutConnection(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	fn := func(context.Context, pgx.Tx, fencelock.Token) error { return nil }
+	cancelled, cancel := context.WithCancel(b.ctx)
+	cancel()
+	require.ErrorIs(t, newLessor(t, b.pool, "h").TryRunLocked(cancelled, "x", fn), context.Canceled)
+	cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/x?connect_timeout=1")
+	require.NoError(t, err)
+	dead, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	defer dead.Close()
+	require.Error(t, newLessor(t, dead, "h").TryRunLocked(b.ctx, "x", fn))
+	ctx, cancel2 := context.WithTimeout(b.ctx, 2*time.Second)
+	defer cancel2()
+	require.Error(t, newLessor(t, dead, "h").RunLocked(ctx, "x", fn))
+}
+
+func itoa(n int) string     { return strconv.Itoa(n) }
+func ftoa(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }

@@ -1,0 +1,244 @@
+package fencelock_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// A ctx that ends while the grant statement is in flight (here blocked on the semaphore's row,
+// which a transaction holds), with the cancel request lost, leaves nothing held: the statement
+// goes on once the row is free and grants a permit nobody will use, and the cleanup ends that
+// permit after the backend has exited.
+func TestSemaphoreCancelledMidGrantLeavesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	pool, refuseNextDial := poolRefusingCancel(t, b)
+	s, err := fencelock.NewSemaphore(newLessor(t, pool, "sem-mid"), "sem:mid", 1)
+	require.NoError(t, err)
+	_, err = s.SetLimit(b.ctx, 1) // the row to block on
+	require.NoError(t, err)
+	defer holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:mid' FOR UPDATE`)()
+	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	defer cancel()
+	refuseNextDial()
+	_, err = s.TryAcquire(ctx, 10*time.Second)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var held, ended int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FILTER (WHERE expires_at <= clock_timestamp())
+		FROM fencelock.leases WHERE holder = 'sem-mid'`).Scan(&held, &ended))
+	require.Zero(t, held, "a permit granted after the caller gave up is still held")
+	require.Equal(t, 1, ended, "the statement went on and granted a permit, which the cleanup ended")
+	p, err := newSemaphore(t, b, "sem-mid2", "sem:mid", 1).TryAcquire(b.ctx, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, p.Release(b.ctx))
+}
+
+// poolRefusingCancel returns a pool on b's database with three connections open, and a func
+// after which the pool dials no more: pgx's cancel request (a dial of its own), when a ctx
+// ends mid-statement, then fails; pgx closes the connection, the statement's outcome is
+// unknown, and the statement goes on on the server. The cleanup uses the idle connections.
+func poolRefusingCancel(t *testing.T, b *bundle) (*pgxpool.Pool, func()) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	var refuse atomic.Bool
+	var d net.Dialer
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if refuse.Load() {
+			return nil, errors.New("dial refused by the test")
+		}
+		return d.DialContext(ctx, network, addr)
+	}
+	cfg.MaxConns = 3
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	var conns []*pgxpool.Conn
+	for range 3 {
+		c, err := pool.Acquire(b.ctx)
+		require.NoError(t, err)
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	return pool, func() { refuse.Store(true) }
+}
+
+// An old holder's guarded transaction still open on its expired permit holds up no grant: the
+// permit counts as held (it is not granted while that transaction is open), and the other
+// permits are granted at once. (The grant locked every expired permit row and waited for that
+// one, and every grant of the semaphore queued behind it.)
+func TestSemaphoreGuardedExpiredPermitBlocksNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := newSemaphore(t, b, "sem-guard", "sem:guard", 2, fencelock.WithoutHeartbeat())
+	p, err := s.TryAcquire(b.ctx, 200*time.Millisecond)
+	require.NoError(t, err)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	require.NoError(t, p.GuardTx(b.ctx, tx))
+	require.Eventually(t, func() bool { return semState(t, b, s).Held == 0 }, 5*time.Second, 10*time.Millisecond, "the permit expires")
+	other := newSemaphore(t, b, "sem-guard2", "sem:guard", 2)
+	ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
+	defer cancel()
+	q, err := other.TryAcquire(ctx, 10*time.Second)
+	require.NoError(t, err, "a free permit was not granted while an expired one is guarded")
+	require.Equal(t, "sem:guard#1", q.Name(), "the guarded permit is not granted while its transaction is open")
+	_, err = other.TryAcquire(ctx, 10*time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "refused at once, not held up")
+	require.NoError(t, tx.Rollback(b.ctx))
+	// Once the transaction has ended, the next reclaim (at most 100 ms after the last one, while
+	// an expired permit's row stays locked) frees the permit.
+	var r *fencelock.Lease
+	require.Eventually(t, func() bool {
+		r, err = other.TryAcquire(b.ctx, 10*time.Second)
+		return err == nil
+	}, 2*time.Second, 10*time.Millisecond, "the expired permit is not reclaimed once its guard ends: %v", err)
+	require.Equal(t, "sem:guard#0", r.Name())
+}
+
+// An Acquire whose first attempt's outcome is unknown (its ctx ended mid-statement, the cancel
+// request lost) leaves no place in the queue: a place left there would hold off every try and
+// every waiter behind it for its liveness.
+func TestSemaphoreAbandonedWaitLeavesNoPlace(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := newSemaphore(t, b, "sem-ghost-h", "sem:ghost", 1)
+	held, err := h.TryAcquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	pool, refuseNextDial := poolRefusingCancel(t, b)
+	w, err := fencelock.NewSemaphore(newLessor(t, pool, "sem-ghost-w"), "sem:ghost", 1)
+	require.NoError(t, err)
+	defer holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:ghost' FOR UPDATE`)()
+	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	defer cancel()
+	refuseNextDial()
+	_, err = w.Acquire(ctx, 10*time.Second)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Zero(t, semState(t, b, h).Waiting, "a place left in the queue")
+	require.NoError(t, held.Release(b.ctx))
+	p, err := newSemaphore(t, b, "sem-ghost-t", "sem:ghost", 1).TryAcquire(b.ctx, time.Second)
+	require.NoError(t, err, "a try refused with the permit free")
+	require.NoError(t, p.Release(b.ctx))
+}
+
+// A woken head waiter that gives up passes the wake-up on: the waiter behind it is granted
+// well before its next refresh (a third of its liveness, 1.67 s here), at once.
+func TestSemaphoreWaiterGivingUpWakesTheNext(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := newSemaphore(t, b, "sem-gu-h", "sem:giveup", 1)
+	held, err := h.TryAcquire(b.ctx, 15*time.Second)
+	require.NoError(t, err)
+	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
+	w1 := newSemaphore(t, b, "sem-gu-1", "sem:giveup", 1, slow)
+	w2 := newSemaphore(t, b, "sem-gu-2", "sem:giveup", 1, slow)
+	ctx1, cancel1 := context.WithCancel(b.ctx)
+	defer cancel1()
+	gave := make(chan error, 1)
+	go func() { _, err := w1.Acquire(ctx1, 15*time.Second); gave <- err }()
+	waitQueued(t, b, h, 1)
+	second := permitAsync(b.ctx, w2, 15*time.Second)
+	waitQueued(t, b, h, 2)
+	cancel1()
+	require.NoError(t, held.Release(b.ctx))
+	released := time.Now()
+	require.ErrorIs(t, <-gave, context.Canceled)
+	got := receive(t, second, 10*time.Second)
+	require.NoError(t, got.err)
+	require.Less(t, got.at.Sub(released), 1200*time.Millisecond, "the next waiter waited for its refresh")
+	t.Logf("the waiter behind the one that gave up was granted %v after the release", got.at.Sub(released).Round(time.Millisecond))
+	require.NoError(t, got.lease.Release(b.ctx))
+}
+
+// The cleanup of an attempt of unknown outcome ends only what that attempt may have granted:
+// never a permit another goroutine of the same lessor was granted meanwhile and trusts. Eight
+// goroutines take, check and release permits while four make attempts that ctx cuts short.
+func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "sem-sib")
+	s, err := fencelock.NewSemaphore(l, "sem:sib", 200)
+	require.NoError(t, err)
+	deadline := time.Now().Add(2 * time.Second)
+	var wg sync.WaitGroup
+	var grants, cut atomic.Int64
+	for range 8 {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				p, err := s.TryAcquire(b.ctx, 10*time.Second)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				grants.Add(1)
+				time.Sleep(3 * time.Millisecond)
+				if p.Err() == nil {
+					var live bool
+					err := b.pool.QueryRow(b.ctx, `SELECT expires_at > clock_timestamp() FROM fencelock.leases WHERE name = $1 AND token = $2 AND holder = 'sem-sib'`, p.Name(), int64(p.Token())).Scan(&live)
+					if err != nil || !live {
+						t.Errorf("permit %s (token %d) trusted by its holder but ended on the server (%v)", p.Name(), p.Token(), err)
+					}
+				}
+				_ = p.Release(b.ctx)
+			}
+		})
+	}
+	for g := range 4 {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(deadline); i++ {
+				ctx, cancel := context.WithTimeout(b.ctx, time.Duration((g*7+i)%15)*100*time.Microsecond)
+				p, err := s.TryAcquire(ctx, 10*time.Second)
+				cancel()
+				if err == nil {
+					_ = p.Release(b.ctx)
+				} else {
+					cut.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d grants checked, %d attempts cut short", grants.Load(), cut.Load())
+	require.Positive(t, cut.Load())
+}
+
+// holdFor runs sql in a transaction of its own and commits it d later, in the background: the
+// locks sql takes block others for d. The returned func waits for the commit.
+func holdFor(t *testing.T, b *bundle, d time.Duration, sql string) (wait func()) {
+	t.Helper()
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, sql)
+	require.NoError(t, err)
+	committed := make(chan struct{})
+	go func() {
+		defer close(committed)
+		time.Sleep(d)
+		_ = tx.Commit(b.ctx)
+	}()
+	return func() { <-committed }
+}
+
+// permitAsync waits for a permit of s in a goroutine of its own and delivers the result, with
+// the time it came back.
+func permitAsync(ctx context.Context, s *fencelock.Semaphore, ttl time.Duration) <-chan acquired {
+	ch := make(chan acquired, 1)
+	go func() {
+		p, err := s.Acquire(ctx, ttl)
+		ch <- acquired{p, err, time.Now()}
+	}()
+	return ch
+}

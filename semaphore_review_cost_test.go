@@ -1,0 +1,288 @@
+package fencelock_test
+
+// Adversarial review of the semaphore hand-off (migration 00012). Each TestReview* test fails
+// while the defect it names is there.
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/migrations"
+)
+
+// Migration 00012 down and up again with a semaphore in use (permits held above a lowered
+// limit, a waiter queued): both directions apply, and the semaphore works on each side.
+func TestReviewSemMigrationDownUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rm', 3)`)
+	var ps []rvAttempt
+	for i := range 3 {
+		p := rvAcquire(t, ctx, b.pool, "rm", fmt.Sprint("h", i), int64(i+1), time.Minute, false, "")
+		require.EqualValues(t, 1, p.outcome)
+		ps = append(ps, p)
+	}
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rm', 2)`)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rm", "w", 100, time.Minute, true, "").outcome)
+
+	db := stdlib.OpenDBFromPool(b.pool)
+	t.Cleanup(func() { db.Close() })
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+		goose.WithTableName(fencelock.VersionTable), goose.WithDisableGlobalRegistry(true), goose.WithLogger(goose.NopLogger()))
+	require.NoError(t, err)
+	_, err = p.DownTo(ctx, 11)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rm", "x", 200, time.Minute, false, "").outcome, "3 held, limit 2")
+	require.EqualValues(t, 1, rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rm', $1, 'h2', $2)`, ps[2].name, ps[2].token), "released (00008)")
+	_, err = b.pool.Exec(ctx, `SELECT fencelock.semaphore_leave('rm', 200)`)
+	require.NoError(t, err)
+
+	_, err = p.UpTo(ctx, 12)
+	require.NoError(t, err)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rm", "x", 201, time.Minute, false, "").outcome, "2 held, limit 2")
+	r := rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rm', $1, 'h0', $2)`, ps[0].name, ps[0].token)
+	w := rvAcquire(t, ctx, b.pool, "rm", "w", 100, time.Minute, true, "")
+	t.Logf("after down and up: release %d, the waiter's attempt %d %q", r, w.outcome, w.name)
+	require.Contains(t, []int32{1, 3}, w.outcome, "the waiter at the head, one permit free, limit 2: granted")
+	require.EqualValues(t, 2, rvInt(t, ctx, b.pool, `SELECT held FROM fencelock.semaphore_state WHERE name = 'rm'`))
+}
+
+// A6. After a lowered limit (counting grants), a grant that leaves room for more wakes nobody
+// (semaphore_acquire dispatches only when not counting; 00008 woke the next waiter when
+// permits were left): three permits released at once wake the head only, which takes one;
+// the waiter behind it waits for its next refresh with two permits free.
+func TestReviewSemCountingGrantLeavesRoomUntold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv6', 5)`)
+	var ps []rvAttempt
+	for i := range 5 {
+		p := rvAcquire(t, ctx, b.pool, "rv6", fmt.Sprint("h", i), int64(i+1), time.Minute, false, "")
+		require.EqualValues(t, 1, p.outcome)
+		ps = append(ps, p)
+	}
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv6', 4)`) // rv6#4 held above it: counting
+	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
+	w1 := newSemaphore(t, b, "rv6-w1", "rv6", 5, slow)
+	w2 := newSemaphore(t, b, "rv6-w2", "rv6", 5, slow)
+	g1 := permitAsync(ctx, w1, 10*time.Second)
+	waitQueued(t, b, w1, 1)
+	g2 := permitAsync(ctx, w2, 10*time.Second)
+	waitQueued(t, b, w1, 2)
+	time.Sleep(100 * time.Millisecond) // past the join rechecks
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	for i := range 3 { // three holders finish at once
+		rvExec(t, ctx, tx, `SELECT fencelock.semaphore_release('rv6', $1, $2, $3)`, ps[i].name, fmt.Sprint("h", i), ps[i].token)
+	}
+	require.NoError(t, tx.Commit(ctx))
+	released := time.Now()
+	r1 := receive(t, g1, 5*time.Second)
+	require.NoError(t, r1.err)
+	r2 := receive(t, g2, 5*time.Second)
+	require.NoError(t, r2.err)
+	t.Logf("W1 granted %v, W2 %v after the releases (2 of 4 held before them)", r1.at.Sub(released).Round(time.Millisecond), r2.at.Sub(released).Round(time.Millisecond))
+	require.Less(t, r2.at.Sub(released), 1200*time.Millisecond, "W2 was not told of the room W1's grant left (the refresh is 1.67 s)")
+}
+
+// A7. semaphore_acquire reads t once, at its start, and later treats a free permit whose row
+// expired after t as "held after all": it deletes it from the free set. A grant that waited
+// (here: its reclaim's insert into the free set waits for another grant's commit, as a grant
+// commits synchronously for its token) meanwhile sees a release free a permit after t, pops
+// it, and throws it away: the try is refused with a permit free and nobody waiting, and so is
+// every attempt until next_reclaim (up to a second later).
+func TestReviewSemStaleClockDropsFreePermit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv7', 3)`)
+	pa := rvAcquire(t, ctx, b.pool, "rv7", "a", 1, time.Minute, false, "")
+	pb := rvAcquire(t, ctx, b.pool, "rv7", "b", 2, time.Minute, false, "")
+	require.Equal(t, "rv7#0", pa.name)
+	require.Equal(t, "rv7#1", pb.name)
+
+	x, err := b.pool.Begin(ctx) // a grant whose commit is slow
+	require.NoError(t, err)
+	defer func() { _ = x.Rollback(ctx) }()
+	require.Equal(t, "rv7#2", rvAcquire(t, ctx, x, "rv7", "x", 3, time.Minute, false, "").name)
+
+	done := make(chan rvAttempt, 1)
+	go func() {
+		a, err := rvAcquireErr(ctx, b.pool, "rv7", "g", 4, time.Minute, false, "")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- a
+	}()
+	rvWaitLockedOrDone(t, b, "semaphore_acquire", 5*time.Second, func() bool { return len(done) > 0 })
+	// A releases rv7#0 while G waits: nobody waits, so it goes to the free set.
+	require.EqualValues(t, 1, rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rv7', $1, 'a', $2)`, pa.name, pa.token))
+	require.NoError(t, x.Commit(ctx))
+	g := <-done
+	h := rvAcquire(t, ctx, b.pool, "rv7", "h", 5, time.Minute, false, "")
+	free := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv7' AND slot = 0`)
+	t.Logf("G: outcome %d %q; a try right after: outcome %d %q; rv7#0 in the free set: %d", g.outcome, g.name, h.outcome, h.name, free)
+	require.True(t, g.outcome == 1 || h.outcome == 1, "two tries refused with rv7#0 free (2 of 3 permits held, nobody waiting)")
+}
+
+// A8. A waiter's refresh waits for another waiter's grant statement: the head's grant gives
+// the permits left free to the waiters behind it (semaphore_dispatch, in the head's
+// transaction), locking and deleting their queue rows; a waiter refreshing its place at that
+// moment (INSERT ... ON CONFLICT on its row) waits until the head's transaction ends, its
+// synchronous commit and the NOTIFY queue's lock included. (TestReviewSemNoWaiterWaitsForAnother
+// sees it under load: up to 141 samples, 2 ms apart, of one SemaphoreAcquire waiting on
+// another's transaction.)
+func TestReviewSemRefreshWaitsForHeadsGrant(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv8', 2)`)
+	pa := rvAcquire(t, ctx, b.pool, "rv8", "a", 1, time.Minute, false, "")
+	pb := rvAcquire(t, ctx, b.pool, "rv8", "b", 2, time.Minute, false, "")
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv8", "w1", 101, time.Minute, true, "").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv8", "w2", 102, time.Minute, true, "").outcome)
+	// Free permits while both wait: two releases that met both queue rows locked (both
+	// waiters refreshing: the lock of their INSERT ... ON CONFLICT DO UPDATE).
+	locks, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = locks.Rollback(ctx) }()
+	rvExec(t, ctx, locks, `SELECT 1 FROM fencelock.semaphore_waiters WHERE semaphore = 'rv8' FOR UPDATE`)
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rv8', $1, 'a', $2)`, pa.name, pa.token)
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rv8', $1, 'b', $2)`, pb.name, pb.token)
+	require.NoError(t, locks.Commit(ctx))
+	require.EqualValues(t, 2, rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv8'`))
+
+	head, err := b.pool.Begin(ctx) // W1's attempt: granted, and it gives W2 a permit
+	require.NoError(t, err)
+	defer func() { _ = head.Rollback(ctx) }()
+	require.EqualValues(t, 1, rvAcquire(t, ctx, head, "rv8", "w1", 101, time.Minute, true, "").outcome)
+	start := time.Now()
+	done := make(chan rvAttempt, 1)
+	go func() {
+		a, err := rvAcquireErr(ctx, b.pool, "rv8", "w2", 102, time.Minute, true, "")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- a
+	}()
+	select {
+	case a := <-done:
+		t.Logf("W2's refresh returned %d in %v without waiting", a.outcome, time.Since(start))
+	case <-time.After(500 * time.Millisecond):
+		_ = head.Commit(ctx)
+		a := <-done
+		t.Fatalf("W2's refresh waited for W1's grant statement's transaction (then returned %d, %q)", a.outcome, a.name)
+	}
+}
+
+// Cost after a lowered limit: while one permit above the new limit is held (renewed), every
+// grant reads all permits under the semaphore's row FOR NO KEY UPDATE (one at a time). Logs a
+// grant + release at a limit of 10,000 with all but one held, before and after lowering the
+// limit by one while the top permit stays held.
+func TestReviewSemCostAfterLowerLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	const n = 10_000
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rvc', $1)`, n)
+	// n-2 permits held for an hour (as TryAcquires would leave them), slots 0 and 1 free.
+	rvExec(t, ctx, b.pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+		SELECT 'rvc#' || i, 'filler', fencelock.next_token(false), clock_timestamp(), clock_timestamp() + interval '1 hour'
+		FROM generate_series(2, $1 - 1) AS i`, n)
+	rvExec(t, ctx, b.pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = 'rvc' AND slot > 1`)
+	rvExec(t, ctx, b.pool, `VACUUM ANALYZE fencelock.leases`)
+	l := newLessor(t, b.pool, "rvc-l")
+	s, err := fencelock.NewSemaphore(l, "rvc", n)
+	require.NoError(t, err)
+	measure := func() time.Duration {
+		const k = 50
+		start := time.Now()
+		for range k {
+			p, err := s.TryAcquire(ctx, time.Minute)
+			require.NoError(t, err)
+			require.NoError(t, p.Release(ctx))
+		}
+		return time.Since(start) / k
+	}
+	measure()
+	before := measure()
+	_, err = s.SetLimit(ctx, n-1) // rvc#9999 stays held: counting until it ends
+	require.NoError(t, err)
+	after := measure()
+	t.Logf("grant + release at limit %d: %v; after lowering the limit by one: %v (x%.1f)", n, before, after, float64(after)/float64(before))
+}
+
+// Cost while an expired permit's row is locked (its old holder's guarded transaction still
+// open): semaphore_reclaim returns t ("reclaim again soon"), so every attempt that finds no
+// free permit reads all permits again: O(limit) per refused try, not once a second.
+func TestReviewSemCostReclaimWhileGuarded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	const n = 10_000
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rvg', $1)`, n)
+	rvExec(t, ctx, b.pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+		SELECT 'rvg#' || i, 'filler', fencelock.next_token(false), clock_timestamp(),
+		       clock_timestamp() + CASE WHEN i = 0 THEN interval '0' ELSE interval '1 hour' END
+		FROM generate_series(0, $1 - 1) AS i`, n)
+	rvExec(t, ctx, b.pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = 'rvg'`)
+	rvExec(t, ctx, b.pool, `VACUUM ANALYZE fencelock.leases`)
+	s, err := fencelock.NewSemaphore(newLessor(t, b.pool, "rvg-l"), "rvg", n)
+	require.NoError(t, err)
+	measure := func() time.Duration {
+		const k = 40
+		start := time.Now()
+		for range k {
+			_, err := s.TryAcquire(ctx, time.Minute)
+			require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+		}
+		return time.Since(start) / k
+	}
+	// rvg#0 expired, its row locked FOR KEY SHARE (as GuardTx holds it).
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	rvExec(t, ctx, tx, `SELECT 1 FROM fencelock.leases WHERE name = 'rvg#0' FOR KEY SHARE`)
+	measure()
+	guarded := measure()
+	// The invariant behind the cost, whatever the machine's speed: reclaims (each one reads
+	// every permit row, and moves next_reclaim) are at least 100 ms apart while an expired
+	// permit stays guarded, however many tries are refused in between. Counted from the values
+	// next_reclaim takes, against the time the tries took on the database clock.
+	const tries = 12
+	seen := map[time.Time]bool{}
+	var first, last time.Time
+	for i := range tries {
+		_, err := s.TryAcquire(ctx, time.Minute)
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+		var nr, now time.Time
+		require.NoError(t, b.pool.QueryRow(ctx, `SELECT next_reclaim, clock_timestamp() FROM fencelock.semaphores WHERE name = 'rvg'`).Scan(&nr, &now))
+		seen[nr] = true
+		if i == 0 {
+			first = now
+		}
+		last = now
+	}
+	allowed := int(last.Sub(first)/(100*time.Millisecond)) + 2
+	require.LessOrEqual(t, len(seen), allowed, "%d reclaims in %v of %d refused tries: every refused try reads every permit while an expired one is guarded", len(seen), last.Sub(first), tries)
+	require.NoError(t, tx.Rollback(ctx))
+	// The same with the expired permit reclaimed and granted (all held): reclaims a second apart.
+	var p *fencelock.Lease
+	require.Eventually(t, func() bool {
+		p, err = s.TryAcquire(ctx, time.Hour)
+		return err == nil
+	}, 2*time.Second, 10*time.Millisecond, "the expired permit is reclaimed once its guard ends")
+	defer func() { _ = p.Release(ctx) }()
+	measure()
+	full := measure()
+	t.Logf("refused try at limit %d, all held: %v; with one expired permit guarded: %v (x%.1f)", n, full, guarded, float64(guarded)/float64(full))
+}

@@ -1,0 +1,347 @@
+package fencelock_test
+
+// Adversarial review of the semaphore hand-off (migration 00012). Each TestReview* test fails
+// while the defect it names is there.
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// rvQuerier is what runs a statement: a pool, a pooled connection or a transaction.
+type rvQuerier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// rvAttempt is one row of fencelock.semaphore_acquire.
+type rvAttempt struct {
+	outcome   int32
+	name      string
+	token     int64
+	ahead     int64
+	remaining int64
+}
+
+// rvAcquire calls fencelock.semaphore_acquire directly, as Semaphore.attempt does.
+func rvAcquire(t *testing.T, ctx context.Context, q rvQuerier, sem, who string, wait int64, ttl time.Duration, queue bool, channel string) rvAttempt {
+	t.Helper()
+	a, err := rvAcquireErr(ctx, q, sem, who, wait, ttl, queue, channel)
+	require.NoError(t, err)
+	return a
+}
+
+func rvAcquireErr(ctx context.Context, q rvQuerier, sem, who string, wait int64, ttl time.Duration, queue bool, channel string) (rvAttempt, error) {
+	var a rvAttempt
+	err := q.QueryRow(ctx, `SELECT outcome, coalesce(name, ''), token, ahead, remaining_us
+		FROM fencelock.semaphore_acquire($1, $2, $3, $4, 1, $5, $6, $7)`,
+		sem, who, wait, ttl.Microseconds(), queue, channel, (5*time.Second).Microseconds()).
+		Scan(&a.outcome, &a.name, &a.token, &a.ahead, &a.remaining)
+	return a, err
+}
+
+func rvExec(t *testing.T, ctx context.Context, q rvQuerier, sql string, args ...any) {
+	t.Helper()
+	_, err := q.Exec(ctx, sql, args...)
+	require.NoError(t, err)
+}
+
+func rvInt(t *testing.T, ctx context.Context, q rvQuerier, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, q.QueryRow(ctx, sql, args...).Scan(&n))
+	return n
+}
+
+// rvWaitLocked waits until some backend of b's database waits for a lock while running a
+// statement that contains what.
+func rvWaitLocked(t *testing.T, b *bundle, what string, limit time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'
+			  AND pid <> pg_backend_pid()`, what).Scan(&n)
+		return err == nil && n > 0
+	}, limit, 2*time.Millisecond, "no statement with %q waits for a lock", what)
+}
+
+// rvWaitLockedOrDone waits until some backend of b's database waits for a lock while running a
+// statement with what, or done reports that the statement under test has returned (the
+// redesign's attempts return at once where 00012's first version waited).
+func rvWaitLockedOrDone(t *testing.T, b *bundle, what string, limit time.Duration, done func() bool) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		if done() {
+			return true
+		}
+		var n int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'
+			  AND pid <> pg_backend_pid()`, what).Scan(&n)
+		return err == nil && n > 0
+	}, limit, 2*time.Millisecond, "no statement with %q waits for a lock, nor did it return", what)
+}
+
+// rvRanSince reports whether a backend of b's database other than the caller's last ran a
+// statement with what that started after since and has finished.
+func rvRanSince(b *bundle, what string, since time.Time) func() bool {
+	return func() bool {
+		var n int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle' AND query LIKE '%' || $1 || '%'
+			  AND query_start > $2 AND pid <> pg_backend_pid()`, what, since).Scan(&n)
+		return err == nil && n > 0
+	}
+}
+
+// rvListen returns a connection of b's pool that LISTENs on channels, and a func that collects
+// the notifications it gets within d.
+func rvListen(t *testing.T, b *bundle, channels ...string) func(d time.Duration) []*pgconn.Notification {
+	t.Helper()
+	c, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	conn := c.Hijack()
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	for _, ch := range channels {
+		_, err := conn.Exec(b.ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+		require.NoError(t, err)
+	}
+	return func(d time.Duration) []*pgconn.Notification {
+		var got []*pgconn.Notification
+		deadline := time.Now().Add(d)
+		for {
+			ctx, cancel := context.WithDeadline(b.ctx, deadline)
+			n, err := conn.WaitForNotification(ctx)
+			cancel()
+			if err != nil {
+				return got
+			}
+			got = append(got, n)
+		}
+	}
+}
+
+func rvOn(ns []*pgconn.Notification, channel string) []string {
+	var p []string
+	for _, n := range ns {
+		if n.Channel == channel {
+			p = append(p, n.Payload)
+		}
+	}
+	return p
+}
+
+// A1. A waiter's own grant attempt and a hand-off to the same wait both succeed: the wait
+// ends up with two permits, one of which nobody will ever claim (the Acquire returns the
+// other; the NOTIFY finds the wait gone and is dropped). Here: W waits at the head; SetLimit
+// raises the limit and, in its transaction, hands a new permit to W (dispatch); W's next
+// attempt, started meanwhile, blocks on the semaphore's row, then pops a second free permit.
+func TestReviewSemGrantedAndHandedSameWaitSQL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv1', 1)`)
+	require.EqualValues(t, 1, rvAcquire(t, ctx, b.pool, "rv1", "a", 1, 10*time.Second, false, "").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv1", "w", 100, 10*time.Second, true, "").outcome)
+
+	tx, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	rvExec(t, ctx, tx, `SELECT fencelock.semaphore_set_limit('rv1', 3)`)
+	require.EqualValues(t, 1, rvInt(t, ctx, tx, `SELECT count(*) FROM fencelock.leases WHERE permit_wait = 100`), "SetLimit handed W a permit")
+
+	done := make(chan rvAttempt, 1)
+	go func() {
+		a, err := rvAcquireErr(ctx, b.pool, "rv1", "w", 100, 10*time.Second, true, "")
+		if err != nil {
+			t.Error(err)
+		}
+		done <- a
+	}()
+	rvWaitLockedOrDone(t, b, "semaphore_acquire", 5*time.Second, func() bool { return len(done) > 0 })
+	require.NoError(t, tx.Commit(ctx))
+	a := <-done
+	held := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.leases WHERE holder = 'w' AND expires_at > clock_timestamp()`)
+	t.Logf("W's attempt: outcome %d, permit %q; permits the server has for W: %d", a.outcome, a.name, held)
+	if a.outcome == 1 || a.outcome == 3 {
+		require.EqualValues(t, 1, held, "the attempt returned one permit, the server gave the wait %d: the others are held by nobody until their TTL ends", held)
+	}
+}
+
+// A1, end to end: a waiting Acquire returns one permit while the server has given its wait
+// two; the other is held by nobody for its whole TTL, and a try is refused meanwhile though
+// only 2 of 3 permits are in use.
+func TestReviewSemGrantedAndHandedPermitLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := newSemaphore(t, b, "rv-a", "rv1g", 1)
+	pa, err := h.TryAcquire(b.ctx, 20*time.Second)
+	require.NoError(t, err)
+	defer func() { _ = pa.Release(b.ctx) }()
+	w := newSemaphore(t, b, "rv-w", "rv1g", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
+	// TTL 2 s: liveness 2 s, a refresh every 667 ms (the head's attempt, which runs the grant).
+	got := permitAsync(b.ctx, w, 2*time.Second)
+	waitQueued(t, b, h, 1)
+	time.Sleep(100 * time.Millisecond) // past the join recheck
+
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	since := time.Now()
+	rvExec(t, b.ctx, tx, `SELECT fencelock.semaphore_set_limit('rv1g', 3)`)
+	// W's next refresh blocks on the semaphore's row (held FOR UPDATE by SetLimit), or returns
+	// at once (its row is locked by SetLimit's hand-off).
+	rvWaitLockedOrDone(t, b, "SemaphoreAcquire", 5*time.Second, rvRanSince(b, "SemaphoreAcquire", since))
+	require.NoError(t, tx.Commit(b.ctx))
+	r := receive(t, got, 5*time.Second)
+	require.NoError(t, r.err)
+	defer func() { _ = r.lease.Release(b.ctx) }()
+
+	var names []string
+	rows, err := b.pool.Query(b.ctx, `SELECT name FROM fencelock.leases WHERE holder = 'rv-w' AND expires_at > clock_timestamp() ORDER BY name`)
+	require.NoError(t, err)
+	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	t.Logf("Acquire returned %s; the server has W holding %v", r.lease.Name(), names)
+	_, tryErr := newSemaphore(t, b, "rv-z", "rv1g", 3).TryAcquire(b.ctx, time.Second)
+	require.Equal(t, []string{r.lease.Name()}, names, "a permit given to the wait is held by nobody until its TTL ends (try: %v)", tryErr)
+}
+
+// A2. After a lowered limit, the release of a permit at or above the new limit is the one that
+// lets a counting grant in, yet it wakes nobody (semaphore_release returns 1 before any wake):
+// the head waiter finds the room only at its next refresh (a third of its liveness).
+func TestReviewSemReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	h := newSemaphore(t, b, "rv2-h", "rv2", 2)
+	p0, err := h.TryAcquire(b.ctx, 20*time.Second)
+	require.NoError(t, err)
+	p1, err := h.TryAcquire(b.ctx, 20*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "rv2#1", p1.Name())
+	_, err = h.SetLimit(b.ctx, 1)
+	require.NoError(t, err)
+	w := newSemaphore(t, b, "rv2-w", "rv2", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
+	got := permitAsync(b.ctx, w, 10*time.Second)
+	waitQueued(t, b, h, 1)
+	time.Sleep(100 * time.Millisecond)
+	require.NoError(t, p0.Release(b.ctx)) // below the limit: freed, the head woken, still 1 held
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, p1.Release(b.ctx)) // above the limit: now nothing is held
+	released := time.Now()
+	r := receive(t, got, 5*time.Second)
+	require.NoError(t, r.err)
+	defer func() { _ = r.lease.Release(b.ctx) }()
+	took := r.at.Sub(released)
+	t.Logf("granted %v after the release that made room", took.Round(time.Millisecond))
+	require.Less(t, took, 1200*time.Millisecond, "the release that made room woke nobody (the refresh is 1.67 s)")
+}
+
+// A3. A larger limit gives its new permits to the waiters (semaphore_dispatch), but stops at
+// the first waiter whose row is locked (a waiter refreshing its place) and wakes nobody: the
+// permit stays free while that waiter waits for its next refresh (1.67 s at a 5 s liveness).
+func TestReviewSemDispatchSkipsRefreshingWaiter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv3', 1)`)
+	require.EqualValues(t, 1, rvAcquire(t, ctx, b.pool, "rv3", "a", 1, 20*time.Second, false, "").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv3", "w1", 101, 20*time.Second, true, "rvc1").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv3", "w2", 102, 20*time.Second, true, "rvc2").outcome)
+	collect := rvListen(t, b, "rvc1", "rvc2")
+
+	tx, err := b.pool.Begin(ctx) // W2 refreshing its place: its row is locked
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	ref := rvAcquire(t, ctx, tx, "rv3", "w2", 102, 20*time.Second, true, "rvc2")
+	require.EqualValues(t, 4, ref.outcome)
+	require.EqualValues(t, 1, ref.ahead, "W2's refresh sees W1 ahead: it sleeps until its next refresh")
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv3', 3)`)
+	require.NoError(t, tx.Commit(ctx))
+
+	ns := collect(time.Second)
+	free := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv3'`)
+	w2 := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE wait_id = 102 AND expires_at > clock_timestamp()`)
+	t.Logf("W1 told %q, W2 told %q; free permits %d, W2 waiting %d", rvOn(ns, "rvc1"), rvOn(ns, "rvc2"), free, w2)
+	require.NotEmpty(t, rvOn(ns, "rvc2"), "a permit free (%d) and W2 waiting, and W2 never told", free)
+}
+
+// A4. Two releases at once with two waiters, the second refreshing its place: the first
+// release hands its permit to W1; the second finds both rows locked, frees its permit and wakes
+// "the head", W1, which is being given the other permit. W2, which its refresh told someone is
+// ahead, is not told, and waits for its next refresh with the permit free. (00008 woke the
+// first two waiters for this reason.)
+func TestReviewSemTwoReleasesLoseWake(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv4', 2)`)
+	pa := rvAcquire(t, ctx, b.pool, "rv4", "a", 1, 20*time.Second, false, "")
+	pb := rvAcquire(t, ctx, b.pool, "rv4", "b", 2, 20*time.Second, false, "")
+	require.EqualValues(t, 1, pa.outcome)
+	require.EqualValues(t, 1, pb.outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv4", "w1", 101, 20*time.Second, true, "rvd1").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv4", "w2", 102, 20*time.Second, true, "rvd2").outcome)
+	collect := rvListen(t, b, "rvd1", "rvd2")
+
+	t1, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = t1.Rollback(ctx) }()
+	require.EqualValues(t, 3, rvInt(t, ctx, t1, `SELECT fencelock.semaphore_release('rv4', $1, 'a', $2)`, pa.name, pa.token), "given to W1")
+	t2, err := b.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = t2.Rollback(ctx) }()
+	require.EqualValues(t, 4, rvAcquire(t, ctx, t2, "rv4", "w2", 102, 20*time.Second, true, "rvd2").outcome)
+	r := rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rv4', $1, 'b', $2)`, pb.name, pb.token)
+	require.NoError(t, t1.Commit(ctx))
+	require.NoError(t, t2.Commit(ctx))
+
+	ns := collect(time.Second)
+	free := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv4'`)
+	t.Logf("second release: %d; W1 told %q, W2 told %q; free permits %d", r, rvOn(ns, "rvd1"), rvOn(ns, "rvd2"), free)
+	require.NotEmpty(t, rvOn(ns, "rvd2"), "a permit free (%d) and W2 waiting, and W2 never told", free)
+}
+
+// A5. semaphore_give draws the token before its upsert and overwrites whatever row it meets
+// (ON CONFLICT DO UPDATE without a WHERE). An operator's force_release of the free permit
+// (which inserts a placeholder and fences its resources with a fresh token) that lands in
+// between leaves the new grant with a token smaller than the one force_release recorded: the
+// permit's tokens go backwards, and the new holder's fenced writes are refused. The trigger
+// only widens the window between next_token and the insert (a slow or preempted backend).
+func TestReviewSemGiveTokenGoesBackwards(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.ctx
+	rvExec(t, ctx, b.pool, `CREATE FUNCTION rv_slow() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF NEW.name = 'rv5#1' AND NEW.holder = 'w' THEN PERFORM pg_sleep(1); END IF;
+			RETURN NEW;
+		END $$`)
+	rvExec(t, ctx, b.pool, `CREATE TRIGGER rv_slow BEFORE INSERT ON fencelock.leases FOR EACH ROW EXECUTE FUNCTION rv_slow()`)
+	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv5', 1)`)
+	require.EqualValues(t, 1, rvAcquire(t, ctx, b.pool, "rv5", "a", 1, 20*time.Second, false, "").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv5", "w", 100, 20*time.Second, true, "").outcome)
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.pool.Exec(ctx, `SELECT fencelock.semaphore_set_limit('rv5', 2)`) // gives rv5#1 to W
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond)
+	var forced int64
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT new_token FROM fencelock.force_release('rv5#1', ARRAY['rv5-res'])`).Scan(&forced))
+	require.NoError(t, <-done)
+	var holder string
+	var tok int64
+	require.NoError(t, b.pool.QueryRow(ctx, `SELECT holder, token FROM fencelock.leases WHERE name = 'rv5#1'`).Scan(&holder, &tok))
+	t.Logf("force_release fenced with token %d; then rv5#1 granted to %s with token %d", forced, holder, tok)
+	require.Greater(t, tok, forced, "a grant after force_release carries a smaller token than force_release recorded")
+}

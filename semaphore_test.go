@@ -1,0 +1,243 @@
+package fencelock_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// newSemaphore returns semaphore name with limit on a lessor of its own with holder id holder.
+func newSemaphore(t *testing.T, b *bundle, holder, name string, limit int, opts ...fencelock.LessorOption) *fencelock.Semaphore {
+	t.Helper()
+	s, err := fencelock.NewSemaphore(newLessor(t, b.pool, holder, opts...), name, limit)
+	require.NoError(t, err)
+	return s
+}
+
+// semState reads a semaphore's state, failing the test on error.
+func semState(t *testing.T, b *bundle, s *fencelock.Semaphore) fencelock.SemaphoreState {
+	t.Helper()
+	st, err := s.State(b.ctx)
+	require.NoError(t, err)
+	return st
+}
+
+// At most limit permits at once, each a lease named "<sem>#<slot>" with a token of its own; a
+// try is refused at the limit and granted again after a release; one lessor may hold several.
+func TestSemaphoreLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := newSemaphore(t, b, "sem-a", "sem:limit", 3)
+	var permits []*fencelock.Lease
+	for range 3 {
+		p, err := s.TryAcquire(b.ctx, 10*time.Second)
+		require.NoError(t, err)
+		permits = append(permits, p)
+	}
+	names := map[string]bool{}
+	tokens := map[fencelock.Token]bool{}
+	for _, p := range permits {
+		names[p.Name()] = true
+		tokens[p.Token()] = true
+		require.NoError(t, p.Err())
+	}
+	require.Equal(t, map[string]bool{"sem:limit#0": true, "sem:limit#1": true, "sem:limit#2": true}, names)
+	require.Len(t, tokens, 3)
+	other := newSemaphore(t, b, "sem-b", "sem:limit", 3)
+	_, err := other.TryAcquire(b.ctx, 10*time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	require.Equal(t, fencelock.SemaphoreState{Limit: 3, Held: 3}, semState(t, b, s))
+
+	require.NoError(t, permits[1].Release(b.ctx))
+	p, err := other.TryAcquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	require.Equal(t, "sem:limit#1", p.Name(), "the lowest free slot")
+	require.Greater(t, p.Token(), permits[1].Token(), "a new grant of a permit carries a larger token")
+	require.Equal(t, "sem-b", readLease(t, b.ctx, b.pool, "sem:limit#1").Holder)
+	// A permit is a lease: guarded and fenced like one.
+	createWrites(t, b)
+	require.NoError(t, fencedWrite(b.ctx, b.pool, "sem:limit#1", p.Token()))
+	require.ErrorIs(t, fencedWrite(b.ctx, b.pool, "sem:limit#1", permits[1].Token()), fencelock.ErrStaleToken)
+}
+
+// Bad input is refused before any SQL with an ArgumentError.
+func TestSemaphoreBadInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "sem-bad")
+	for _, tc := range []struct {
+		name  string
+		limit int
+	}{{"", 1}, {"x\x00", 1}, {string(make([]byte, fencelock.MaxNameLength)), 1}, {"ok", 0}, {"ok", fencelock.MaxSemaphoreLimit + 1}} {
+		_, err := fencelock.NewSemaphore(l, tc.name, tc.limit)
+		var ae *fencelock.ArgumentError
+		require.ErrorAs(t, err, &ae, "%q %d", tc.name, tc.limit)
+	}
+	_, err := fencelock.NewSemaphore(nil, "x", 1)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	s, err := fencelock.NewSemaphore(l, "sem:bad", 1)
+	require.NoError(t, err)
+	_, err = s.TryAcquire(b.ctx, time.Millisecond)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	_, err = s.Acquire(b.ctx, 0)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	_, err = s.SetLimit(b.ctx, 0)
+	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.semaphores`).Scan(&n))
+	require.Zero(t, n, "no SQL ran")
+}
+
+// waitQueued waits until sem has n live waiters.
+func waitQueued(t *testing.T, b *bundle, s *fencelock.Semaphore, n int64) {
+	t.Helper()
+	require.Eventually(t, func() bool { return semState(t, b, s).Waiting == n }, 10*time.Second, 2*time.Millisecond)
+}
+
+// Waiters are served first come, first served, each woken by the release that frees a permit
+// for it (within 1.2 s; its refresh, a third of its 5 s liveness, would find it at 1.67 s, and
+// its polls are 5 s apart); a try never takes a permit someone waits for.
+func TestSemaphoreWaitersInOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder := newSemaphore(t, b, "sem-holder", "sem:fifo", 1)
+	p, err := holder.TryAcquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	const n = 5
+	got := make(chan int, n)
+	permits := make([]*fencelock.Lease, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		// A slow backoff: only a wake-up serves a waiter quickly.
+		s := newSemaphore(t, b, fmt.Sprintf("sem-w%d", i), "sem:fifo", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
+		wg.Go(func() {
+			lp, err := s.Acquire(b.ctx, 10*time.Second)
+			if err == nil {
+				permits[i] = lp
+				got <- i
+			}
+		})
+		waitQueued(t, b, holder, int64(i+1)) // i joined before i+1 starts
+	}
+	_, err = newSemaphore(t, b, "sem-try", "sem:fifo", 1).TryAcquire(b.ctx, time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	require.NoError(t, p.Release(b.ctx))
+	for want := range n {
+		select {
+		case i := <-got:
+			require.Equal(t, want, i, "served in arrival order")
+		case <-time.After(1200 * time.Millisecond): // a waiter not woken would find it at its refresh, 1.67 s
+			t.Fatalf("waiter %d not woken within 1.2 s of the release", want)
+		}
+		// The try still cannot barge while others wait.
+		if want < n-1 {
+			_, err = newSemaphore(t, b, fmt.Sprintf("sem-try%d", want), "sem:fifo", 1).TryAcquire(b.ctx, time.Second)
+			require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+		}
+		require.NoError(t, permits[want].Release(b.ctx))
+	}
+	wg.Wait()
+	require.Equal(t, fencelock.SemaphoreState{Limit: 1}, semState(t, b, holder))
+}
+
+// The limit changes at run time for everyone: a higher one lets a waiter in at once (woken),
+// a lower one ends no permit but grants nothing until fewer are held.
+func TestSemaphoreSetLimit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := newSemaphore(t, b, "sem-set", "sem:set", 1)
+	p1, err := s.TryAcquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	w := newSemaphore(t, b, "sem-setw", "sem:set", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
+	granted := permitAsync(b.ctx, w, 10*time.Second)
+	waitQueued(t, b, s, 1)
+	prev, err := s.SetLimit(b.ctx, 2)
+	require.NoError(t, err)
+	require.Equal(t, 1, prev)
+	// Not woken, the waiter would find the room at its refresh, 1.67 s.
+	got := receive(t, granted, 1200*time.Millisecond)
+	require.NoError(t, got.err)
+	p2 := got.lease
+	require.Equal(t, fencelock.SemaphoreState{Limit: 2, Held: 2}, semState(t, b, s))
+
+	_, err = s.SetLimit(b.ctx, 1)
+	require.NoError(t, err)
+	require.NoError(t, p1.Err(), "a lowered limit ends no permit")
+	require.NoError(t, p2.Err())
+	require.NoError(t, p1.Release(b.ctx))
+	_, err = s.TryAcquire(b.ctx, time.Second)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "one held, limit 1")
+	require.NoError(t, p2.Release(b.ctx))
+	p3, err := s.TryAcquire(b.ctx, time.Second)
+	require.NoError(t, err)
+	require.NoError(t, p3.Release(b.ctx))
+	// NewSemaphore's limit does not override the stored one.
+	other := newSemaphore(t, b, "sem-set2", "sem:set", 5)
+	require.Equal(t, 1, semState(t, b, other).Limit)
+}
+
+// A permit whose holder stops renewing is reclaimed when its TTL ends on the database clock:
+// the head waiter gets it, and the old holder's Done has closed by then, its renewal refused.
+func TestSemaphoreExpiredPermitReclaimed(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	s := newSemaphore(t, b, "sem-dead", "sem:reclaim", 1, fencelock.WithoutHeartbeat())
+	p, err := s.TryAcquire(b.ctx, 300*time.Millisecond)
+	require.NoError(t, err)
+	w := newSemaphore(t, b, "sem-next", "sem:reclaim", 1)
+	start := time.Now()
+	p2, err := w.Acquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	took := time.Since(start)
+	require.Less(t, took, 3*time.Second)
+	select {
+	case <-p.Done():
+	default:
+		t.Fatal("the old holder's Done is still open after its permit was granted again")
+	}
+	require.ErrorIs(t, p.Renew(b.ctx), fencelock.ErrLeaseLost)
+	require.Greater(t, p2.Token(), p.Token())
+	require.Equal(t, p.Name(), p2.Name())
+	require.ErrorIs(t, p.Release(b.ctx), fencelock.ErrNotHeld)
+	require.NoError(t, p2.Err())
+}
+
+// A waiter whose ctx ends leaves the queue before Acquire returns, and holds nothing; several
+// goroutines of one lessor wait for and hold several permits of one semaphore.
+func TestSemaphoreCancelAndSameLessor(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "sem-same")
+	s, err := fencelock.NewSemaphore(l, "sem:same", 2)
+	require.NoError(t, err)
+	p1, err := s.Acquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	p2, err := s.Acquire(b.ctx, 10*time.Second)
+	require.NoError(t, err)
+	require.NotEqual(t, p1.Name(), p2.Name())
+	ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
+	defer cancel()
+	_, err = s.Acquire(ctx, 10*time.Second)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Equal(t, fencelock.SemaphoreState{Limit: 2, Held: 2}, semState(t, b, s), "no place left in the queue")
+	var rows int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.semaphore_waiters`).Scan(&rows))
+	require.Zero(t, rows)
+	// Two goroutines of the lessor wait at once; each release lets one in.
+	first, second := permitAsync(b.ctx, s, 10*time.Second), permitAsync(b.ctx, s, 10*time.Second)
+	waitQueued(t, b, s, 2)
+	require.NoError(t, p1.Release(b.ctx))
+	require.NoError(t, p2.Release(b.ctx))
+	for _, ch := range []<-chan acquired{first, second} {
+		got := receive(t, ch, 10*time.Second)
+		require.NoError(t, got.err)
+		require.NoError(t, got.lease.Release(b.ctx))
+	}
+	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, s))
+}
