@@ -119,4 +119,29 @@
 // commits made are lost with them; synchronous replication keeps them. After a logical copy
 // of the database (dump and restore, logical replication), call [RebaseTokenEpoch] before any
 // grant. docs/FAILOVER.md in the repository says what survives which failover, measured.
+//
+// # The SQL this package owns
+//
+// The schema of the head, every table, view and function as it is after the last migration,
+// is sqlc/schema.sql in the repository (generated from package
+// [github.com/fencelock/fencelock/migrations]); the queries are in sqlc/queries. This package
+// runs:
+//   - leases: leases.sql (LeaseGrant, LeaseEnsureRow, LeaseRemaining, LeaseRenew,
+//     LeaseReleaseUnknown, LeaseGuard, LeaseFence), queue.sql (LeaseAcquire, LeaseRelease,
+//     LeaseLeaveQueue, LeaseJoinQueue) and multilocks.sql (LeaseGrantAll), over the tables
+//     fencelock.leases and fencelock.lease_waiters and the functions fencelock.hand_off and
+//     fencelock.grant_all;
+//   - tokens: fencelock.next_token and fencelock.timeline (called by the grants), tokens.sql
+//     (TokenEpochRebase, fencelock.rebase_token_epoch), tables fencelock.token_epoch and
+//     fencelock.token_epoch_marks;
+//   - fences: fences.sql (FenceAdvance, FenceCurrent), table fencelock.fences;
+//   - semaphores: semaphores.sql (SemaphoreAcquire, SemaphoreRelease, SemaphoreNotify,
+//     SemaphoreLeave, SemaphoreReleaseUnknown, SemaphoreSetLimit, SemaphoreState,
+//     SemaphoreWaitersSweep) and the functions fencelock.semaphore_* they call;
+//   - elections: elections.sql (ElectionProclaim, ElectionNotify, ElectionLeader);
+//   - sweeps: LeaseSweep, TokenFlushesSweep, LeaseWaitersSweep.
+//
+// Advisory locks run advisory.sql through internal/advisory; the rate limiter
+// ([github.com/fencelock/fencelock/ratelimit]) and jobs ([github.com/fencelock/fencelock/job])
+// own their SQL; the fencelock command reads the views and calls fencelock.force_release.
 package fencelock
