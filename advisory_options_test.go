@@ -2,39 +2,33 @@ package fencelock
 
 import (
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
 
-// Lock options and job options are typed as the constructors' are: each satisfies its own
-// option type only, so passing one where another is expected does not compile; a LockMode is
-// a LockOption.
-func TestLockAndJobOptionsTyped(t *testing.T) {
-	is := func(o any) (lessor, advisory, lock, job bool) {
+// Lock options are typed as the constructors' are: each satisfies its own option type only,
+// so passing one where another is expected does not compile; a LockMode is a LockOption. (Job
+// options: package job's TestOptionsTyped.)
+func TestLockOptionsTyped(t *testing.T) {
+	is := func(o any) (lessor, advisory, lock bool) {
 		_, lessor = o.(LessorOption)
 		_, advisory = o.(AdvisoryOption)
 		_, lock = o.(LockOption)
-		_, job = o.(JobOption)
 		return
 	}
 	for _, tc := range []struct {
-		desc                        string
-		opt                         any
-		lessor, advisory, lock, job bool
+		desc                   string
+		opt                    any
+		lessor, advisory, lock bool
 	}{
-		{"Shared", Shared, false, false, true, false},
-		{"Exclusive", Exclusive, false, false, true, false},
-		{"AtKey", AtKey(Int64Key(1)), false, false, true, false},
-		{"WithOverlapWait", WithOverlapWait(), false, false, false, true},
-		{"WithHoldAtLeast", WithHoldAtLeast(time.Second), false, false, false, true},
-		{"WithRetryCrashed", WithRetryCrashed(), false, false, false, true},
-		{"WithRetryFailed", WithRetryFailed(), false, false, false, true},
-		{"WithMaxSessionLocks", WithMaxSessionLocks(1), false, true, false, false},
-		{"WithLogger", WithLogger(nil), true, true, false, false},
+		{"Shared", Shared, false, false, true},
+		{"Exclusive", Exclusive, false, false, true},
+		{"AtKey", AtKey(Int64Key(1)), false, false, true},
+		{"WithMaxSessionLocks", WithMaxSessionLocks(1), false, true, false},
+		{"WithLogger", WithLogger(nil), true, true, false},
 	} {
-		lessor, advisory, lock, job := is(tc.opt)
-		require.Equal(t, []bool{tc.lessor, tc.advisory, tc.lock, tc.job}, []bool{lessor, advisory, lock, job}, tc.desc)
+		lessor, advisory, lock := is(tc.opt)
+		require.Equal(t, []bool{tc.lessor, tc.advisory, tc.lock}, []bool{lessor, advisory, lock}, tc.desc)
 	}
 }
 

@@ -43,8 +43,9 @@
 // [NewElection] runs leader election on fenced terms: [Election.Campaign] waits until elected,
 // [Term.Resign] hands the term to the next candidate, [Election.Observe] delivers each change.
 //
-// [NewJob] runs a scheduled job once per slot across replicas and restarts ([Job.Every],
-// [Job.RunSlot]), with a ledger readable in SQL (fencelock.job_ledger).
+// Package [github.com/fencelock/fencelock/job] runs a scheduled job once per slot across
+// replicas and restarts, on a lease of a lessor, with a ledger readable in SQL
+// (fencelock.job_ledger).
 //
 // # Limits for fleets
 //
@@ -95,8 +96,8 @@
 // them (locks, watch, fences), applies migrations, sweeps, and force-releases a lease with
 // fencelock.force_release, which hands it on and raises the fences so that the old holder's
 // writes are rejected. [WithMeterProvider] records metrics through OpenTelemetry (default: a
-// no-op, or [SetDefaultMeterProvider]'s). [NewGooseLocker] gives goose a lock.Locker on a lease, which works behind
-// PgBouncer. [Migrate] is a no-op for a role without DDL privileges when nothing is pending.
+// no-op, or [SetDefaultMeterProvider]'s). Package [github.com/fencelock/fencelock/gooselock]
+// gives goose a lock.Locker on a lease, which works behind PgBouncer. [Migrate] is a no-op for a role without DDL privileges when nothing is pending.
 //
 // # Errors
 //

@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/gooselock"
+	"github.com/fencelock/fencelock/job"
 )
 
 // Every path that ends something (release, unlock, resign, leave a queue, clean up) finishes
@@ -230,12 +232,12 @@ func TestEndedContextPermitRelease(t *testing.T) {
 	require.NoError(t, got.lease.Release(b.ctx))
 }
 
-// GooseLocker.Unlock with an ended ctx (goose's locktesting does this: it unlocks with the
+// gooselock.Locker.Unlock with an ended ctx (goose's locktesting does this: it unlocks with the
 // Lock context, past its deadline) releases the lease.
 func TestEndedContextGooseUnlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "migrator"), "goose:ended", 10*time.Second)
+	g, err := gooselock.New(newLessor(t, b.pool, "migrator"), "goose:ended", 10*time.Second)
 	require.NoError(t, err)
 	ctx, cancel := context.WithDeadline(b.ctx, time.Now().Add(time.Minute))
 	require.NoError(t, g.Lock(ctx, nil))
@@ -335,10 +337,10 @@ func TestEndedContextRunLocked(t *testing.T) {
 func TestEndedContextJob(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	j, err := fencelock.NewJob(newLessor(t, b.pool, "replica"), "job:ended", 10*time.Second)
+	j, err := job.New(newLessor(t, b.pool, "replica"), "job:ended", 10*time.Second)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.ctx)
-	err = j.RunSlot(ctx, time.Now(), func(ctx context.Context, _ *fencelock.JobRun) error {
+	err = j.RunSlot(ctx, time.Now(), func(ctx context.Context, _ *job.Run) error {
 		cancel()
 		return ctx.Err()
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/job"
 	"github.com/fencelock/fencelock/ratelimit"
 )
 
@@ -208,10 +209,10 @@ func TestLeastPrivilege(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "10.0.0.1", leader.Value)
 	require.NoError(t, term.Resign(ctx))
-	job, err := fencelock.NewJob(la, "job/app", 10*time.Second)
+	j, err := job.New(la, "job/app", 10*time.Second)
 	require.NoError(t, err)
 	slot := time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)
-	require.NoError(t, job.RunSlot(ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }))
+	require.NoError(t, j.RunSlot(ctx, slot, func(context.Context, *job.Run) error { return nil }))
 	var outcome string
 	require.NoError(t, app.QueryRow(ctx, `SELECT outcome FROM fencelock.job_ledger WHERE job = 'job/app'`).Scan(&outcome))
 	require.Equal(t, "succeeded", outcome)

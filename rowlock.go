@@ -111,6 +111,28 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 // Holder returns the holder id stored with this lessor's grants.
 func (l *Lessor) Holder() string { return l.cfg.holder }
 
+// Pool returns the pool the lessor was built on (never nil): the database of its leases, for
+// mechanisms built on a lessor (package job) that keep state of their own next to the leases.
+// The lessor keeps using the pool; do not close it while the lessor holds anything. Safe for
+// concurrent use.
+func (l *Lessor) Pool() *pgxpool.Pool { return l.pool }
+
+// CheckTTL checks ttl (a time.Duration) as [Lessor.Acquire] does before any SQL runs: between
+// [MinTTL] and [MaxTTL], longer than the lessor's safety margin, and with room for its
+// heartbeat ([WithHeartbeatInterval], [WithSafetyMargin]). It returns nil or an
+// [*ArgumentError] (matching [ErrInvalidArgument]) naming the setting that does not fit. No
+// SQL runs; safe for concurrent use.
+func (l *Lessor) CheckTTL(ttl time.Duration) error {
+	_, err := l.cfg.times(ttl)
+	return err
+}
+
+// Backoff returns the lessor's [Backoff] ([WithBackoff]; default ExponentialBackoff(5ms,
+// 250ms)), the wait between its attempts on a lease held by someone else: for mechanisms built
+// on a lessor that retry at the same pace (package job, after a failed read of the database
+// clock). A Backoff is stateless and safe for concurrent use.
+func (l *Lessor) Backoff() Backoff { return l.cfg.backoff }
+
 // TryAcquire grants the lease name for ttl to this lessor if nobody holds it, in one
 // statement. name is 1 to [MaxNameLength] bytes of UTF-8 without NUL; ttl is a time.Duration
 // between [MinTTL] and [MaxTTL], measured on the database clock (Postgres rounds it to

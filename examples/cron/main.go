@@ -1,13 +1,13 @@
 // Command cron shows a scheduled job that runs once per slot across replica processes, some of
 // them killed at random.
 //
-// It starts five replica processes (this program again, as children), each running
-// fencelock.Job.Every for the job "cron:report" with slots of 200 ms on the database clock. A
-// slot's run appends a row to cron_runs with a fenced write (the job lease's token), and works
-// for up to 50 ms. Every 300 ms the parent kills one replica with SIGKILL, wherever it is (a
-// run killed midway leaves its slot crashed in the ledger; this job does not retry crashed
-// slots, so that slot is missed) and starts a new one. After the run it stops the replicas and
-// counts, from the database:
+// It starts five replica processes (this program again, as children), each running job.Job.Every
+// (package github.com/fencelock/fencelock/job) for the job "cron:report" with slots of 200 ms on
+// the database clock. A slot's run appends a row to cron_runs with a fenced write (the job lease's
+// token), and works for up to 50 ms. Every 300 ms the parent kills one replica with SIGKILL,
+// wherever it is (a run killed midway leaves its slot crashed in the ledger; this job does not
+// retry crashed slots, so that slot is missed) and starts a new one. After the run it stops the
+// replicas and counts, from the database:
 //
 //	cron: slots=N runs=R duplicate_runs=D missed_slots=M
 //
@@ -50,6 +50,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/examples/internal/demodb"
+	"github.com/fencelock/fencelock/job"
 )
 
 const (
@@ -113,11 +114,11 @@ func replica(ctx context.Context, id, url string) error {
 	if err != nil {
 		return err
 	}
-	job, err := fencelock.NewJob(lessor, jobName, jobTTL)
+	j, err := job.New(lessor, jobName, jobTTL)
 	if err != nil {
 		return err
 	}
-	return job.Every(ctx, every, func(ctx context.Context, run *fencelock.JobRun) error {
+	return j.Every(ctx, every, func(ctx context.Context, run *job.Run) error {
 		time.Sleep(rand.N(50 * time.Millisecond)) // the report's work; a kill may land here
 		// A SIGTERM lets the run finish (Every then stops): the write does not end with ctx.
 		// A lost lease still stops it: FenceTx checks the lease in the write's transaction.

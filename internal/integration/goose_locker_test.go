@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/gooselock"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -95,7 +96,7 @@ func watchQueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name stri
 // outside holder keeps the lease until two of them wait in its queue.
 func providerLocking(t *testing.T, b *bundle, url string, execMode bool) {
 	const name = "goose:app"
-	var lockers []*fencelock.GooseLocker
+	var lockers []*gooselock.Locker
 	blocker, err := newLessor(t, b.pool, "blocker").TryAcquire(b.ctx, name, 10*time.Second)
 	require.NoError(t, err)
 	go func() {
@@ -112,7 +113,7 @@ func providerLocking(t *testing.T, b *bundle, url string, execMode bool) {
 	locktesting.TestProviderLocking(t, func(t *testing.T) *goose.Provider {
 		pool := goosePool(t, b.ctx, url, execMode)
 		l := newLessor(t, pool, fmt.Sprintf("migrator-%d", len(lockers)))
-		locker, err := fencelock.NewGooseLocker(l, name, 10*time.Second)
+		locker, err := gooselock.New(l, name, 10*time.Second)
 		require.NoError(t, err)
 		lockers = append(lockers, locker)
 		return newGooseProvider(t, pool, gooseMigrations, locker)
@@ -146,7 +147,7 @@ func TestGooseLockerProviderLockingBehindPgBouncer(t *testing.T) {
 }
 
 // concurrentLocking runs goose's other contract test, locktesting.TestConcurrentLocking: five
-// GooseLockers, each on a lessor of its own (its own holder id) on pool, Lock at once with a
+// gooselock.Lockers, each on a lessor of its own (its own holder id) on pool, Lock at once with a
 // context that ends after a second; one gets the lease and holds it for two seconds, then
 // calls Unlock with that same context, ended by then, which must succeed (goose's table
 // locker passes: its Unlock detaches the context); the others give up when their context ends.
@@ -156,9 +157,9 @@ func concurrentLocking(t *testing.T, b *bundle, pool *pgxpool.Pool) {
 	const name = "goose:concurrent"
 	db := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	var lockers []*fencelock.GooseLocker
+	var lockers []*gooselock.Locker
 	locktesting.TestConcurrentLocking(t, db, func(t *testing.T) lock.Locker {
-		g, err := fencelock.NewGooseLocker(newLessor(t, pool, fmt.Sprintf("locker-%d", len(lockers))), name, 10*time.Second)
+		g, err := gooselock.New(newLessor(t, pool, fmt.Sprintf("locker-%d", len(lockers))), name, 10*time.Second)
 		require.NoError(t, err)
 		lockers = append(lockers, g)
 		return g
@@ -199,7 +200,7 @@ func TestGooseLockerConcurrentLockingBehindPgBouncer(t *testing.T) {
 // and both would run the migrations. The demonstration is deterministic: every statement
 // through this PgBouncer runs one after the other, so PgBouncer never opens a second server
 // connection and lends the same one to both clients, and in transaction mode it does not
-// reset a session between clients (server_reset_query_always = 0). A GooseLocker behind the
+// reset a session between clients (server_reset_query_always = 0). A gooselock.Locker behind the
 // same PgBouncer excludes the second migrator.
 func TestGooseLockerSessionLockerUnsafeBehindPgBouncer(t *testing.T) {
 	t.Parallel()
@@ -231,12 +232,12 @@ func TestGooseLockerSessionLockerUnsafeBehindPgBouncer(t *testing.T) {
 	require.NoError(t, locker.SessionUnlock(b.ctx, conns[0]))
 	require.NoError(t, locker.SessionUnlock(b.ctx, conns[1]))
 
-	// The GooseLocker behind the same PgBouncer: the second migrator waits until the first
+	// The gooselock.Locker behind the same PgBouncer: the second migrator waits until the first
 	// unlocks.
 	pool := goosePool(t, b.ctx, url, execMode)
-	first, err := fencelock.NewGooseLocker(newLessor(t, pool, "first"), "goose:app", 10*time.Second)
+	first, err := gooselock.New(newLessor(t, pool, "first"), "goose:app", 10*time.Second)
 	require.NoError(t, err)
-	second, err := fencelock.NewGooseLocker(newLessor(t, pool, "second"), "goose:app", 10*time.Second)
+	second, err := gooselock.New(newLessor(t, pool, "second"), "goose:app", 10*time.Second)
 	require.NoError(t, err)
 	require.NoError(t, first.Lock(b.ctx, nil))
 	wctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
@@ -253,7 +254,7 @@ func TestGooseLockerSessionLockerUnsafeBehindPgBouncer(t *testing.T) {
 func TestGooseLockerLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "lost", fencelock.WithoutHeartbeat()), "goose:lost", time.Second)
+	g, err := gooselock.New(newLessor(t, b.pool, "lost", fencelock.WithoutHeartbeat()), "goose:lost", time.Second)
 	require.NoError(t, err)
 	ctx, cancel := g.Context(b.ctx)
 	defer cancel()
@@ -294,7 +295,7 @@ func TestGooseLockerContextCancelsRun(t *testing.T) {
 		"00001_first.sql": {Data: []byte("-- +goose Up\nCREATE TABLE first_table (id bigint);\n")},
 		"00002_slow.sql":  {Data: []byte("-- +goose Up\nCREATE TABLE slow_table (id bigint);\nSELECT pg_sleep(5);\n")},
 	}
-	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "slow", fencelock.WithoutHeartbeat()), "goose:slow", 2*time.Second)
+	g, err := gooselock.New(newLessor(t, b.pool, "slow", fencelock.WithoutHeartbeat()), "goose:slow", 2*time.Second)
 	require.NoError(t, err)
 	p := newGooseProvider(t, b.pool, fsys, g)
 	ctx, cancel := g.Context(b.ctx)
@@ -322,7 +323,7 @@ func TestGooseLockerContextCancelsRun(t *testing.T) {
 func TestGooseLockerContextSurvivesUnlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "calm"), "goose:calm", 10*time.Second)
+	g, err := gooselock.New(newLessor(t, b.pool, "calm"), "goose:calm", 10*time.Second)
 	require.NoError(t, err)
 	ctx, cancel := g.Context(b.ctx)
 	require.NoError(t, g.Lock(b.ctx, nil))
@@ -369,7 +370,7 @@ func TestGooseLockerBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			g, err := fencelock.NewGooseLocker(tt.lessor, tt.lease, tt.ttl)
+			g, err := gooselock.New(tt.lessor, tt.lease, tt.ttl)
 			require.Nil(t, g)
 			require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 			var ae *fencelock.ArgumentError
@@ -385,7 +386,7 @@ func TestGooseLockerBadInput(t *testing.T) {
 func TestGooseLockerMisuse(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	g, err := fencelock.NewGooseLocker(newLessor(t, b.pool, "migrator"), "goose:misuse", 10*time.Second)
+	g, err := gooselock.New(newLessor(t, b.pool, "migrator"), "goose:misuse", 10*time.Second)
 	require.NoError(t, err)
 
 	require.ErrorIs(t, g.Unlock(b.ctx, nil), fencelock.ErrNotHeld)

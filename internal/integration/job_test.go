@@ -13,20 +13,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/job"
 )
 
 // newJob returns job name on a lessor of its own with holder id holder.
-func newJob(t *testing.T, b *bundle, holder, name string, ttl time.Duration, lopts []fencelock.LessorOption, opts ...fencelock.JobOption) *fencelock.Job {
+func newJob(t *testing.T, b *bundle, holder, name string, ttl time.Duration, lopts []fencelock.LessorOption, opts ...job.Option) *job.Job {
 	t.Helper()
-	j, err := fencelock.NewJob(newLessor(t, b.pool, holder, lopts...), name, ttl, opts...)
+	j, err := job.New(newLessor(t, b.pool, holder, lopts...), name, ttl, opts...)
 	require.NoError(t, err)
 	return j
 }
 
 // ledger reads a slot's outcome and attempt from fencelock.job_ledger.
-func ledger(t *testing.T, b *bundle, job string, slot time.Time) (outcome string, attempt int) {
+func ledger(t *testing.T, b *bundle, name string, slot time.Time) (outcome string, attempt int) {
 	t.Helper()
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT outcome, attempt FROM fencelock.job_ledger WHERE job = $1 AND slot = $2`, job, slot).Scan(&outcome, &attempt))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT outcome, attempt FROM fencelock.job_ledger WHERE job = $1 AND slot = $2`, name, slot).Scan(&outcome, &attempt))
 	return outcome, attempt
 }
 
@@ -39,12 +40,12 @@ func TestJobRunSlotOnce(t *testing.T) {
 	slot := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name string
-		opts []fencelock.JobOption
-	}{{"Skip", nil}, {"Wait", []fencelock.JobOption{fencelock.WithOverlapWait()}}} {
+		opts []job.Option
+	}{{"Skip", nil}, {"Wait", []job.Option{job.WithOverlapWait()}}} {
 		t.Run(tc.name, func(t *testing.T) {
-			job := "job:once:" + tc.name
+			name := "job:once:" + tc.name
 			var runs atomic.Int32
-			fn := func(ctx context.Context, run *fencelock.JobRun) error {
+			fn := func(ctx context.Context, run *job.Run) error {
 				runs.Add(1)
 				require.Equal(t, 1, run.Attempt)
 				time.Sleep(50 * time.Millisecond) // the job's work, long enough for the others to overlap
@@ -53,7 +54,7 @@ func TestJobRunSlotOnce(t *testing.T) {
 			var wg sync.WaitGroup
 			errs := make([]error, 4)
 			for i := range 4 {
-				j := newJob(t, b, "replica-"+tc.name+string(rune('a'+i)), job, 5*time.Second, nil, tc.opts...)
+				j := newJob(t, b, "replica-"+tc.name+string(rune('a'+i)), name, 5*time.Second, nil, tc.opts...)
 				wg.Go(func() { errs[i] = j.RunSlot(b.ctx, slot, fn) })
 			}
 			wg.Wait()
@@ -63,15 +64,15 @@ func TestJobRunSlotOnce(t *testing.T) {
 				switch {
 				case err == nil:
 					ok++
-				case errors.Is(err, fencelock.ErrSlotDone), errors.Is(err, fencelock.ErrSlotBusy):
+				case errors.Is(err, job.ErrSlotDone), errors.Is(err, job.ErrSlotBusy):
 				default:
 					t.Fatalf("unexpected error: %v", err)
 				}
 			}
 			require.Equal(t, 1, ok)
-			later := newJob(t, b, "later-"+tc.name, job, 5*time.Second, nil, tc.opts...)
-			require.ErrorIs(t, later.RunSlot(b.ctx, slot, fn), fencelock.ErrSlotDone, "a restart runs no slot twice")
-			outcome, attempt := ledger(t, b, job, slot)
+			later := newJob(t, b, "later-"+tc.name, name, 5*time.Second, nil, tc.opts...)
+			require.ErrorIs(t, later.RunSlot(b.ctx, slot, fn), job.ErrSlotDone, "a restart runs no slot twice")
+			outcome, attempt := ledger(t, b, name, slot)
 			require.Equal(t, "succeeded", outcome)
 			require.Equal(t, 1, attempt)
 		})
@@ -88,12 +89,12 @@ func TestJobRetryPolicy(t *testing.T) {
 	boom := errors.New("boom")
 
 	j := newJob(t, b, "fail-1", "job:fail", 5*time.Second, nil)
-	require.Equal(t, boom, j.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return boom }))
+	require.Equal(t, boom, j.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return boom }))
 	outcome, _ := ledger(t, b, "job:fail", slot)
 	require.Equal(t, "failed", outcome)
-	require.ErrorIs(t, j.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }), fencelock.ErrSlotDone)
-	retry := newJob(t, b, "fail-2", "job:fail", 5*time.Second, nil, fencelock.WithRetryFailed())
-	require.NoError(t, retry.RunSlot(b.ctx, slot, func(_ context.Context, run *fencelock.JobRun) error {
+	require.ErrorIs(t, j.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone)
+	retry := newJob(t, b, "fail-2", "job:fail", 5*time.Second, nil, job.WithRetryFailed())
+	require.NoError(t, retry.RunSlot(b.ctx, slot, func(_ context.Context, run *job.Run) error {
 		require.Equal(t, 2, run.Attempt)
 		return nil
 	}))
@@ -104,7 +105,7 @@ func TestJobRetryPolicy(t *testing.T) {
 	// A run whose lease is lost (no heartbeat, TTL 1 s): its context ends; it records nothing.
 	crashing := newJob(t, b, "crash-1", "job:crash", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()})
 	var first fencelock.Token
-	err := crashing.RunSlot(b.ctx, slot, func(ctx context.Context, run *fencelock.JobRun) error {
+	err := crashing.RunSlot(b.ctx, slot, func(ctx context.Context, run *job.Run) error {
 		first = run.Lease.Token()
 		<-ctx.Done()
 		return nil
@@ -113,10 +114,10 @@ func TestJobRetryPolicy(t *testing.T) {
 	outcome, _ = ledger(t, b, "job:crash", slot)
 	require.Equal(t, "crashed", outcome)
 	noRetry := newJob(t, b, "crash-2", "job:crash", 5*time.Second, nil)
-	require.ErrorIs(t, noRetry.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }), fencelock.ErrSlotDone,
+	require.ErrorIs(t, noRetry.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone,
 		"a crashed slot is not run again by default")
-	again := newJob(t, b, "crash-3", "job:crash", 5*time.Second, nil, fencelock.WithRetryCrashed())
-	require.NoError(t, again.RunSlot(b.ctx, slot, func(_ context.Context, run *fencelock.JobRun) error {
+	again := newJob(t, b, "crash-3", "job:crash", 5*time.Second, nil, job.WithRetryCrashed())
+	require.NoError(t, again.RunSlot(b.ctx, slot, func(_ context.Context, run *job.Run) error {
 		require.Equal(t, 2, run.Attempt)
 		require.Greater(t, run.Lease.Token(), first)
 		return nil
@@ -145,9 +146,9 @@ func TestJobEvery(t *testing.T) {
 	defer wg.Wait() // after cancel, also when the deadline fails the test
 	defer cancel()
 	for i := range 3 {
-		j := newJob(t, b, "every-"+string(rune('a'+i)), "job:every", 5*time.Second, nil, fencelock.WithHoldAtLeast(50*time.Millisecond))
+		j := newJob(t, b, "every-"+string(rune('a'+i)), "job:every", 5*time.Second, nil, job.WithHoldAtLeast(50*time.Millisecond))
 		wg.Go(func() {
-			err := j.Every(ctx, every, func(_ context.Context, run *fencelock.JobRun) error {
+			err := j.Every(ctx, every, func(_ context.Context, run *job.Run) error {
 				mu.Lock()
 				runs[run.Slot]++
 				mu.Unlock()
@@ -194,14 +195,14 @@ func TestJobBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	l := newLessor(t, b.pool, "job-bad")
-	_, err := fencelock.NewJob(nil, "x", time.Second)
+	_, err := job.New(nil, "x", time.Second)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = fencelock.NewJob(l, "x", time.Second, fencelock.WithHoldAtLeast(-time.Second))
+	_, err = job.New(l, "x", time.Second, job.WithHoldAtLeast(-time.Second))
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	j, err := fencelock.NewJob(l, "x", time.Second)
+	j, err := job.New(l, "x", time.Second)
 	require.NoError(t, err)
 	require.ErrorIs(t, j.RunSlot(b.ctx, time.Now(), nil), fencelock.ErrInvalidArgument)
-	require.ErrorIs(t, j.Every(b.ctx, 0, func(context.Context, *fencelock.JobRun) error { return nil }, nil), fencelock.ErrInvalidArgument)
+	require.ErrorIs(t, j.Every(b.ctx, 0, func(context.Context, *job.Run) error { return nil }, nil), fencelock.ErrInvalidArgument)
 }
 
 // A run whose lease is lost reads crashed whatever fn returns (ctx's error, as usual, or nil),
@@ -212,19 +213,19 @@ func TestJobInterruptedRunsReadCrashed(t *testing.T) {
 	b := setup(t)
 	slot := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	lost := newJob(t, b, "lost", "job:lost", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()})
-	err := lost.RunSlot(b.ctx, slot, func(ctx context.Context, _ *fencelock.JobRun) error {
+	err := lost.RunSlot(b.ctx, slot, func(ctx context.Context, _ *job.Run) error {
 		<-ctx.Done()
 		return ctx.Err()
 	})
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
 	outcome, _ := ledger(t, b, "job:lost", slot)
 	require.Equal(t, "crashed", outcome)
-	retry := newJob(t, b, "lost-retry", "job:lost", 5*time.Second, nil, fencelock.WithRetryCrashed())
-	require.NoError(t, retry.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }))
+	retry := newJob(t, b, "lost-retry", "job:lost", 5*time.Second, nil, job.WithRetryCrashed())
+	require.NoError(t, retry.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }))
 
 	ctx, cancel := context.WithCancel(b.ctx)
 	shut := newJob(t, b, "shut", "job:shut", 5*time.Second, nil)
-	err = shut.RunSlot(ctx, slot, func(ctx context.Context, _ *fencelock.JobRun) error {
+	err = shut.RunSlot(ctx, slot, func(ctx context.Context, _ *job.Run) error {
 		cancel() // the replica shuts down mid-run
 		<-ctx.Done()
 		return ctx.Err()
@@ -241,19 +242,19 @@ func TestJobHoldAtLeast(t *testing.T) {
 	b := setup(t)
 	slot := time.Date(2026, 11, 23, 13, 0, 0, 0, time.UTC)
 	const hold = 400 * time.Millisecond
-	j := newJob(t, b, "hold", "job:hold", 5*time.Second, nil, fencelock.WithHoldAtLeast(hold))
+	j := newJob(t, b, "hold", "job:hold", 5*time.Second, nil, job.WithHoldAtLeast(hold))
 	start := time.Now()
-	require.NoError(t, j.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }))
+	require.NoError(t, j.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }))
 	require.GreaterOrEqual(t, time.Since(start), hold, "returned before the hold")
 	// A replica with a hold of a minute finds the slot done and returns without holding. The
 	// bound is the hold, not a latency budget: a minute is far above one ledger read even on a
 	// loaded machine (400 ms need not be), so only holding the lease breaks it.
 	const longHold = time.Minute
-	late := newJob(t, b, "hold-late", "job:hold", 5*time.Second, nil, fencelock.WithHoldAtLeast(longHold))
+	late := newJob(t, b, "hold-late", "job:hold", 5*time.Second, nil, job.WithHoldAtLeast(longHold))
 	start = time.Now()
-	require.ErrorIs(t, late.RunSlot(b.ctx, slot, func(context.Context, *fencelock.JobRun) error { return nil }), fencelock.ErrSlotDone)
+	require.ErrorIs(t, late.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone)
 	require.Less(t, time.Since(start), longHold, "held the lease for a slot that was done")
-	require.ErrorIs(t, j.Every(b.ctx, time.Second/3, func(context.Context, *fencelock.JobRun) error { return nil }, nil), fencelock.ErrInvalidArgument)
+	require.ErrorIs(t, j.Every(b.ctx, time.Second/3, func(context.Context, *job.Run) error { return nil }, nil), fencelock.ErrInvalidArgument)
 }
 
 // Slots that stay unclaimed past their horizon (the job's lease held by someone who never
@@ -270,7 +271,7 @@ func TestJobEveryGivesUpPastHorizon(t *testing.T) {
 	done := make(chan error, 1)
 	var ran atomic.Int32
 	go func() {
-		done <- j.Every(ctx, every, func(context.Context, *fencelock.JobRun) error { ran.Add(1); return nil }, nil)
+		done <- j.Every(ctx, every, func(context.Context, *job.Run) error { ran.Add(1); return nil }, nil)
 	}()
 	waitFor(t, b, "slots given up while the lease is held", func() bool {
 		var n int
@@ -307,11 +308,11 @@ func TestJobEveryStartsOnTheGrid(t *testing.T) {
 	var wg sync.WaitGroup
 	run := func(holder string) {
 		j := newJob(t, b, holder, "job:grid", 5*time.Second, nil)
-		wg.Go(func() { _ = j.Every(ctx, every, func(context.Context, *fencelock.JobRun) error { return nil }, nil) })
+		wg.Go(func() { _ = j.Every(ctx, every, func(context.Context, *job.Run) error { return nil }, nil) })
 	}
 	run("grid-a")
-	off := newJob(t, b, "grid-off", "job:grid", 5*time.Second, nil, fencelock.WithOverlapWait()) // grid-a may hold the lease
-	require.NoError(t, off.RunSlot(b.ctx, gridSlot(t, b, every).Add(37*time.Millisecond), func(context.Context, *fencelock.JobRun) error { return nil }))
+	off := newJob(t, b, "grid-off", "job:grid", 5*time.Second, nil, job.WithOverlapWait()) // grid-a may hold the lease
+	require.NoError(t, off.RunSlot(b.ctx, gridSlot(t, b, every).Add(37*time.Millisecond), func(context.Context, *job.Run) error { return nil }))
 	run("grid-b")
 	time.Sleep(800 * time.Millisecond) // eight periods of both replicas
 	cancel()
@@ -330,18 +331,18 @@ func TestJobEveryRetriesCrashedSlotOnStart(t *testing.T) {
 	b := setup(t)
 	const every = 500 * time.Millisecond
 	slot := gridSlot(t, b, every)
-	dead := newJob(t, b, "crashing", "job:restart", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()}, fencelock.WithRetryCrashed())
-	err := dead.RunSlot(b.ctx, slot, func(ctx context.Context, _ *fencelock.JobRun) error { <-ctx.Done(); return ctx.Err() })
+	dead := newJob(t, b, "crashing", "job:restart", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()}, job.WithRetryCrashed())
+	err := dead.RunSlot(b.ctx, slot, func(ctx context.Context, _ *job.Run) error { <-ctx.Done(); return ctx.Err() })
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
 	outcome, _ := ledger(t, b, "job:restart", slot)
 	require.Equal(t, "crashed", outcome)
 
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
-	replacement := newJob(t, b, "replacement", "job:restart", time.Second, nil, fencelock.WithRetryCrashed())
+	replacement := newJob(t, b, "replacement", "job:restart", time.Second, nil, job.WithRetryCrashed())
 	retried := make(chan int, 1)
 	go func() {
-		_ = replacement.Every(ctx, every, func(_ context.Context, run *fencelock.JobRun) error {
+		_ = replacement.Every(ctx, every, func(_ context.Context, run *job.Run) error {
 			if run.Slot.Equal(slot) {
 				retried <- run.Attempt
 			}

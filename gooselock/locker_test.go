@@ -1,0 +1,73 @@
+package gooselock
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// unreachableLessor returns a lessor on a pool that cannot connect (nothing listens on port 1):
+// a call that ran SQL on it would fail with a connection error.
+func unreachableLessor(t *testing.T, opts ...fencelock.LessorOption) *fencelock.Lessor {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://fencelock@127.0.0.1:1/none?connect_timeout=1")
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l, err := fencelock.NewLessor(pool, opts...)
+	require.NoError(t, err)
+	return l
+}
+
+// New refuses bad input with an ArgumentError naming it; no SQL runs.
+func TestNewRefusesBadInput(t *testing.T) {
+	l := unreachableLessor(t)
+	noHeartbeatRoom := unreachableLessor(t, fencelock.WithHeartbeatInterval(5*time.Second))
+	for _, tc := range []struct {
+		desc   string
+		lessor *fencelock.Lessor
+		name   string
+		ttl    time.Duration
+		arg    string
+	}{
+		{"NilLessor", nil, "migrations", 10 * time.Second, "lessor"},
+		{"EmptyName", l, "", 10 * time.Second, "name"},
+		{"OverlongName", l, string(make([]byte, fencelock.MaxNameLength+1)), 10 * time.Second, "name"},
+		{"NulInName", l, "migra\x00tions", 10 * time.Second, "name"},
+		{"TTLUnderMin", l, "migrations", fencelock.MinTTL - time.Nanosecond, "ttl"},
+		{"TTLOverMax", l, "migrations", fencelock.MaxTTL + time.Second, "ttl"},
+		{"TTLWithoutHeartbeatRoom", noHeartbeatRoom, "migrations", 5 * time.Second, "WithHeartbeatInterval"},
+	} {
+		t.Run(tc.desc, func(t *testing.T) {
+			g, err := New(tc.lessor, tc.name, tc.ttl)
+			require.Nil(t, g)
+			require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
+			var ae *fencelock.ArgumentError
+			require.ErrorAs(t, err, &ae)
+			require.Equal(t, tc.arg, ae.Arg)
+		})
+	}
+}
+
+// Before the first Lock nothing is held, and saying so runs no SQL: Unlock and Err wrap
+// ErrNotHeld, Done is closed, and a context from Context stays live until cancelled.
+func TestNothingHeldBeforeLock(t *testing.T) {
+	g, err := New(unreachableLessor(t), "migrations", 10*time.Second)
+	require.NoError(t, err)
+	require.ErrorIs(t, g.Unlock(context.Background(), nil), fencelock.ErrNotHeld)
+	require.ErrorIs(t, g.Err(), fencelock.ErrNotHeld)
+	select {
+	case <-g.Done():
+	default:
+		t.Fatal("Done open before the first Lock")
+	}
+	ctx, cancel := g.Context(context.Background())
+	require.NoError(t, ctx.Err())
+	cancel()
+	<-ctx.Done()
+	require.ErrorIs(t, context.Cause(ctx), context.Canceled)
+}
