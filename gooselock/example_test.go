@@ -2,8 +2,9 @@ package gooselock_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log"
-	"os"
 	"testing/fstest"
 	"time"
 
@@ -13,22 +14,35 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/gooselock"
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
-// This example is compiled with the package's tests but not run: it needs a PostgreSQL server
-// (DATABASE_URL) where fencelock.Migrate has run. Its runnable version, with the output
-// checked, is Example_gooseLocker in internal/integration/example_job_test.go.
+// The examples run against the test server of TestMain (main_test.go), each on a fresh
+// database with fencelock's schema, and their output is checked; with go test -short they are
+// skipped. In a program, the pool is yours: pgxpool.New(ctx, os.Getenv("DATABASE_URL")), then
+// fencelock.Migrate(ctx, pool) once.
 
-// goose migrators that take turns through a lease, behind PgBouncer too; the run is cancelled
-// if the lease is lost.
-func ExampleNew() {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+// examplePool returns a pool on a fresh database with fencelock's schema, and a func that
+// closes it and drops the database.
+func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
+	db, err := pgserver.Open(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	lessor, err := fencelock.NewLessor(pool)
+	return db.Pool, func() {
+		if err := db.Close(); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
+// goose migrations applied under a lease, which works behind PgBouncer too: the run is
+// cancelled if the lease is lost, and the locker is free again once Up returns.
+func ExampleNew() {
+	ctx := context.Background()
+	pool, stop := examplePool(ctx)
+	defer stop()
+	lessor, err := fencelock.NewLessor(pool, fencelock.WithHolder("migrator-1"))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -36,16 +50,26 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
 	migrations := fstest.MapFS{
 		"00001_accounts.sql": {Data: []byte("-- +goose Up\nCREATE TABLE accounts (id bigint PRIMARY KEY);\n")},
+		"00002_orders.sql":   {Data: []byte("-- +goose Up\nCREATE TABLE orders (id bigint PRIMARY KEY);\n")},
 	}
-	p, err := goose.NewProvider(goose.DialectPostgres, stdlib.OpenDBFromPool(pool), migrations, goose.WithLocker(locker))
+	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations,
+		goose.WithLocker(locker), goose.WithDisableGlobalRegistry(true), goose.WithTableName("app_goose_version"))
 	if err != nil {
 		log.Fatal(err)
 	}
 	ctx, cancel := locker.Context(ctx) // before Up: goose hands it to Lock and every migration
 	defer cancel()
-	if _, err := p.Up(ctx); err != nil {
+	results, err := p.Up(ctx)
+	if err != nil {
 		log.Fatal(err) // wraps fencelock.ErrLeaseLost if the lease was lost mid-run
 	}
+	fmt.Println("applied:", len(results))
+	fmt.Println("released:", errors.Is(locker.Err(), fencelock.ErrReleased))
+	// Output:
+	// applied: 2
+	// released: true
 }

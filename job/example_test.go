@@ -5,43 +5,55 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"os"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/pgserver"
 	"github.com/fencelock/fencelock/job"
 )
 
-// These examples are compiled with the package's tests but not run: they need a PostgreSQL
-// server (DATABASE_URL) where fencelock.Migrate has run. Their runnable version, with the
-// output checked, is Example_job in internal/integration/example_job_test.go.
+// The examples run against the test server of TestMain (main_test.go), each on a fresh
+// database with fencelock's schema, and their output is checked; with go test -short they are
+// skipped. In a program, the pool is yours: pgxpool.New(ctx, os.Getenv("DATABASE_URL")), then
+// fencelock.Migrate(ctx, pool) once.
 
-// exampleLessor returns a lessor on the server in DATABASE_URL.
-func exampleLessor(ctx context.Context) *fencelock.Lessor {
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+// examplePool returns a pool on a fresh database with fencelock's schema, and a func that
+// closes it and drops the database.
+func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
+	db, err := pgserver.Open(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
-	lessor, err := fencelock.NewLessor(pool)
-	if err != nil {
-		log.Fatal(err)
+	return db.Pool, func() {
+		if err := db.Close(); err != nil {
+			log.Fatal(err)
+		}
 	}
-	return lessor
 }
 
 // A report that every replica schedules hourly and one of them runs, once per hour, its write
-// fenced by the run's lease.
+// fenced by the run's lease. Here the run ends the schedule (cancel) once it has written.
 func ExampleJob_Every() {
 	ctx := context.Background()
-	lessor := exampleLessor(ctx)
+	pool, stop := examplePool(ctx)
+	defer stop()
+	if _, err := pool.Exec(ctx, `CREATE TABLE reports (slot timestamptz PRIMARY KEY, attempt int NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	lessor, err := fencelock.NewLessor(pool, fencelock.WithHolder("replica-1"))
+	if err != nil {
+		log.Fatal(err)
+	}
 	j, err := job.New(lessor, "nightly-report", time.Minute) // the TTL bounds a crashed run
 	if err != nil {
 		log.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(ctx)
 	err = j.Every(ctx, time.Hour, func(ctx context.Context, run *job.Run) error {
+		defer cancel() // this example stops after one run; a service runs until shutdown
 		return pgx.BeginFunc(ctx, lessor.Pool(), func(tx pgx.Tx) error {
 			if err := run.Lease.FenceTx(ctx, tx, "report"); err != nil {
 				return err // the lease moved on: nothing written
@@ -50,24 +62,51 @@ func ExampleJob_Every() {
 			return err
 		})
 	}, func(slot time.Time, err error) { log.Printf("report of %v: %v", slot, err) })
-	fmt.Println(err) // ctx's error, once it ends
+	fmt.Println("Every returned ctx's error:", errors.Is(err, context.Canceled))
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM reports`).Scan(&n); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("reports written:", n)
+	// Output:
+	// Every returned ctx's error: true
+	// reports written: 1
 }
 
-// One slot named by the caller: the first RunSlot of it runs, a second finds it done.
+// One slot of a job on two replicas: the first runs it, under the job's lease, and the ledger
+// says so; the second finds it done.
 func ExampleJob_RunSlot() {
 	ctx := context.Background()
-	j, err := job.New(exampleLessor(ctx), "invoice-batch", 30*time.Second, job.WithRetryFailed())
-	if err != nil {
-		log.Fatal(err)
+	pool, stop := examplePool(ctx)
+	defer stop()
+	replica := func(id string) *job.Job {
+		lessor, err := fencelock.NewLessor(pool, fencelock.WithHolder(id))
+		if err != nil {
+			log.Fatal(err)
+		}
+		j, err := job.New(lessor, "invoice-batch", 10*time.Second)
+		if err != nil {
+			log.Fatal(err)
+		}
+		return j
 	}
 	batch := time.Date(2026, 1, 31, 0, 0, 0, 0, time.UTC)
 	run := func(ctx context.Context, run *job.Run) error {
-		fmt.Println("running", run.Slot.Format(time.DateOnly), "attempt", run.Attempt)
+		fmt.Println("running", run.Slot.UTC().Format(time.DateOnly), "attempt", run.Attempt, "held by", run.Lease.Holder())
 		return nil
 	}
-	if err := j.RunSlot(ctx, batch, run); err != nil {
+	if err := replica("replica-1").RunSlot(ctx, batch, run); err != nil {
 		log.Fatal(err)
 	}
-	err = j.RunSlot(ctx, batch, run)
-	fmt.Println("again:", errors.Is(err, job.ErrSlotDone))
+	err := replica("replica-2").RunSlot(ctx, batch, run)
+	fmt.Println("replica-2:", errors.Is(err, job.ErrSlotDone))
+	var outcome, holder string
+	if err := pool.QueryRow(ctx, `SELECT outcome, holder FROM fencelock.job_ledger WHERE job = 'invoice-batch'`).Scan(&outcome, &holder); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("ledger:", outcome, "by", holder)
+	// Output:
+	// running 2026-01-31 attempt 1 held by replica-1
+	// replica-2: true
+	// ledger: succeeded by replica-1
 }
