@@ -9,13 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/internal/testhook"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -218,50 +216,6 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 // cancelledCloseBound is how long TestAdvisoryLockCancelledLeavesNothing waits for what ends
 // late (see there): pgx's 15 s bound on an asynchronous close, and a margin.
 const cancelledCloseBound = 20 * time.Second
-
-// Unlock failure paths: the connection is destroyed, never pooled with a lock.
-func TestAdvisoryUnlockFailureDestroysConnection(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	a := newLocker(t, b.pool)
-
-	sessionAlive := func(pid uint32) bool {
-		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
-		return n == 1
-	}
-
-	// The session no longer holds the lock (released behind the locker's back): Unlock says so
-	// and closes the session rather than pooling a connection in an unknown state.
-	lk, err := a.TryLock(b.ctx, "job")
-	require.NoError(t, err)
-	require.NoError(t, testhook.ExecOnSession(b.ctx, lk, `SELECT pg_advisory_unlock_all()`))
-	require.ErrorIs(t, lk.Unlock(b.ctx), fencelock.ErrNotHeld)
-	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
-
-	// The unlock statement fails (the session is in an aborted transaction: "current
-	// transaction is aborted"): the session is closed, which releases the lock. (An ended ctx
-	// no longer makes it fail: Unlock detaches from it; TestEndedContextAdvisoryUnlock.)
-	lk, err = a.TryLock(b.ctx, "job")
-	require.NoError(t, err)
-	require.Error(t, testhook.ExecOnSession(b.ctx, lk, `BEGIN; SELECT 1/0`))
-	var pgErr *pgconn.PgError
-	require.ErrorAs(t, lk.Unlock(b.ctx), &pgErr)
-	require.Equal(t, "25P02", pgErr.Code, "the unlock failed in the aborted transaction")
-	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
-	other, err := newLocker(t, b.pool).TryLock(b.ctx, "job")
-	require.NoError(t, err, "closing the session released the lock")
-	require.NoError(t, other.Unlock(b.ctx))
-
-	// A clean unlock pools the connection, and it holds nothing.
-	lk, err = a.TryLock(b.ctx, "other")
-	require.NoError(t, err)
-	require.NoError(t, lk.Unlock(b.ctx))
-	require.True(t, sessionAlive(lk.BackendPID()))
-	var held int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1`, lk.BackendPID()).Scan(&held))
-	require.Zero(t, held)
-}
 
 // A real PgBouncer in transaction mode: session locks are refused with the typed error;
 // transaction locks and leases work.

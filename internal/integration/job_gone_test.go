@@ -3,16 +3,31 @@ package integration
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/internal/testhook"
 	"github.com/fencelock/fencelock/job"
 )
+
+// beforeClaim is a pgx tracer that runs f when a job's claim statement (sqlc's JobClaim)
+// starts: a moment between the job's grant, committed, and its claim of the slot.
+type beforeClaim struct{ f func() }
+
+func (c beforeClaim) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.HasPrefix(d.SQL, "-- name: JobClaim ") {
+		c.f()
+	}
+	return ctx
+}
+
+func (c beforeClaim) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // expireLease ends the grant of name on the database behind its holder's back, as an expiry
 // that the holder's trust window has not seen yet (a clock jump, a pause of the renewals).
@@ -68,9 +83,14 @@ func TestJobGrantGoneAtClaim(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	slot := time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)
-	l := newLessor(t, b.pool, "gone-claim", fencelock.WithoutHeartbeat())
 	var once sync.Once
-	testhook.SetAfterGrant(l, func() { once.Do(func() { expireLease(t, b, "job:gone-claim") }) })
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = beforeClaim{f: func() { once.Do(func() { expireLease(t, b, "job:gone-claim") }) }}
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	l := newLessor(t, pool, "gone-claim", fencelock.WithoutHeartbeat())
 	j, err := job.New(l, "job:gone-claim", 10*time.Second)
 	require.NoError(t, err)
 	err = j.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error {
@@ -84,7 +104,7 @@ func TestJobGrantGoneAtClaim(t *testing.T) {
 	var rows int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.job_runs WHERE job = 'job:gone-claim'`).Scan(&rows))
 	require.Zero(t, rows, "the slot was claimed")
-	// The slot is still to run: a later run (the hook has fired) takes it, attempt 1.
+	// The slot is still to run: a later run (the tracer has fired) takes it, attempt 1.
 	require.NoError(t, j.RunSlot(b.ctx, slot, func(_ context.Context, run *job.Run) error {
 		require.Equal(t, 1, run.Attempt)
 		return nil

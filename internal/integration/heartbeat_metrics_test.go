@@ -13,29 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/internal/testhook"
 )
-
-// A grant whose reply arrives after its trust window is released on a context of its own, so
-// the name is free at once even when the caller's ctx ended meanwhile (before, the release
-// used the caller's ctx, was never sent, and the name stayed held for a whole TTL).
-func TestLateGrantReleasedAfterCallerCancels(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	l := newLessor(t, b.pool, "late", fencelock.WithSafetyMargin(9900*time.Millisecond), fencelock.WithHeartbeatInterval(30*time.Millisecond))
-	ctx, cancel := context.WithCancel(b.ctx)
-	testhook.SetAfterGrant(l, func() {
-		cancel()                           // the caller gives up as the reply arrives...
-		time.Sleep(150 * time.Millisecond) // ...which arrives past the 100 ms trust window
-	})
-	lease, err := l.TryAcquire(ctx, "slow", 10*time.Second)
-	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
-	require.Nil(t, lease)
-	require.True(t, readLease(t, b.ctx, b.pool, "slow").Expired, "the late grant is still held")
-	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, "slow", time.Second)
-	require.NoError(t, err)
-	require.NoError(t, other.Release(b.ctx))
-}
 
 // No amount of polling or waiting by other lessors (TryAcquire in tight loops, Acquire and
 // RunLocked waiting) costs a healthy holder its lease: a refused grant never row-locks the

@@ -10,59 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/fencelock/fencelock/internal/testhook"
 	"github.com/fencelock/fencelock/pgtest"
 )
-
-// A release to a queue sends one NOTIFY, to the head's lessor only: the others stay queued and
-// are not woken (each would otherwise poll and refresh its place: their rows stay as they were).
-func TestReleaseWakesOnlyTheHead(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	holder := newLessor(t, b.pool, "holder")
-	lh, err := holder.TryAcquire(b.ctx, "herd", time.Minute)
-	require.NoError(t, err)
-	var names []string
-	var results []<-chan acquired
-	for i := range 5 {
-		names = append(names, fmt.Sprintf("w%d", i))
-		// One pool per waiter: each lessor has a listening connection of its own, as the
-		// processes of a fleet do.
-		results = append(results, acquireAsync(b.ctx, newLessor(t, newPool(t, b.ctx, b.db.URL), names[i]), "herd", time.Minute))
-		awaitQueue(t, b.ctx, b.pool, "herd", true, names...)
-	}
-	refreshed := func() map[string]time.Time {
-		rows, err := b.pool.Query(b.ctx, `SELECT holder, expires_at FROM fencelock.lease_waiters WHERE name = 'herd'`)
-		require.NoError(t, err)
-		m := map[string]time.Time{}
-		for rows.Next() {
-			var h string
-			var at time.Time
-			require.NoError(t, rows.Scan(&h, &at))
-			m[h] = at
-		}
-		require.NoError(t, rows.Err())
-		return m
-	}
-	before := refreshed()
-	wakes := testhook.Wakeups()
-	require.NoError(t, lh.Release(b.ctx))
-	got := receive(t, results[0], time.Second)
-	require.NoError(t, got.err)
-	require.Equal(t, "w0", got.lease.Holder())
-	after := refreshed()
-	require.GreaterOrEqual(t, testhook.Wakeups()-wakes, int64(1))
-	for _, h := range names[1:] {
-		// A woken waiter would have run an attempt, which refreshes its place (a later expiry).
-		require.Equal(t, before[h], after[h], "%s was woken by a release for the head", h)
-	}
-	require.NoError(t, got.lease.Release(b.ctx))
-	for i := 1; i < len(names); i++ {
-		got := receive(t, results[i], time.Second)
-		require.NoError(t, got.err)
-		require.NoError(t, got.lease.Release(b.ctx))
-	}
-}
 
 // The listening connection killed (pg_terminate_backend): the waiter falls back to polling and
 // is still granted by the release (it finds the hand-off at its next poll), the connection is

@@ -1,0 +1,35 @@
+package fencelock
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The cleanup of an abandoned RunLocked grant cancels only a grant statement in this database:
+// behind a pooler the pid a connection reported belongs to no backend of its own, or to
+// someone else's, whose statement must go on. Here the pid is a live backend running another
+// statement: it is neither cancelled nor waited for.
+func TestAbandonedGrantCleanupSparesOtherStatements(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
+	slept := make(chan error, 1)
+	go func() {
+		_, err := conn.Exec(b.ctx, `SELECT pg_sleep(0.5)`)
+		slept <- err
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'PgSleep'`, int32(pid)).Scan(&n)
+		return err == nil && n == 1
+	}, 5*time.Second, 5*time.Millisecond)
+	start := time.Now()
+	require.NoError(t, testLessor(t, b.pool, "h").endAbandonedGrant(b.ctx, pid))
+	require.Less(t, time.Since(start), 400*time.Millisecond, "the cleanup waited for a backend that ran no grant")
+	require.NoError(t, <-slept, "the cleanup cancelled another statement")
+}
