@@ -2,9 +2,10 @@
 // package's own tests can have: PgBouncer, Patroni, standbys, failovers and crashes (pgtest's
 // servers), goroutine-leak checks (goleak), the OpenTelemetry SDK, the peers of the
 // benchmarks (pglock, redis), the command's tests, the benchmarks, and the tests that drive
-// internals through internal/testhook. The advisory lock, job and rate limit tests live here
-// too for now. Tests of the public API that need only a server live beside the code, in the
-// root package (on internal/pgserver's shared server).
+// internals through internal/testhook. The job tests live here too for now. Tests of the
+// public API that need only a server live beside the code, on internal/pgserver's shared
+// server: in the root package (advisory locks and Migrate among them), in ratelimit, and in
+// migrations (the head schema's check).
 //
 // It is a module of its own (github.com/fencelock/fencelock/internal/integration), so that the
 // test harness it needs (pgtest, with testcontainers-go) stays out of the requirements of the
