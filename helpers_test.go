@@ -200,12 +200,12 @@ var tokenPaths = []struct {
 }
 
 // migrateLockKey is fencelock's migrateLockID, the advisory lock key of Migrate.
-// (A copy of internal/integration's migrate_test.go, whose tests still use it.)
+// (internal/integration's migrate_pooler_test.go has a copy, for its PgBouncer tests.)
 const migrateLockKey int64 = 0x66656e63656c6f63
 
 // requireEachVersionOnce fails the test unless fencelock's version table lists every migration
 // exactly once (and goose's version 0 once).
-// (A copy of the helper of internal/integration's migrate_test.go, whose tests still use it.)
+// (internal/integration's migrate_pooler_test.go has a copy, for its PgBouncer tests.)
 func requireEachVersionOnce(t *testing.T, b *bundle) {
 	t.Helper()
 	rows, err := b.pool.Query(b.ctx, `SELECT version_id FROM fencelock.goose_db_version WHERE is_applied ORDER BY version_id`)

@@ -14,7 +14,7 @@
 // that Migrate built. sqlc generates internal/db from it. It is generated, never edited: a
 // change to the schema is a new migration, then
 //
-//	FENCELOCK_UPDATE_SCHEMA=1 go test -count=1 -run TestHeadSchemaIsCurrent github.com/fencelock/fencelock/internal/integration/
+//	FENCELOCK_UPDATE_SCHEMA=1 go test -count=1 -run TestHeadSchemaIsCurrent github.com/fencelock/fencelock/migrations/
 //
 // rewrites it; TestHeadSchemaIsCurrent, which CI runs, fails while it differs from what the
 // migrations give.

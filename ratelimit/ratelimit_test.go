@@ -14,7 +14,7 @@ import (
 )
 
 // These tests need no server. The server tests of the limiter (bursts, retries, sweeps, the
-// bound under concurrency) are in internal/integration/ratelimit_test.go.
+// bound under concurrency) are in limiter_test.go (package ratelimit_test).
 
 // unreachablePool is a pool whose every connection attempt fails: pgxpool connects lazily, so a
 // call that returns an *ArgumentError through it provably ran no SQL.

@@ -4,7 +4,7 @@
 -- that runs today. sqlc reads it (sqlc/sqlc.yaml). To change the schema, add a migration,
 -- then regenerate this file:
 --
---   FENCELOCK_UPDATE_SCHEMA=1 go test -count=1 -run TestHeadSchemaIsCurrent github.com/fencelock/fencelock/internal/integration/
+--   FENCELOCK_UPDATE_SCHEMA=1 go test -count=1 -run TestHeadSchemaIsCurrent github.com/fencelock/fencelock/migrations/
 --
 -- That applies the migrations with fencelock.Migrate to a fresh database of the test server,
 -- runs pg_dump --schema-only --schema=fencelock --exclude-table=fencelock.goose_db_version

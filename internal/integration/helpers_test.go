@@ -85,26 +85,6 @@ func waitDone(t *testing.T, lease *fencelock.Lease, limit time.Duration) {
 	}
 }
 
-// fencedWrite is the protected write of the tests: in one transaction, advance the fence of
-// resource to token and insert the row (resource, token) into the writes table (see
-// createWrites).
-func fencedWrite(ctx context.Context, pool *pgxpool.Pool, resource string, token fencelock.Token) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if err := fencelock.FenceTx(ctx, tx, resource, token); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, resource, int64(token))
-		return err
-	})
-}
-
-// createWrites creates the writes table of fencedWrite in b's database.
-func createWrites(t *testing.T, b *bundle) {
-	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `CREATE TABLE writes (resource text NOT NULL, token bigint NOT NULL)`)
-	require.NoError(t, err)
-}
-
 // writtenTokens returns the tokens of the rows fencedWrite wrote for resource, in ascending order.
 func writtenTokens(t *testing.T, b *bundle, resource string) []int64 {
 	t.Helper()

@@ -1,4 +1,4 @@
-package integration
+package migrations_test
 
 import (
 	"bufio"
@@ -13,11 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 // The head schema: sqlc/schema.sql is the SQL of schema fencelock as the last migration leaves
@@ -32,7 +33,7 @@ const (
 	updateSchemaEnv = "FENCELOCK_UPDATE_SCHEMA"
 	// regenerateSchema is the command that rewrites headSchemaFile, run from anywhere in the
 	// workspace.
-	regenerateSchema = updateSchemaEnv + "=1 go test -count=1 -run TestHeadSchemaIsCurrent github.com/fencelock/fencelock/internal/integration/"
+	regenerateSchema = updateSchemaEnv + "=1 go test -count=1 -run TestHeadSchemaIsCurrent github.com/fencelock/fencelock/migrations/"
 )
 
 // headSchemaHeader opens headSchemaFile.
@@ -66,16 +67,18 @@ var pgDumpArgs = []string{
 func TestHeadSchemaIsCurrent(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(moduleRoot(t), filepath.FromSlash(headSchemaFile))
-	b := setup(t)
+	db := pgserver.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	// The database is a clone of a migrated template: start from nothing, as a fresh database.
-	_, err := b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	_, err := db.Pool.Exec(ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
-	require.NoError(t, fencelock.Migrate(b.ctx, b.pool))
+	require.NoError(t, fencelock.Migrate(ctx, db.Pool))
 
 	var serverVersion string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SHOW server_version`).Scan(&serverVersion))
-	pgDump, dumpVersion := findPgDump(t, b.ctx, serverVersion)
-	cmd := exec.CommandContext(b.ctx, pgDump, append(pgDumpArgs, "--dbname="+b.db.URL)...)
+	require.NoError(t, db.Pool.QueryRow(ctx, `SHOW server_version`).Scan(&serverVersion))
+	pgDump, dumpVersion := findPgDump(t, ctx, serverVersion)
+	cmd := exec.CommandContext(ctx, pgDump, append(pgDumpArgs, "--dbname="+db.URL)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -100,7 +103,7 @@ func TestHeadSchemaIsCurrent(t *testing.T) {
 
 // moduleRoot returns the directory of module github.com/fencelock/fencelock: the nearest
 // directory, from the working directory up, whose go.mod declares it (go test runs in the
-// package's directory, internal/integration, two levels below).
+// package's directory, migrations, one level below).
 func moduleRoot(t *testing.T) string {
 	t.Helper()
 	dir, err := os.Getwd()
@@ -142,15 +145,15 @@ func major(version string) int {
 }
 
 // findPgDump returns the path and version of a pg_dump at least as new as the server
-// (serverVersion is its server_version): the one next to the server binaries pgtest runs
-// (pgtest.EnvPGBin, else initdb on PATH, its symlinks resolved), else in the binaries of the
+// (serverVersion is its server_version): the one next to the server binaries pgserver runs
+// (pgserver.EnvPGBin, else initdb on PATH, its symlinks resolved), else in the binaries of the
 // server's major version (/usr/lib/postgresql/<major>/bin, /usr/pgsql-<major>/bin), else on
 // PATH. Without one it skips the test, or fails it under CI.
 func findPgDump(t *testing.T, ctx context.Context, serverVersion string) (path, version string) {
 	t.Helper()
 	want := major(serverVersion)
 	var dirs []string
-	if dir := os.Getenv(pgtest.EnvPGBin); dir != "" {
+	if dir := os.Getenv(pgserver.EnvPGBin); dir != "" {
 		dirs = append(dirs, dir)
 	}
 	if initdb, err := exec.LookPath("initdb"); err == nil {
@@ -179,12 +182,23 @@ func findPgDump(t *testing.T, ctx context.Context, serverVersion string) (path, 
 		}
 		tried = append(tried, fmt.Sprintf("%s (%s, %v)", p, v, err))
 	}
-	msg := fmt.Sprintf("no pg_dump of PostgreSQL %d or later (tried %v); install the PostgreSQL client or set %s", want, tried, pgtest.EnvPGBin)
-	if pgtest.InCI() {
+	msg := fmt.Sprintf("no pg_dump of PostgreSQL %d or later (tried %v); install the PostgreSQL client or set %s", want, tried, pgserver.EnvPGBin)
+	if inCI() {
 		t.Fatal(msg)
 	}
 	t.Skip(msg + " (skipped; with CI=true this fails)")
 	return "", ""
+}
+
+// inCI reports whether the environment variable CI is set to a true value ("true", "1" or
+// "yes", in any case), as CI services and fencelock's .ci/run set it.
+// (A copy of pgtest.InCI: the library's module cannot require pgtest's.)
+func inCI() bool {
+	switch strings.ToLower(os.Getenv("CI")) {
+	case "true", "1", "yes":
+		return true
+	}
+	return false
 }
 
 // normaliseSchemaDump returns pg_dump's output without what varies between runs and pg_dump

@@ -1,4 +1,4 @@
-package integration
+package fencelock_test
 
 import (
 	"context"
@@ -25,6 +25,7 @@ func bigPool(t *testing.T, b *bundle) *pgxpool.Pool {
 	return pool
 }
 
+// newLocker returns an advisory locker on pool with opts, failing the test on error.
 func newLocker(t *testing.T, pool *pgxpool.Pool, opts ...fencelock.AdvisoryOption) *fencelock.AdvisoryLocker {
 	t.Helper()
 	a, err := fencelock.NewAdvisoryLocker(pool, opts...)
@@ -44,6 +45,7 @@ func advisoryHolders(t *testing.T, ctx context.Context, pool *pgxpool.Pool, key 
 	return pids
 }
 
+// keyOf returns the int64 advisory lock key that a derives for name.
 func keyOf(t *testing.T, a *fencelock.AdvisoryLocker, name string) int64 {
 	t.Helper()
 	k, err := a.Key(name)

@@ -1,4 +1,4 @@
-package integration
+package ratelimit_test
 
 import (
 	"fmt"

@@ -1,0 +1,148 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/migrations"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// Migrate behind PgBouncer in transaction mode. The tests of Migrate that need only a server
+// are in the root package (migrate_test.go).
+
+// Migrate's lock excludes concurrent Migrate calls behind PgBouncer in transaction mode too (a
+// session advisory lock would stay on whichever server connection took it, pressly/goose#972):
+// four processes, each with a pool of its own through PgBouncer, migrate a database without
+// fencelock's schema at once; each migration is applied once.
+func TestMigrateConcurrentlyBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	require.NoError(t, err)
+	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
+	url, execMode := bouncer.URL(b.db.Name), !bouncer.PreparedStatements()
+
+	pools := make([]*pgxpool.Pool, 4)
+	for i := range pools {
+		pools[i] = goosePool(t, b.ctx, url, execMode)
+	}
+	errs := make(chan error, len(pools))
+	for _, pool := range pools {
+		go func() { errs <- fencelock.Migrate(context.WithoutCancel(b.ctx), pool) }()
+	}
+	for range pools {
+		require.NoError(t, <-errs)
+	}
+	requireEachVersionOnce(t, b)
+	require.NoError(t, fencelock.Migrate(b.ctx, pools[0])) // nothing pending
+
+	// The schema works through PgBouncer.
+	l := newLessor(t, pools[0], "a")
+	lease, err := l.TryAcquire(b.ctx, "job", 10*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(b.ctx))
+}
+
+// Behind PgBouncer in transaction mode, Migrate's lock stays held while a migration runs: a
+// second Migrate through the same PgBouncer waits for it, then finds nothing pending. The first
+// is held up in migration 00005 (its ALTER TABLE waits for an owner's transaction that holds
+// fencelock.leases) for longer than the database's idle_in_transaction_session_timeout, while
+// the lock's transaction sits idle on its server connection: the lock's transaction turns that
+// timeout off for itself.
+func TestMigrateLockHeldAcrossMigrationBehindPgBouncer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := gooseProvider(t, b.pool).DownTo(b.ctx, 4)
+	require.NoError(t, err)
+	const idleTimeout = 500 * time.Millisecond
+	_, err = b.pool.Exec(b.ctx, fmt.Sprintf(`ALTER DATABASE %s SET idle_in_transaction_session_timeout = %d`,
+		pgx.Identifier{b.db.Name}.Sanitize(), idleTimeout.Milliseconds()))
+	require.NoError(t, err)
+	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction") // its server sessions start now
+	url, execMode := bouncer.URL(b.db.Name), !bouncer.PreparedStatements()
+
+	hold, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer hold.Rollback(context.Background())
+	_, err = hold.Exec(b.ctx, `SET LOCAL idle_in_transaction_session_timeout = 0; LOCK TABLE fencelock.leases IN ACCESS SHARE MODE`)
+	require.NoError(t, err)
+	locked := time.Now()
+
+	poolA, poolB := goosePool(t, b.ctx, url, execMode), goosePool(t, b.ctx, url, execMode)
+	first, second := make(chan error, 1), make(chan error, 1)
+	go func() { first <- fencelock.Migrate(context.WithoutCancel(b.ctx), poolA) }()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass)`).Scan(&waiting))
+		return waiting
+	}, 10*time.Second, 5*time.Millisecond, "the first Migrate did not reach migration 00005")
+	go func() { second <- fencelock.Migrate(context.WithoutCancel(b.ctx), poolB) }()
+	require.Eventually(t, func() bool { return migrateWaiting(t, b) }, 10*time.Second, 5*time.Millisecond,
+		"the second Migrate did not wait for the first's lock")
+	select {
+	case err := <-second:
+		t.Fatalf("the second Migrate returned while the first held the lock: %v", err)
+	case <-time.After(time.Until(locked.Add(2 * idleTimeout))):
+	}
+	var migrating int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass`).Scan(&migrating))
+	require.Equal(t, 1, migrating, "both Migrate calls run migration 00005")
+	// Migrate of earlier versions (goose's session locker, pg_try_advisory_lock on the same key)
+	// is refused too: session and transaction advisory locks of one key are one lock.
+	conn, err := b.pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	var took bool
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT pg_try_advisory_lock($1)`, migrateLockKey).Scan(&took))
+	if took {
+		_, _ = conn.Exec(b.ctx, `SELECT pg_advisory_unlock($1)`, migrateLockKey)
+	}
+	require.False(t, took, "a session lock was granted while Migrate held its lock")
+	require.NoError(t, hold.Commit(b.ctx))
+	require.NoError(t, <-first)
+	require.NoError(t, <-second)
+	requireEachVersionOnce(t, b)
+}
+
+// migrateLockKey is fencelock's migrateLockID, the advisory lock key of Migrate.
+// (A copy of the root package's helpers_test.go.)
+const migrateLockKey int64 = 0x66656e63656c6f63
+
+// migrateWaiting reports whether a session of pool's database waits for Migrate's advisory lock.
+// (A copy of the helper of the root package's migrate_test.go.)
+func migrateWaiting(t *testing.T, b *bundle) bool {
+	t.Helper()
+	var waiting bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks
+		WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+		  AND ((classid::bigint << 32) | objid::bigint) = $1
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`, migrateLockKey).Scan(&waiting))
+	return waiting
+}
+
+// requireEachVersionOnce fails the test unless fencelock's version table lists every migration
+// exactly once (and goose's version 0 once).
+// (A copy of the helper of the root package's helpers_test.go.)
+func requireEachVersionOnce(t *testing.T, b *bundle) {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT version_id FROM fencelock.goose_db_version WHERE is_applied ORDER BY version_id`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	sqlFiles, err := fs.Glob(migrations.FS, "*.sql")
+	require.NoError(t, err)
+	want := []int64{0}
+	for v := range len(sqlFiles) {
+		want = append(want, int64(v+1)) // migrations are numbered 1..n
+	}
+	require.Equal(t, want, got)
+}

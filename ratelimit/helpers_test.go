@@ -1,0 +1,54 @@
+package ratelimit_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock/internal/pgserver"
+)
+
+// The helpers of the limiter's server tests (limiter_test.go): copies of the root package's
+// (helpers_test.go), which a test package of another directory cannot import.
+
+// bundle is what a server test needs: a fresh migrated database and a context bounded so that
+// a hung test fails instead of stalling the suite.
+type bundle struct {
+	ctx  context.Context
+	pool *pgxpool.Pool
+	db   *pgserver.DB
+}
+
+// setup returns a bundle on a fresh database of the shared server of TestMain (main_test.go),
+// its context ending at test cleanup or after two minutes.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	db := pgserver.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return &bundle{ctx: ctx, pool: db.Pool, db: db}
+}
+
+// newPool returns a pool on url, closed at test cleanup.
+func newPool(t *testing.T, ctx context.Context, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(ctx, url)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// waitFor polls cond every 5 ms until it holds, failing the test when b's context ends first.
+func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
+	t.Helper()
+	for !cond() {
+		select {
+		case <-b.ctx.Done():
+			t.Fatalf("timed out waiting until %s", what)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
