@@ -12,8 +12,15 @@ import (
 // Option configures a server started by [Start] or [NewServer] (or a cluster of
 // [StartPatroni]). Options are validated when
 // they are applied: an invalid option makes Start return an error (and NewServer fail the
-// test) before anything is started.
-type Option func(*config)
+// test) before anything is started. It is an interface, as the library's own option types
+// are (fencelock.LessorOption, fencelock.AdvisoryOption): only this package's constructors
+// make one.
+type Option interface{ applyServer(*config) error }
+
+// serverOption is an Option made of a func.
+type serverOption func(*config) error
+
+func (o serverOption) applyServer(c *config) error { return o(c) }
 
 // config is what the options of one [Start] call build.
 type config struct {
@@ -27,7 +34,7 @@ type config struct {
 // local server binaries, even where a Docker daemon answers. With FENCELOCK_TEST_SERVER=docker
 // it makes [Start] fail. Fault tests that crash the server pass it.
 func Crashable() Option {
-	return func(c *config) { c.crashable = true }
+	return serverOption(func(c *config) error { c.crashable = true; return nil })
 }
 
 // WALArchive gives the server a WAL archive, a fresh directory that its standbys
@@ -37,7 +44,7 @@ func Crashable() Option {
 // them, as a shared archive does in production. [Server.WALArchive] returns the directory;
 // closing the server removes it. It implies [Crashable] (local binaries).
 func WALArchive() Option {
-	return func(c *config) { c.archive, c.crashable = true, true }
+	return serverOption(func(c *config) error { c.archive, c.crashable = true, true; return nil })
 }
 
 // setting is one postgresql.conf parameter passed on the server's command line.
@@ -70,18 +77,18 @@ var managedSettings = map[string]bool{
 // port, unix_socket_directories, data_directory, config_file, hba_file, ident_file) are
 // refused. A refused setting makes [Start] return an error.
 func WithSetting(name, value string) Option {
-	return func(c *config) {
+	return serverOption(func(c *config) error {
 		switch {
 		case !settingName.MatchString(name):
-			c.errs = append(c.errs, fmt.Errorf("pgtest: WithSetting: invalid parameter name %q", name))
+			return fmt.Errorf("pgtest: WithSetting: invalid parameter name %q", name)
 		case managedSettings[strings.ToLower(name)]:
-			c.errs = append(c.errs, fmt.Errorf("pgtest: WithSetting: parameter %q is managed by pgtest", name))
+			return fmt.Errorf("pgtest: WithSetting: parameter %q is managed by pgtest", name)
 		case strings.ContainsRune(value, 0):
-			c.errs = append(c.errs, fmt.Errorf("pgtest: WithSetting: value of %q contains a NUL byte", name))
-		default:
-			c.settings = append(c.settings, setting{Name: name, Value: value})
+			return fmt.Errorf("pgtest: WithSetting: value of %q contains a NUL byte", name)
 		}
-	}
+		c.settings = append(c.settings, setting{Name: name, Value: value})
+		return nil
+	})
 }
 
 // defaultSettings are passed to every server pgtest starts, before the caller's settings
@@ -93,10 +100,11 @@ var defaultSettings = pgserver.DefaultSettings
 // acknowledged commits: the hazard that fencelock's grants and fences guard against by forcing
 // synchronous_commit on for themselves. For crash tests, with [Crashable].
 func AsyncCommit() Option {
-	return func(c *config) {
-		WithSetting("synchronous_commit", "off")(c)
-		WithSetting("wal_writer_delay", "10s")(c)
-	}
+	return serverOption(func(c *config) error {
+		return errors.Join(
+			WithSetting("synchronous_commit", "off").applyServer(c),
+			WithSetting("wal_writer_delay", "10s").applyServer(c))
+	})
 }
 
 // parseOptions applies opts to a fresh config and returns it, or every option error joined.
@@ -107,7 +115,9 @@ func parseOptions(opts []Option) (config, error) {
 			c.errs = append(c.errs, errors.New("pgtest: nil Option"))
 			continue
 		}
-		opt(&c)
+		if err := opt.applyServer(&c); err != nil {
+			c.errs = append(c.errs, err)
+		}
 	}
 	return c, errors.Join(c.errs...)
 }
