@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/pgserver"
 )
 
 // The examples of fenced updates of the caller's tables, advisory locks, semaphores, rate
@@ -19,7 +20,7 @@ import (
 // the largest token that wrote it, and a write with a smaller one is rejected.
 func ExampleUpdateFencedTx() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	if _, err := pool.Exec(ctx, `CREATE TABLE accounts (id int PRIMARY KEY, balance_cents bigint NOT NULL, fence_token bigint);
 INSERT INTO accounts VALUES (7, 0, NULL)`); err != nil {
@@ -83,7 +84,7 @@ INSERT INTO accounts VALUES (7, 0, NULL)`); err != nil {
 // closes its Done.
 func ExampleAdvisoryLocker_TryLock() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 
 	a, _ := fencelock.NewAdvisoryLocker(pool)
@@ -127,7 +128,7 @@ func ExampleAdvisoryLocker_TryLock() {
 // FenceTx.
 func ExampleAdvisoryLocker_TryLockTx() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 
 	a, _ := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens())
@@ -174,7 +175,7 @@ func ExampleAdvisoryLocker_TryLockTx() {
 // next caller gets its slot, with a larger token.
 func ExampleSemaphore_Acquire() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	if err := fencelock.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
@@ -207,7 +208,7 @@ func ExampleSemaphore_Acquire() {
 // once it is free, with a token per member.
 func ExampleLessor_TryAcquireAll() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	if err := fencelock.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)

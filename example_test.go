@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/pgserver"
@@ -19,25 +18,11 @@ import (
 // starts no server, they are skipped. In a program, the pool is yours: pgxpool.New(ctx,
 // os.Getenv("DATABASE_URL")), then fencelock.Migrate(ctx, pool) once.
 
-// examplePool returns a pool on a fresh database with fencelock's schema, and a func that
-// closes it and drops the database.
-func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
-	db, err := pgserver.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	return db.Pool, func() {
-		if err := db.Close(); err != nil {
-			log.Fatal(err)
-		}
-	}
-}
-
 // A lease guards a payment capture; the fence in the same transaction rejects the write of a
 // holder whose lease has moved on.
 func Example() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	if err := fencelock.Migrate(ctx, pool); err != nil { // idempotent
 		log.Fatal(err)
@@ -87,7 +72,7 @@ func Example() {
 // and Err says why, when the lease ends.
 func ExampleLessor_TryAcquire() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 
 	a, _ := fencelock.NewLessor(pool, fencelock.WithHolder("a"))
@@ -121,7 +106,7 @@ func ExampleLessor_TryAcquire() {
 // fresh fencing token for the writes in it.
 func ExampleLessor_RunLocked() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 
 	l, _ := fencelock.NewLessor(pool)
@@ -142,7 +127,7 @@ func ExampleLessor_RunLocked() {
 // token).
 func ExampleLease_GuardTx() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	if _, err := pool.Exec(ctx, `CREATE TABLE jobs (id int PRIMARY KEY, state text NOT NULL);
 INSERT INTO jobs VALUES (1, 'queued')`); err != nil {
@@ -223,7 +208,7 @@ INSERT INTO jobs VALUES (1, 'queued')`); err != nil {
 // that writes the same resource) has written it; this write is outdated, do not retry it.
 func ExampleLease_FenceTx() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id int PRIMARY KEY, status text NOT NULL);
 INSERT INTO payments VALUES (42, 'pending')`); err != nil {
@@ -270,7 +255,7 @@ INSERT INTO payments VALUES (42, 'pending')`); err != nil {
 // Release, a *fencelock.LeaseLostError (matching ErrLeaseLost) when the lease was lost.
 func ExampleLease_Done() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 
 	// work runs units of work under lease until its Done closes, and returns the cause.

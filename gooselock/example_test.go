@@ -8,7 +8,6 @@ import (
 	"testing/fstest"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 
@@ -22,25 +21,11 @@ import (
 // skipped. In a program, the pool is yours: pgxpool.New(ctx, os.Getenv("DATABASE_URL")), then
 // fencelock.Migrate(ctx, pool) once.
 
-// examplePool returns a pool on a fresh database with fencelock's schema, and a func that
-// closes it and drops the database.
-func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
-	db, err := pgserver.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	return db.Pool, func() {
-		if err := db.Close(); err != nil {
-			log.Fatal(err)
-		}
-	}
-}
-
 // goose migrations applied under a lease, which works behind PgBouncer too: the run is
 // cancelled if the lease is lost, and the locker is free again once Up returns.
 func ExampleNew() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	lessor, err := fencelock.NewLessor(pool, fencelock.WithHolder("migrator-1"))
 	if err != nil {

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/pgserver"
@@ -20,25 +19,11 @@ import (
 // skipped. In a program, the pool is yours: pgxpool.New(ctx, os.Getenv("DATABASE_URL")), then
 // fencelock.Migrate(ctx, pool) once.
 
-// examplePool returns a pool on a fresh database with fencelock's schema, and a func that
-// closes it and drops the database.
-func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
-	db, err := pgserver.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	return db.Pool, func() {
-		if err := db.Close(); err != nil {
-			log.Fatal(err)
-		}
-	}
-}
-
 // A report that every replica schedules hourly and one of them runs, once per hour, its write
 // fenced by the run's lease. Here the run ends the schedule (cancel) once it has written.
 func ExampleJob_Every() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	if _, err := pool.Exec(ctx, `CREATE TABLE reports (slot timestamptz PRIMARY KEY, attempt int NOT NULL)`); err != nil {
 		log.Fatal(err)
@@ -77,7 +62,7 @@ func ExampleJob_Every() {
 // says so; the second finds it done.
 func ExampleJob_RunSlot() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	replica := func(id string) *job.Job {
 		lessor, err := fencelock.NewLessor(pool, fencelock.WithHolder(id))

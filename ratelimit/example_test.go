@@ -6,8 +6,6 @@ import (
 	"log"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/fencelock/fencelock/internal/pgserver"
 	"github.com/fencelock/fencelock/ratelimit"
 )
@@ -17,25 +15,11 @@ import (
 // skipped. In a program, the pool is yours: pgxpool.New(ctx, os.Getenv("DATABASE_URL")), then
 // fencelock.Migrate(ctx, pool) once.
 
-// examplePool returns a pool on a fresh database with fencelock's schema, and a func that
-// closes it and drops the database.
-func examplePool(ctx context.Context) (*pgxpool.Pool, func()) {
-	db, err := pgserver.Open(ctx)
-	if err != nil {
-		log.Fatal(err)
-	}
-	return db.Pool, func() {
-		if err := db.Close(); err != nil {
-			log.Fatal(err)
-		}
-	}
-}
-
 // A rate limit of 10 a second with a burst of 3: three requests at once, the fourth refused
 // with the time until it is due.
 func ExampleLimiter_Allow() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	rl, err := ratelimit.New(pool, ratelimit.Limit{Rate: 10, Per: time.Second, Burst: 3})
 	if err != nil {
@@ -56,7 +40,7 @@ func ExampleLimiter_Allow() {
 // process on the database.
 func ExampleLimiter_Wait() {
 	ctx := context.Background()
-	pool, stop := examplePool(ctx)
+	pool, stop := pgserver.ExamplePool(ctx)
 	defer stop()
 	rl, err := ratelimit.New(pool, ratelimit.Limit{Rate: 20, Per: time.Second, Burst: 5})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log"
 	"os"
 	"slices"
 	"strings"
@@ -154,6 +155,22 @@ func Open(ctx context.Context) (*DB, error) {
 		return nil, errors.Join(fmt.Errorf("pgserver: pool for %s: %w", name, err), db.Close())
 	}
 	return db, nil
+}
+
+// ExamplePool is [Open] for an Example function, which has no testing.TB: it returns the
+// fresh database's pool and a func that closes it and drops the database, and ends the
+// process with log.Fatal when either fails (an example's output check cannot report an
+// error). Safe for concurrent use.
+func ExamplePool(ctx context.Context) (pool *pgxpool.Pool, stop func()) {
+	db, err := Open(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return db.Pool, func() {
+		if err := db.Close(); err != nil {
+			log.Fatal(err)
+		}
+	}
 }
 
 // Close closes the database's pool and drops the database (WITH (FORCE)), within two
