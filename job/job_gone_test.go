@@ -1,4 +1,4 @@
-package integration
+package job_test
 
 import (
 	"context"

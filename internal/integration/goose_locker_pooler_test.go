@@ -23,6 +23,10 @@ import (
 	"github.com/fencelock/fencelock/pgtest"
 )
 
+// The goose locker's tests behind PgBouncer (pgtest.NewPgBouncer), which only this module has;
+// the rest of them, goose's contract tests on direct connections among them, live beside the
+// package (gooselock/goose_locker_test.go). The helpers below are copies of that file's.
+
 // gooseMigrations is the application's migration set of the goose tests: three tables, the
 // second migration slow enough (200 ms) that concurrent migrators really overlap.
 var gooseMigrations = fstest.MapFS{
@@ -130,15 +134,9 @@ func providerLocking(t *testing.T, b *bundle, url string, execMode bool) {
 	require.Equal(t, 3, tables)
 }
 
-// goose's contract test for lockers, on direct connections: one migrator applies everything.
-func TestGooseLockerProviderLocking(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	providerLocking(t, b, b.db.URL, false)
-}
-
-// The same behind PgBouncer in transaction mode, where the lessors detect the pooler and their
-// waiters poll: still one migrator applies everything.
+// goose's contract test for lockers behind PgBouncer in transaction mode, where the lessors
+// detect the pooler and their waiters poll: still one migrator applies everything (on direct
+// connections: gooselock's TestGooseLockerProviderLocking).
 func TestGooseLockerProviderLockingBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -179,14 +177,8 @@ func concurrentLocking(t *testing.T, b *bundle, pool *pgxpool.Pool) {
 	require.NoError(t, lease.Release(b.ctx))
 }
 
-// goose's contract test for concurrent lockers, on direct connections.
-func TestGooseLockerConcurrentLocking(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	concurrentLocking(t, b, b.pool)
-}
-
-// The same behind PgBouncer in transaction mode, where the lessors poll.
+// goose's contract test for concurrent lockers behind PgBouncer in transaction mode, where the
+// lessors poll (on direct connections: gooselock's TestGooseLockerConcurrentLocking).
 func TestGooseLockerConcurrentLockingBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -246,177 +238,4 @@ func TestGooseLockerSessionLockerUnsafeBehindPgBouncer(t *testing.T) {
 	require.NoError(t, first.Unlock(b.ctx, nil))
 	require.NoError(t, second.Lock(b.ctx, nil))
 	require.NoError(t, second.Unlock(b.ctx, nil))
-}
-
-// A lease lost while locked (no heartbeat, TTL 1 s): Done closes at the end of the trust
-// window, Err and the cause of a context from Context match ErrLeaseLost, and Unlock reports
-// the loss (ErrNotHeld and ErrLeaseLost) while releasing what is left; the locker can lock again.
-func TestGooseLockerLost(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	g, err := gooselock.New(newLessor(t, b.pool, "lost", fencelock.WithoutHeartbeat()), "goose:lost", time.Second)
-	require.NoError(t, err)
-	ctx, cancel := g.Context(b.ctx)
-	defer cancel()
-	require.NoError(t, g.Lock(b.ctx, nil))
-	require.NoError(t, g.Err())
-	select {
-	case <-g.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("Done not closed within 10 s of a 1 s lease without heartbeat")
-	}
-	require.ErrorIs(t, g.Err(), fencelock.ErrLeaseLost)
-	var lost *fencelock.LeaseLostError
-	require.ErrorAs(t, g.Err(), &lost)
-	select {
-	case <-ctx.Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("the context of Context was not cancelled within 5 s of the loss")
-	}
-	require.ErrorIs(t, context.Cause(ctx), fencelock.ErrLeaseLost)
-
-	err = g.Unlock(b.ctx, nil)
-	require.ErrorIs(t, err, fencelock.ErrNotHeld)
-	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
-	require.ErrorIs(t, g.Err(), fencelock.ErrLeaseLost, "Err keeps the loss after Unlock")
-
-	require.NoError(t, g.Lock(b.ctx, nil))
-	require.NoError(t, g.Unlock(b.ctx, nil))
-	require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
-}
-
-// A context from Context, passed to goose's Up, cancels the run when the lease is lost: the
-// slow migration in flight is rolled back instead of running on without the lease, and Up
-// fails with the loss.
-func TestGooseLockerContextCancelsRun(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	fsys := fstest.MapFS{
-		"00001_first.sql": {Data: []byte("-- +goose Up\nCREATE TABLE first_table (id bigint);\n")},
-		"00002_slow.sql":  {Data: []byte("-- +goose Up\nCREATE TABLE slow_table (id bigint);\nSELECT pg_sleep(5);\n")},
-	}
-	g, err := gooselock.New(newLessor(t, b.pool, "slow", fencelock.WithoutHeartbeat()), "goose:slow", 2*time.Second)
-	require.NoError(t, err)
-	p := newGooseProvider(t, b.pool, fsys, g)
-	ctx, cancel := g.Context(b.ctx)
-	defer cancel()
-	start := time.Now()
-	_, err = p.Up(ctx)
-	elapsed := time.Since(start)
-	require.ErrorIs(t, err, fencelock.ErrLeaseLost, "Up reports the loss (from Unlock)")
-	require.ErrorIs(t, err, fencelock.ErrNotHeld)
-	var partial *goose.PartialError
-	require.ErrorAs(t, err, &partial, "the run stopped in a migration")
-	require.ErrorIs(t, partial.Err, context.Canceled, "the migration in flight was cancelled")
-	require.Less(t, elapsed, 4500*time.Millisecond, "the slow migration (5 s) ran on after the loss")
-	require.ErrorIs(t, context.Cause(ctx), fencelock.ErrLeaseLost)
-	var slow *string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT to_regclass('public.slow_table')::text`).Scan(&slow))
-	require.Nil(t, slow, "the cancelled migration committed")
-	var version int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT coalesce(max(version_id), 0) FROM `+gooseVersionTable).Scan(&version))
-	require.Less(t, version, int64(2))
-}
-
-// Unlock does not cancel a context from Context, which goes on watching the next Lock; Done
-// and Err follow the lease of the last Lock.
-func TestGooseLockerContextSurvivesUnlock(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	g, err := gooselock.New(newLessor(t, b.pool, "calm"), "goose:calm", 10*time.Second)
-	require.NoError(t, err)
-	ctx, cancel := g.Context(b.ctx)
-	require.NoError(t, g.Lock(b.ctx, nil))
-	done := g.Done()
-	require.NoError(t, g.Unlock(b.ctx, nil))
-	require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
-	select {
-	case <-done:
-	default:
-		t.Fatal("Done still open after Unlock")
-	}
-	require.NoError(t, g.Lock(b.ctx, nil))
-	require.NoError(t, g.Err())
-	select {
-	case <-g.Done():
-		t.Fatal("Done of the new lease closed while held")
-	default:
-	}
-	require.NoError(t, g.Unlock(b.ctx, nil))
-	require.NoError(t, ctx.Err(), "a clean Unlock cancelled the context")
-	cancel()
-	require.ErrorIs(t, context.Cause(ctx), context.Canceled)
-}
-
-// Bad input is refused with an *ArgumentError before any SQL, by the rules of Acquire.
-func TestGooseLockerBadInput(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	l := newLessor(t, b.pool, "args")
-	slow := newLessor(t, b.pool, "slow-heartbeat", fencelock.WithHeartbeatInterval(5*time.Second))
-	tests := []struct {
-		name   string
-		lessor *fencelock.Lessor
-		lease  string
-		ttl    time.Duration
-		arg    string
-	}{
-		{"NilLessor", nil, "goose", time.Second, "lessor"},
-		{"EmptyName", l, "", time.Second, "name"},
-		{"NameWithNUL", l, "go\x00ose", time.Second, "name"},
-		{"ZeroTTL", l, "goose", 0, "ttl"},
-		{"TTLPastMax", l, "goose", fencelock.MaxTTL + time.Second, "ttl"},
-		{"TTLNotAboveHeartbeat", slow, "goose", time.Second, "WithHeartbeatInterval"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			g, err := gooselock.New(tt.lessor, tt.lease, tt.ttl)
-			require.Nil(t, g)
-			require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-			var ae *fencelock.ArgumentError
-			require.ErrorAs(t, err, &ae)
-			require.Equal(t, tt.arg, ae.Arg)
-		})
-	}
-}
-
-// Lock twice without Unlock fails with ErrAlreadyHeld, whether the first holds the lease or
-// still waits for it; Unlock without Lock fails with ErrNotHeld; before the first Lock, Done
-// is closed and Err wraps ErrNotHeld.
-func TestGooseLockerMisuse(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	g, err := gooselock.New(newLessor(t, b.pool, "migrator"), "goose:misuse", 10*time.Second)
-	require.NoError(t, err)
-
-	require.ErrorIs(t, g.Unlock(b.ctx, nil), fencelock.ErrNotHeld)
-	require.ErrorIs(t, g.Err(), fencelock.ErrNotHeld)
-	select {
-	case <-g.Done():
-	default:
-		t.Fatal("Done open before the first Lock")
-	}
-
-	require.NoError(t, g.Lock(b.ctx, nil))
-	require.ErrorIs(t, g.Lock(b.ctx, nil), fencelock.ErrAlreadyHeld)
-	require.NoError(t, g.Err(), "the refused Lock changed the held lease")
-	require.NoError(t, g.Unlock(b.ctx, nil))
-	require.ErrorIs(t, g.Unlock(b.ctx, nil), fencelock.ErrNotHeld)
-
-	// A Lock that waits for another holder's lease: a second Lock is refused at once.
-	other := newLessor(t, b.pool, "other")
-	held, err := other.TryAcquire(b.ctx, "goose:misuse", 10*time.Second)
-	require.NoError(t, err)
-	waiting := make(chan error, 1)
-	go func() { waiting <- g.Lock(b.ctx, nil) }()
-	awaitQueue(t, b.ctx, b.pool, "goose:misuse", false, "migrator")
-	require.ErrorIs(t, g.Lock(b.ctx, nil), fencelock.ErrAlreadyHeld)
-	require.NoError(t, held.Release(b.ctx))
-	select {
-	case err := <-waiting:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiting Lock was not granted within 10 s of the release")
-	}
-	require.NoError(t, g.Unlock(b.ctx, nil))
 }
