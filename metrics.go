@@ -25,8 +25,8 @@ const (
 	mAcquire          = imetrics.Acquire
 	mTryRunLocked     = imetrics.TryRunLocked
 	mRunLocked        = imetrics.RunLocked
-	mTryLock          = imetrics.TryLock // advisory: TryLock, TryLockShared, TryLockKey
-	mLock             = imetrics.Lock    // advisory: Lock, LockShared, LockKey
+	mTryLock          = imetrics.TryLock // advisory: TryLock (every mode and key form)
+	mLock             = imetrics.Lock    // advisory: Lock (every mode and key form)
 	mFenceTx          = imetrics.FenceTx
 	mLeaseFenceTx     = imetrics.LeaseFenceTx
 	mUpdateFencedTx   = imetrics.UpdateFencedTx

@@ -35,8 +35,8 @@ const (
 	Acquire                        // Lessor.Acquire
 	TryRunLocked                   // Lessor.TryRunLocked
 	RunLocked                      // Lessor.RunLocked
-	TryLock                        // advisory: TryLock, TryLockShared, TryLockKey
-	Lock                           // advisory: Lock, LockShared, LockKey
+	TryLock                        // advisory: TryLock (every mode and key form)
+	Lock                           // advisory: Lock (every mode and key form)
 	FenceTx                        // FenceTx
 	LeaseFenceTx                   // Lease.FenceTx
 	UpdateFencedTx                 // UpdateFencedTx
