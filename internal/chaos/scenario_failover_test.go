@@ -13,7 +13,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // failoverTTL is the lease TTL of the failover scenario.
@@ -114,93 +113,6 @@ var heldNames = []string{"held:0", "held:1"}
 
 // registerNames are the ledgers of scenario 10.
 var registerNames = append([]string{leaseName, advName, pausedName}, heldNames...)
-
-// failoverCluster is a replicated cluster of scenario 10, its database ready (the register
-// set up and replicated), and the fault to inject.
-type failoverCluster struct {
-	pool   *pgxpool.Pool // the database through a multi-host URL: follows the primary
-	direct *pgxpool.Pool // the database on the current primary alone, for the paused holder
-	sync   bool          // synchronous replication, or a planned switchover: nothing acknowledged may be lost
-	lag    time.Duration // how long replication is paused before the fault (0: not paused)
-	// pause stops replication for the lag modes.
-	pause func(ctx context.Context) error
-	// failover injects the fault and returns once a new primary accepts writes, with the
-	// wall-clock times of the fault and of the promotion.
-	failover func(ctx context.Context) (fault, promoted time.Time, err error)
-}
-
-// pairCluster is a primary and a streaming standby from pgtest; the fault is the primary's
-// crash (immediate shutdown) and the standby's promotion.
-func pairCluster(t *testing.T, ctx context.Context, syncRep bool, lag time.Duration) *failoverCluster {
-	primary := pgtest.NewServer(t, pgtest.Crashable())
-	db := primary.NewDB(t)
-	require.NoError(t, SetupRegister(ctx, db.Pool, registerNames...))
-	standby := primary.NewStandby(t)
-	if syncRep {
-		require.NoError(t, primary.SetSynchronousStandbys(ctx, "*"))
-	}
-	url, err := pgtest.ClusterURL(db.Name, primary, standby)
-	require.NoError(t, err)
-	pool, err := pgxpool.New(ctx, url+"&pool_max_conns=16")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return &failoverCluster{
-		pool: pool, direct: db.Pool, sync: syncRep, lag: lag,
-		pause: func(ctx context.Context) error {
-			_, err := primary.PauseWALSenders(ctx)
-			return err
-		},
-		failover: func(ctx context.Context) (time.Time, time.Time, error) {
-			fault := time.Now()
-			if err := primary.Crash(ctx); err != nil {
-				return fault, time.Time{}, err
-			}
-			crashed := time.Now()
-			// The promoted server runs alone, asynchronously: the standby was made before the
-			// primary set synchronous_standby_names (ALTER SYSTEM writes a file, not WAL).
-			err := standby.Promote(ctx)
-			promoted := time.Now()
-			t.Logf("crash %v, promotion %v", crashed.Sub(fault), promoted.Sub(crashed))
-			return fault, promoted, err
-		},
-	}
-}
-
-// patroniCluster is a two-node Patroni cluster; the fault is a switchover or the leader's
-// kill.
-func patroniCluster(t *testing.T, ctx context.Context, mode string) *failoverCluster {
-	c := pgtest.NewPatroni(t, 2)
-	db := c.NewDB(t)
-	require.NoError(t, SetupRegister(ctx, db.Pool, registerNames...))
-	require.NoError(t, c.WaitReplay(ctx))
-	leader, err := c.Leader(ctx)
-	require.NoError(t, err)
-	leaderURL, err := c.NodeURL(leader, db.Name)
-	require.NoError(t, err)
-	direct, err := pgxpool.New(ctx, leaderURL)
-	require.NoError(t, err)
-	t.Cleanup(direct.Close)
-	pool, err := pgxpool.New(ctx, db.URL+"&pool_max_conns=16")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return &failoverCluster{
-		// A switchover shuts the leader down cleanly: its replica has all its WAL before it is
-		// promoted, so nothing acknowledged may be lost, as with synchronous replication.
-		pool: pool, direct: direct, sync: mode == "switchover",
-		failover: func(ctx context.Context) (time.Time, time.Time, error) {
-			var change pgtest.LeaderChange
-			var err error
-			fault := time.Now()
-			if mode == "switchover" {
-				change, err = c.Switchover(ctx, "")
-			} else {
-				change, err = c.KillLeader(ctx)
-			}
-			t.Logf("patroni %s: %s -> %s, timeline %d, %v", mode, change.From, change.To, change.Timeline, change.Elapsed)
-			return fault, fault.Add(change.Elapsed), err
-		},
-	}
-}
 
 // failoverRun runs one failover of fc under load and checks its history.
 func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failoverCluster) failoverStats {
@@ -329,27 +241,6 @@ func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failover
 	return s
 }
 
-// longHolder takes lease name once and holds it, making a fenced append every 50 ms while its
-// own check finds it held, until ctx ends (then it releases it) or it loses the lease.
-func longHolder(ctx context.Context, rec *Recorder, pool *pgxpool.Pool, worker, name string, watchers *sync.WaitGroup) {
-	l, err := fencelock.NewLessor(pool, fencelock.WithHolder(worker))
-	if err != nil {
-		panic(err)
-	}
-	lease, ok := acquireRecorded(ctx, rec, l, worker, name, failoverTTL)
-	if !ok {
-		return
-	}
-	w := &leaseWorker{rec: rec, worker: worker}
-	watchers.Go(func() { w.watch(lease) })
-	app := &Appender{Pool: pool, Rec: rec, Worker: worker, Holder: worker}
-	for ctx.Err() == nil && checkHeld(rec, worker, lease) {
-		_ = app.Append(ctx, name, lease.Token())
-		sleepCtx(ctx, 50*time.Millisecond)
-	}
-	releaseRecorded(rec, worker, lease)
-}
-
 // longHoldersLost counts the long holders' leases granted before time crashed, and of those
 // the ones whose Done closed with a loss (anything but a release).
 func longHoldersLost(h History, crashed time.Duration) (held, lost int) {
@@ -385,76 +276,4 @@ func awaitLedger(ctx context.Context, pool *pgxpool.Pool, resource string, ok fu
 		}
 		sleepCtx(ctx, 20*time.Millisecond)
 	}
-}
-
-// advisoryAppender takes the session advisory lock name with a fencing token in a loop and
-// makes three fenced appends to the ledger of name while the lock is held.
-func advisoryAppender(t *testing.T, ctx context.Context, rec *Recorder, pool *pgxpool.Pool, worker, name string) {
-	locker, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens(), fencelock.WithWatchdogInterval(100*time.Millisecond))
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	app := &Appender{Pool: pool, Rec: rec, Worker: worker, Holder: worker}
-	for ctx.Err() == nil {
-		lk, ok := tryLockRecorded(ctx, rec, locker, worker, name)
-		if !ok {
-			sleepCtx(ctx, 5*time.Millisecond)
-			continue
-		}
-		for range 3 {
-			if lk.Err() != nil {
-				break
-			}
-			_ = app.Append(ctx, name, lk.Token())
-			sleepCtx(ctx, 5*time.Millisecond)
-		}
-		unlockRecorded(rec, worker, lk)
-	}
-}
-
-// tokenChurn takes and releases the session advisory lock name with a fencing token as fast
-// as it can, recording each grant: it draws sequence values, hundreds a second.
-func tokenChurn(t *testing.T, ctx context.Context, rec *Recorder, pool *pgxpool.Pool, worker, name string) {
-	locker, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens())
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	for ctx.Err() == nil {
-		lk, ok := tryLockRecorded(ctx, rec, locker, worker, name)
-		if !ok {
-			sleepCtx(ctx, 5*time.Millisecond)
-			continue
-		}
-		unlockRecorded(rec, worker, lk)
-	}
-}
-
-// tryLockRecorded runs AdvisoryLocker.TryLock and records it as a grant. An error is recorded
-// as a failed grant: TryLock returns no lock, and none is held (a broken session holds
-// nothing).
-func tryLockRecorded(ctx context.Context, rec *Recorder, locker *fencelock.AdvisoryLocker, worker, name string) (*fencelock.AdvisoryLock, bool) {
-	id := rec.Invoke(Op{Worker: worker, Kind: KindGrant, Name: name, Holder: worker})
-	lk, err := locker.TryLock(ctx, name)
-	if err != nil {
-		rec.Complete(id, Fail, err, nil)
-		return nil, false
-	}
-	rec.Complete(id, OK, nil, func(op *Op) { op.Token = int64(lk.Token()) })
-	return lk, true
-}
-
-// unlockRecorded records lk's loss (as a Done closing) if it had been lost already, then
-// unlocks it with a fresh context and records the release.
-func unlockRecorded(rec *Recorder, worker string, lk *fencelock.AdvisoryLock) {
-	if err := lk.Err(); err != nil {
-		now := rec.Now()
-		rec.Record(Op{Worker: worker, Kind: KindDone, Name: lk.Name(), Token: int64(lk.Token()), Err: err.Error(), Invoke: now, Return: now})
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	id := rec.Invoke(Op{Worker: worker, Kind: KindRelease, Name: lk.Name(), Token: int64(lk.Token())})
-	err := lk.Unlock(ctx)
-	rec.Complete(id, Classify(err), err, nil)
 }
