@@ -15,6 +15,7 @@ import (
 	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/queue"
 	"github.com/fencelock/fencelock/internal/renewal"
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // Lessor grants named leases, rows of fencelock.leases, to one holder id. Each grant carries a
@@ -63,6 +64,7 @@ type Lessor struct {
 	waits      map[string]*queue.Wait // Acquires in a queue, by name
 	otherWaits int                    // waits above the core in a queue (Semaphore.Acquire's)
 	listen     *notify.Subscription   // a hold on the pool's notifier while attached; nil: not
+	lingering  timing.Timer           // detaches it once l has stayed idle for listenerLinger; nil until first armed
 
 	afterGrant func() // tests only: runs after each grant statement returns
 }
@@ -133,75 +135,12 @@ func (l *Lessor) CheckTTL(ttl time.Duration) error {
 // clock). A Backoff is stateless and safe for concurrent use.
 func (l *Lessor) Backoff() Backoff { return l.cfg.backoff }
 
-// TryAcquire grants the lease name for ttl to this lessor if nobody holds it, in one
-// statement. name is 1 to [MaxNameLength] bytes of UTF-8 without NUL; ttl is a time.Duration
-// between [MinTTL] and [MaxTTL], measured on the database clock (Postgres rounds it to
-// microseconds). The lease is renewed by the heartbeat until released or lost.
-//
-// It does not barge: while anyone waits in the name's queue (a waiting Acquire or RunLocked of
-// any lessor), it is refused even if the lease is free at that moment, so a caller that
-// retries TryAcquire in a loop cannot starve the queue (before the queue, one such caller
-// took most grants; docs/PERFORMANCE.md). A try that must get in line uses [Lessor.Acquire]
-// with a deadline instead.
-//
-// Errors: [ErrNotAcquired] if another holder has it or anyone waits for it (or if the grant's
-// reply came back after its trust window had ended: the grant is then released again); an error wrapping
-// [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
-// [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; an
-// error wrapping [ErrTokenSequence] for a misconfigured token sequence, [ErrTokenBudget]
-// when the token budget is spent or [ErrTokenEpochBehind] when the epoch went back;
-// otherwise the pgx error, wrapped. If ctx ends while the grant is in flight, the grant may
-// have happened on the server: TryAcquire then ends it (scoped to this holder) before it
-// returns, so nothing is left held.
-func (l *Lessor) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := validateName("name", name); err != nil {
-		return nil, err
-	}
-	lt, err := l.cfg.times(ttl)
-	if err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	lease, err := l.tryAcquire(ctx, name, lt)
-	err = notAcquired(err)
-	m := l.cfg.common.metrics
-	m.acquired(ctx, mTryAcquire, start, err)
-	if err == ErrNotAcquired {
-		m.contention(mTryAcquire)
-	}
-	return lease, err
-}
-
 // notAcquired maps errRefused to ErrNotAcquired at the API boundary.
 func notAcquired(err error) error {
 	if err == errRefused {
 		return ErrNotAcquired
 	}
 	return err
-}
-
-// tryAcquire is TryAcquire's one attempt: LeaseGrant, the one statement of an uncontended
-// grant, which refuses while anyone waits in the name's queue. It returns the lease,
-// errRefused, or another error.
-func (l *Lessor) tryAcquire(ctx context.Context, name string, lt leaseTimes) (*Lease, error) {
-	exit, err := l.enterFree(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	defer exit()
-	var row db.LeaseGrantRow
-	sent, err := l.grantStatement(ctx, name, func(conn *pgxpool.Conn) (err error) {
-		row, err = l.q.LeaseGrant(ctx, conn, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: lt.TTL.Microseconds(), Nowait: true, MayInsert: true})
-		return err
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		// Held and unexpired, waited for, or the row is held by a transaction.
-		return nil, errRefused
-	}
-	if err != nil {
-		return nil, err
-	}
-	return l.granted(ctx, name, lt, Token(row.Token), sent, row.ExpiresAt)
 }
 
 // enterFree takes name's gate (see enter) and checks, inside it, that this lessor does not hold
@@ -340,10 +279,37 @@ func (l *Lessor) releaseToken(ctx context.Context, name string, token Token) {
 	}
 }
 
-// idleCheckLocked detaches l from its pool's notifier when l has neither a wait nor a held
-// lease (the notifier closes a second after its last subscriber leaves). l.mu must be held.
+// listenerLinger is how long a lessor with neither a wait nor a held lease stays attached to
+// its pool's notifier: one that releases and waits again within it finds LISTEN in place at its
+// first attempt, so its place in the queue carries the channel and a release wakes it at once,
+// with no poll and no second statement.
+const listenerLinger = time.Second
+
+// idleCheckLocked arms l's detach from its pool's notifier when l has neither a wait nor a held
+// lease: after listenerLinger, if l is still idle then (detachIfIdle). l.mu must be held.
 func (l *Lessor) idleCheckLocked() {
-	if l.listen == nil || len(l.waits) > 0 || l.otherWaits > 0 || len(l.active) > 0 {
+	if !l.idleLocked() {
+		return
+	}
+	if l.lingering == nil {
+		l.lingering = l.cfg.clock.AfterFunc(listenerLinger, l.detachIfIdle)
+	} else {
+		l.lingering.Reset(listenerLinger)
+	}
+}
+
+// idleLocked reports whether l is attached to its notifier with neither a wait nor a held
+// lease. l.mu must be held.
+func (l *Lessor) idleLocked() bool {
+	return l.listen != nil && len(l.waits) == 0 && l.otherWaits == 0 && len(l.active) == 0
+}
+
+// detachIfIdle detaches l from its pool's notifier if l is still idle (the notifier closes a
+// second after its last subscriber leaves).
+func (l *Lessor) detachIfIdle() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.idleLocked() {
 		return
 	}
 	l.listen.Close()
