@@ -83,13 +83,15 @@ func TestSemaphoreGuardedExpiredPermitBlocksNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := newSemaphore(t, b, "sem-guard", "sem:guard", 2, fencelock.WithoutHeartbeat())
-	p, err := s.TryAcquire(b.ctx, 200*time.Millisecond)
+	// A TTL long enough for the guard to find the permit trusted on a loaded machine (with 200
+	// ms, GuardTx once came after the trust window: "trust window expired").
+	p, err := s.TryAcquire(b.ctx, 2*time.Second)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	require.NoError(t, p.GuardTx(b.ctx, tx))
-	require.Eventually(t, func() bool { return semState(t, b, s).Held == 0 }, 5*time.Second, 10*time.Millisecond, "the permit expires")
+	require.Eventually(t, func() bool { return semState(t, b, s).Held == 0 }, 10*time.Second, 10*time.Millisecond, "the permit expires")
 	other := newSemaphore(t, b, "sem-guard2", "sem:guard", 2)
 	ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
 	defer cancel()
