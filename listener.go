@@ -15,9 +15,10 @@ import (
 // without a poll in between. Only the head of a queue is notified: no herd of waiters.
 //
 // A lessor attaches to its pool's notifier at its first refused wait (a lessor that never
-// waits never opens one) and stays attached while it has a wait or a held lease (so a lessor
-// that holds, releases and waits again keeps it); the notifier closes a second after its last
-// subscriber has left (lease_queue_wait.go). While attached, each wait of the lessor subscribes to the wake-ups of
+// waits never opens one) and stays attached while it has a wait or a held lease, and for a
+// second (listenerLinger) after it has neither, so that a lessor that holds, releases and waits
+// again finds LISTEN in place at its first attempt; the notifier closes a second after its last
+// subscriber has left. While attached, each wait of the lessor subscribes to the wake-ups of
 // its wait id. Where LISTEN cannot work (behind a pooler, or while the connection is down),
 // waits poll; every wait is woken when LISTEN comes up or goes down, to poll or to tell the
 // queue its channel.
