@@ -166,7 +166,9 @@ func (s *Subscription) Close() {
 	n.unindexLocked(s)
 	delete(n.subs, s)
 	if len(n.subs) == 0 {
-		n.idle = time.AfterFunc(n.reg.linger, func() { n.reg.retire(n) })
+		n.idleGen++
+		gen := n.idleGen
+		n.idle = time.AfterFunc(n.reg.linger, func() { n.reg.retire(n, gen) })
 	}
 }
 
@@ -191,12 +193,13 @@ type notifier struct {
 	backoff func(int) time.Duration
 	cancel  context.CancelFunc // stops the goroutine
 
-	mu     sync.Mutex
-	subs   map[*Subscription]bool
-	byKey  [topics]map[string]map[*Subscription]bool
-	ready  bool        // LISTEN is in place on a direct session
-	idle   *time.Timer // retires the notifier; armed while it has no subscription
-	closed bool        // retired: a new subscription opens a new notifier
+	mu      sync.Mutex
+	subs    map[*Subscription]bool
+	byKey   [topics]map[string]map[*Subscription]bool
+	ready   bool        // LISTEN is in place on a direct session
+	idle    *time.Timer // retires the notifier; armed while it has no subscription
+	idleGen uint64      // counts the idle timers armed: only the current one's retire counts
+	closed  bool        // retired: a new subscription opens a new notifier
 }
 
 func (r *registry) subscribe(pool *pgxpool.Pool, topic Topic, key string, h Handler, opts Options) *Subscription {
@@ -233,13 +236,15 @@ func (r *registry) subscribe(pool *pgxpool.Pool, topic Topic, key string, h Hand
 	return s
 }
 
-// retire closes n if it still has no subscription.
-func (r *registry) retire(n *notifier) {
+// retire closes n if it still has no subscription and gen is its current idle timer.
+func (r *registry) retire(n *notifier, gen uint64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if len(n.subs) > 0 || n.closed {
+	// A timer that fired while a subscription came (its Stop was too late) and went again
+	// (arming a timer of its own) is stale: the notifier keeps the full linger of the new one.
+	if len(n.subs) > 0 || n.closed || gen != n.idleGen {
 		return
 	}
 	n.closed = true

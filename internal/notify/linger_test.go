@@ -7,7 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// Issue 22 review. A notifier's idle timer that has fired already, its retire waiting for the
+// A notifier's idle timer that has fired already, its retire waiting for the
 // registry's lock, is not disarmed by a subscription that comes meanwhile (subscribe's
 // n.idle.Stop() is too late, and sets n.idle to nil); when that subscription closes again
 // before the stale retire has run, the stale retire finds no subscription and retires the
@@ -16,9 +16,9 @@ import (
 // subscribes to a retired notifier). The linger is changed to an hour before the second
 // Close so that any retire within a second is the stale one.
 //
-// Fails when the stale retire wins the race (most rounds); passes on a notifier whose retire
-// checks that it is the current timer's.
-func TestReviewStaleIdleTimerCutsLinger(t *testing.T) {
+// Found by issue 22's review; it failed when the stale retire won the race (most rounds) until
+// retire checked that it is the current timer's (idleGen).
+func TestStaleIdleTimerKeepsLinger(t *testing.T) {
 	for round := range 20 {
 		reg, started := testRegistry(5 * time.Millisecond)
 		pool := &pgxpool.Pool{}
