@@ -34,6 +34,11 @@ type observer struct {
 	ch   chan<- LeaderInfo
 	last LeaderInfo
 	sent bool
+	// conn is the observer's own session for its reads, taken from the pool and hijacked (the
+	// pool's slot freed), as before the shared notifier: an observer needs nothing of its pool
+	// once it observes, so a saturated pool does not hold its states back. Closed after a
+	// failed read (the next read takes another) and when the observer ends.
+	conn *pgx.Conn
 }
 
 // observeLeader is Election.Observe's goroutine, for the election name of lessor l with terms
@@ -53,6 +58,7 @@ func observeLeader(ctx context.Context, l *Lessor, name string, ttl time.Duratio
 	})
 	defer sub.Close()
 	o := &observer{l: l, name: name, ttl: ttl, ch: ch}
+	defer o.closeConn()
 	poll := min(observePoll, ttl/4)
 	for n := 0; ; {
 		// Whether LISTEN is in place before the read: a change committed from here on is
@@ -89,8 +95,19 @@ func observeLeader(ctx context.Context, l *Lessor, name string, ttl time.Duratio
 // term lapses (a day when nobody leads; the caller caps every wait at the TTL).
 func (o *observer) read(ctx context.Context) (time.Duration, error) {
 	rctx, cancel := context.WithTimeout(ctx, max(o.ttl, 5*time.Second))
-	row, err := o.l.q.ElectionLeader(rctx, o.l.pool, o.name)
+	if o.conn == nil {
+		c, err := o.l.pool.Acquire(rctx)
+		if err != nil {
+			cancel()
+			return 0, err
+		}
+		o.conn = c.Hijack()
+	}
+	row, err := o.l.q.ElectionLeader(rctx, o.conn, o.name)
 	cancel()
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		o.closeConn() // its state is unknown: the next read takes another session
+	}
 	var info LeaderInfo
 	wait := 24 * time.Hour
 	switch {
@@ -113,6 +130,17 @@ func (o *observer) read(ctx context.Context) (time.Duration, error) {
 		o.last, o.sent = info, true
 	}
 	return wait, nil
+}
+
+// closeConn closes the observer's session, if it has one, within a second.
+func (o *observer) closeConn() {
+	if o.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = o.conn.Close(ctx)
+	o.conn = nil
 }
 
 // leaderInfoOf converts a leader row.

@@ -11,17 +11,13 @@ import (
 	"github.com/fencelock/fencelock"
 )
 
-// Issue 22 review. Before the redesign (fd9a72a) an election observer read the leader on a
-// connection of its own (taken from the pool and hijacked: the pool's slot freed), so once it
-// was observing it needed nothing more of the pool. Now it reads through the pool
-// (o.l.q.ElectionLeader(rctx, o.l.pool, ...), election_observe.go) and listens on the pool's
-// shared notifier: an observer whose pool is saturated (every connection taken: a small pool,
-// session advisory locks held, long transactions) is woken by the NOTIFY but cannot read, and
-// delivers nothing until a connection frees up (each read gives up after max(TTL, 5 s)).
-//
-// Fails on the redesign (no state in 3 s); on base semantics the new leader is delivered in a
-// few milliseconds.
-func TestReviewObserveWithSaturatedPool(t *testing.T) {
+// An election observer reads the leader on a session of its own (taken from the pool and
+// hijacked: the pool's slot freed), so once it observes it needs nothing more of its pool: an
+// observer whose pool is saturated (every connection taken: a small pool, session advisory
+// locks held, long transactions) still delivers the new leader when the NOTIFY wakes it.
+// Issue 22's review found the first shared-notifier version reading through the pool, which
+// delivered nothing here for 3 s (each read waited for a connection).
+func TestObserveWithSaturatedPool(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	cfg, err := pgxpool.ParseConfig(b.db.URL)
