@@ -52,7 +52,8 @@ func (o *owner) batches() [][]*lease {
 
 func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
 	o := &owner{active: map[*lease]bool{}}
-	r := New(Hooks[*lease]{
+	var r *Renewer[*lease]
+	r = New(Hooks[*lease]{
 		Mu:    &o.mu,
 		Clock: clk,
 		Slot:  func(x *lease) *Slot { return &x.slot },
@@ -77,9 +78,12 @@ func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
 			x.mu.Lock()
 			x.ended = true
 			x.mu.Unlock()
+			// As a Lease's end does: out of the held set and out of both heaps (ForgetLocked),
+			// so a renewal that returned before the expiry and queued it again leaves nothing.
 			o.mu.Lock()
 			o.expired = append(o.expired, x)
 			delete(o.active, x)
+			r.ForgetLocked(x)
 			o.mu.Unlock()
 		},
 	})
