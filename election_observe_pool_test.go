@@ -33,11 +33,13 @@ func TestObserveWithSaturatedPool(t *testing.T) {
 	octx, stop := context.WithCancel(b.ctx)
 	defer stop()
 	states := watcher.Observe(octx)
+	// The first state means the observer has read once, on its own session (hijacked: the
+	// pool's slot freed). Whether LISTEN is in place yet does not matter: without it the
+	// observer polls, on that same session.
 	require.Equal(t, fencelock.LeaderInfo{}, next(t, states), "nobody leads yet")
-	time.Sleep(time.Second) // the observer's LISTEN is in place, whichever connection it is on
 
-	// The application takes the small pool's only connection (the listening one, hijacked,
-	// no longer counts).
+	// The application takes the small pool's only connection (a listening connection is
+	// hijacked too and does not count).
 	conn, err := small.Acquire(b.ctx)
 	require.NoError(t, err)
 	defer conn.Release()

@@ -110,7 +110,8 @@ func newLessor(pool *pgxpool.Pool, cfg lessorConfig) *Lessor {
 	return l
 }
 
-// Holder returns the holder id stored with this lessor's grants.
+// Holder returns the holder id stored with this lessor's grants ([WithHolder]; it never
+// changes). Safe for concurrent use.
 func (l *Lessor) Holder() string { return l.cfg.holder }
 
 // Pool returns the pool the lessor was built on (never nil): the database of its leases, for

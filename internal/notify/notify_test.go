@@ -107,7 +107,9 @@ func TestReadinessCallbacksAndChannel(t *testing.T) {
 }
 
 func TestLingerAfterLastSubscription(t *testing.T) {
-	reg, started := testRegistry(20 * time.Millisecond)
+	// A linger long enough that the subscription right after s1.Close comes within it on a
+	// loaded machine (with 20 ms, a CPU hog could let it retire in between).
+	reg, started := testRegistry(300 * time.Millisecond)
 	pool, other := &pgxpool.Pool{}, &pgxpool.Pool{}
 	s1 := reg.subscribe(pool, Wakeups, "", Handler{}, Options{})
 	ctx1 := <-started
@@ -118,7 +120,7 @@ func TestLingerAfterLastSubscription(t *testing.T) {
 	// Back within the linger: the same notifier, still open.
 	s2 := reg.subscribe(pool, Wakeups, "", Handler{}, Options{})
 	require.Same(t, s1.n, s2.n)
-	time.Sleep(60 * time.Millisecond)
+	time.Sleep(400 * time.Millisecond) // past the linger: the subscription disarmed it
 	require.NoError(t, ctx1.Err())
 	// Past the linger after the last one: closed, and the next subscription opens another.
 	s2.Close()
