@@ -1,0 +1,274 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// The floor tables of issue 23: each benchmark runs its operations and their floors (the
+// hand-written SQL a user would write instead, a peer library, a SELECT 1 round trip) in the
+// same run, on the same server, in interleaved rounds, at 1 and at 16 clients, with fsync on
+// (what users run) and off (what pgtest runs). It reports each row's throughput (median of
+// the rounds), its latency (p50 and p99 over every call of every round), and the ratios the
+// targets are stated in, both the median and the worst round.
+
+// fsyncModes returns the fsync settings a floor benchmark runs under: both, unless
+// FENCELOCK_BENCH_FSYNC is "on" or "off".
+func fsyncModes() []bool {
+	switch os.Getenv("FENCELOCK_BENCH_FSYNC") {
+	case "on":
+		return []bool{true}
+	case "off":
+		return []bool{false}
+	}
+	return []bool{true, false}
+}
+
+// withFsync runs f as a sub-benchmark "fsync=on" and "fsync=off" (fsyncModes), each on a
+// dedicated server of its own.
+func withFsync(b *testing.B, f func(b *testing.B, e *benchEnv)) {
+	for _, on := range fsyncModes() {
+		name := "fsync=off"
+		if on {
+			name = "fsync=on"
+		}
+		b.Run(name, func(b *testing.B) { f(b, benchServer(b, on)) })
+	}
+}
+
+// benchServer is benchSetup with fsync chosen by the caller: on, the WAL is flushed to disk at
+// every synchronous commit (with full_page_writes, as in production).
+func benchServer(b *testing.B, fsync bool, extra ...pgtest.Option) *benchEnv {
+	b.Helper()
+	var opts []pgtest.Option
+	if fsync {
+		opts = append(opts, pgtest.WithSetting("fsync", "on"), pgtest.WithSetting("full_page_writes", "on"))
+	}
+	opts = append(opts, extra...)
+	srv := pgtest.NewServer(b, opts...)
+	db := srv.NewDB(b)
+	ctx := context.Background()
+	if _, err := db.Pool.Exec(ctx, `CREATE TABLE bench (id int PRIMARY KEY, v bigint NOT NULL) WITH (fillfactor = 70);
+		INSERT INTO bench SELECT g, 0 FROM generate_series(1, 1000) g`); err != nil {
+		b.Fatal(err)
+	}
+	return &benchEnv{ctx: ctx, pool: db.Pool, url: db.URL}
+}
+
+// floorOp is one row of a floor table. newClient is called once per client goroutine (client
+// is 0..clients-1) before any timing and returns that client's call of one operation.
+type floorOp struct {
+	name      string
+	newClient func(client int) (func() error, error)
+}
+
+// floorRow is what floorTable measured of one row.
+type floorRow struct {
+	name    string
+	perSec  []float64       // operations per second, one per round
+	samples []time.Duration // every call's latency, all rounds
+}
+
+// median is the row's median throughput over its rounds, in operations per second.
+func (r *floorRow) median() float64 { return medianOf(r.perSec) }
+
+// quantile is the latency below which q of the calls fell (q in [0, 1]).
+func (r *floorRow) quantile(q float64) time.Duration {
+	if len(r.samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(r.samples)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+func medianOf(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// floorRounds is the number of interleaved rounds of a floor table, and floorRound the length
+// of one row's turn in a round; FENCELOCK_BENCH_ROUNDS and FENCELOCK_BENCH_ROUND override them.
+func floorRounds() (int, time.Duration) {
+	n, d := 3, time.Second
+	if s := os.Getenv("FENCELOCK_BENCH_ROUNDS"); s != "" {
+		fmt.Sscan(s, &n)
+	}
+	if s := os.Getenv("FENCELOCK_BENCH_ROUND"); s != "" {
+		if v, err := time.ParseDuration(s); err == nil {
+			d = v
+		}
+	}
+	return n, d
+}
+
+// floorTable runs each op with clients goroutines, for floorRound per turn, the rows taking
+// turns in each of floorRounds rounds (so a machine that slows down weighs on every row), after
+// a warm-up of each. Calls of one turn run back to back; a failed call fails the benchmark.
+// It ignores b.N: run floor benchmarks with -benchtime=1x.
+func floorTable(b *testing.B, clients int, ops []floorOp) []*floorRow {
+	b.Helper()
+	rounds, turn := floorRounds()
+	calls := make([][]func() error, len(ops))
+	for i, op := range ops {
+		for c := range clients {
+			f, err := op.newClient(c)
+			if err != nil {
+				b.Fatalf("%s: %v", op.name, err)
+			}
+			calls[i] = append(calls[i], f)
+		}
+	}
+	rows := make([]*floorRow, len(ops))
+	for i, op := range ops {
+		rows[i] = &floorRow{name: op.name}
+	}
+	run := func(i int, d time.Duration, record bool) {
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			count int
+			errs  []error
+		)
+		start := time.Now()
+		deadline := start.Add(d)
+		for c := range clients {
+			wg.Add(1)
+			go func(f func() error) {
+				defer wg.Done()
+				var lat []time.Duration
+				for time.Now().Before(deadline) {
+					t0 := time.Now()
+					if err := f(); err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+						return
+					}
+					lat = append(lat, time.Since(t0))
+				}
+				mu.Lock()
+				count += len(lat)
+				if record {
+					rows[i].samples = append(rows[i].samples, lat...)
+				}
+				mu.Unlock()
+			}(calls[i][c])
+		}
+		wg.Wait()
+		if len(errs) > 0 {
+			b.Fatalf("%s: %v", ops[i].name, errs[0])
+		}
+		if record {
+			rows[i].perSec = append(rows[i].perSec, float64(count)/time.Since(start).Seconds())
+		}
+	}
+	for i := range ops {
+		run(i, turn/4, false)
+	}
+	for range rounds {
+		for i := range ops {
+			run(i, turn, true)
+		}
+	}
+	return rows
+}
+
+// report reports each row's median throughput and latency quantiles, and for each pair
+// (num, den) of row names the ratio of num's throughput to den's: the median over the rounds
+// as "<num>/<den>" and the worst round as "<num>/<den>-min".
+func report(b *testing.B, rows []*floorRow, pairs ...[2]string) {
+	b.Helper()
+	byName := map[string]*floorRow{}
+	for _, r := range rows {
+		byName[r.name] = r
+		b.ReportMetric(r.median(), r.name+"-ops/s")
+		b.ReportMetric(float64(r.quantile(0.5).Nanoseconds())/1e3, r.name+"-p50-us")
+		b.ReportMetric(float64(r.quantile(0.99).Nanoseconds())/1e3, r.name+"-p99-us")
+	}
+	for _, p := range pairs {
+		num, den := byName[p[0]], byName[p[1]]
+		if num == nil || den == nil {
+			b.Fatalf("report: no row %q or %q", p[0], p[1])
+		}
+		worst := 0.0
+		for k := range min(len(num.perSec), len(den.perSec)) {
+			if r := num.perSec[k] / den.perSec[k]; k == 0 || r < worst {
+				worst = r
+			}
+		}
+		b.ReportMetric(num.median()/den.median(), p[0]+"/"+p[1])
+		b.ReportMetric(worst, p[0]+"/"+p[1]+"-min")
+	}
+}
+
+// clientCounts is the client counts of a floor table: 1 and 16, or FENCELOCK_BENCH_CLIENTS
+// (a comma-separated list).
+func clientCounts() []int {
+	if s := os.Getenv("FENCELOCK_BENCH_CLIENTS"); s != "" {
+		var out []int
+		for _, f := range splitComma(s) {
+			var n int
+			if _, err := fmt.Sscan(f, &n); err == nil && n > 0 {
+				out = append(out, n)
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return []int{1, 16}
+}
+
+func splitComma(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i <= len(s); i++ {
+		if i == len(s) || s[i] == ',' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	return out
+}
+
+// withClients runs f as a sub-benchmark "clients=N" for each of clientCounts.
+func withClients(b *testing.B, f func(b *testing.B, clients int)) {
+	for _, n := range clientCounts() {
+		b.Run(fmt.Sprintf("clients=%d", n), func(b *testing.B) { f(b, n) })
+	}
+}
+
+// poolOf returns a new pool of at most conns connections to e's database, closed at cleanup:
+// a floor table at 16 clients needs 16 sessions at once (the default pool has max(4, CPUs)).
+func (e *benchEnv) poolOf(b *testing.B, conns int32) *pgxpool.Pool {
+	b.Helper()
+	cfg, err := pgxpool.ParseConfig(e.url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg.MaxConns = conns
+	pool, err := pgxpool.NewWithConfig(e.ctx, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	return pool
+}
