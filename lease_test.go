@@ -345,3 +345,42 @@ func collectStrings(rows pgxRows) ([]string, error) {
 	}
 	return out, rows.Err()
 }
+
+// A grant of a name that has a row draws one token, not two (issue 23): the INSERT path of
+// the grant statement (LeaseGrant, and LeaseAcquire's granted) draws none when the row is
+// there, and the DO UPDATE draws the grant's. Tokens still rise and stay positive; a refused
+// grant draws none.
+func TestGrantDrawsOneToken(t *testing.T) {
+	b := setup(t)
+	l := newLessor(t, b.pool, "one-token")
+	other := newLessor(t, b.pool, "other")
+	lastValue := func() int64 {
+		var v int64
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&v))
+		return v
+	}
+	const seqBits = 1<<47 - 1
+	first, err := l.TryAcquire(b.ctx, "drawn", time.Minute) // no row yet: the INSERT path draws
+	require.NoError(t, err)
+	require.NoError(t, first.Release(b.ctx))
+	prev := first.Token()
+	grants := map[string]func() (*fencelock.Lease, error){
+		"TryAcquire": func() (*fencelock.Lease, error) { return l.TryAcquire(b.ctx, "drawn", time.Minute) },
+		"Acquire":    func() (*fencelock.Lease, error) { return l.Acquire(b.ctx, "drawn", time.Minute) },
+	}
+	for _, how := range []string{"TryAcquire", "Acquire", "TryAcquire"} {
+		before := lastValue()
+		lease, err := grants[how]()
+		require.NoError(t, err, how)
+		require.Equal(t, before+1, lastValue(), "%s of a name with a row drew more than one token", how)
+		require.Equal(t, before+1, int64(lease.Token())&seqBits, how)
+		require.Greater(t, lease.Token(), prev, how)
+		prev = lease.Token()
+
+		before = lastValue()
+		_, err = other.TryAcquire(b.ctx, "drawn", time.Minute)
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+		require.Equal(t, before, lastValue(), "a refused grant drew a token")
+		require.NoError(t, lease.Release(b.ctx))
+	}
+}

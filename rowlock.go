@@ -222,6 +222,12 @@ func (l *Lessor) runGrant(ctx context.Context, what string, run func(*pgxpool.Co
 
 // granted makes a lease of a grant sent at sent, unless its reply came after its trust window.
 func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token Token, sent, expiresAt time.Time) (*Lease, error) {
+	if token <= 0 {
+		// A grant statement's placeholder (LeaseGrant draws no token on its INSERT path when
+		// the row exists) came back: it cannot, but a lease must never carry it. End it.
+		l.releaseToken(ctx, name, token)
+		return nil, fmt.Errorf("acquire lease %q: the grant returned token %d, not a fencing token", name, token)
+	}
 	lease := newLease(l, name, token, lt, sent, expiresAt)
 	if !l.cfg.clock.Now().Before(lease.TrustedUntil()) {
 		// The reply took longer than the trust window: the grant is useless to its holder.

@@ -28,8 +28,10 @@ WITH mine AS MATERIALIZED (
       AND w.seq < coalesce((SELECT me.seq FROM me), 9223372036854775807)
 ), granted AS (
     INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
-    SELECT $1::text, $2::text, fencelock.next_token(false), now(),
-           now() + $4::bigint * interval '1 microsecond'
+    SELECT $1::text, $2::text,
+           CASE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = $1::text)
+                THEN 0 ELSE fencelock.next_token(false) END,
+           now(), now() + $4::bigint * interval '1 microsecond'
     WHERE NOT EXISTS (SELECT 1 FROM mine)
       AND (SELECT ahead.n FROM ahead) = 0
       AND NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur

@@ -91,6 +91,7 @@ func contention(b *testing.B, e *benchEnv, newContender func(*pgxpool.Pool) func
 		lastRelease time.Time // when the last holder started its release
 		lastHolder  = -1
 		handoffs    []time.Duration
+		releases    []time.Duration // how long each release took (the releasing holder's call)
 		grants      [contenders]int
 		regrants    int
 		remaining   atomic.Int64
@@ -130,10 +131,17 @@ func contention(b *testing.B, e *benchEnv, newContender func(*pgxpool.Pool) func
 				mu.Lock()
 				lastRelease, lastHolder = time.Now(), i
 				mu.Unlock()
+				t0 := time.Now()
 				if err := release(); err != nil {
 					errs <- err
 					return
 				}
+				d := time.Since(t0)
+				mu.Lock()
+				if granted > warm {
+					releases = append(releases, d)
+				}
+				mu.Unlock()
 			}
 		})
 	}
@@ -152,6 +160,11 @@ func contention(b *testing.B, e *benchEnv, newContender func(*pgxpool.Pool) func
 	if len(handoffs) > 0 {
 		b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds()), "handoff-p50-us")
 		b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds()), "handoff-p99-us")
+	}
+	slices.Sort(releases)
+	if len(releases) > 0 {
+		b.ReportMetric(float64(releases[len(releases)/2].Microseconds()), "release-p50-us")
+		b.ReportMetric(float64(releases[len(releases)*99/100].Microseconds()), "release-p99-us")
 	}
 	fair := n / contenders
 	b.ReportMetric(float64(slices.Min(grants[:]))/fair, "share-min")

@@ -1,0 +1,120 @@
+package integration
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"testing"
+	"time"
+
+	"cirello.io/pglock"
+
+	"github.com/fencelock/fencelock"
+)
+
+// hwLeaseSchema is the hand-written lease a user would write instead of a library: one table,
+// one sequence for fencing tokens, a grant that is one INSERT ... ON CONFLICT DO UPDATE taking
+// an expired row, and a release that is one UPDATE scoped to the grant's token.
+const hwLeaseSchema = `CREATE TABLE hw_leases (name text PRIMARY KEY, holder text NOT NULL, token bigint NOT NULL,
+	expires_at timestamptz NOT NULL) WITH (fillfactor = 70);
+CREATE SEQUENCE hw_token;`
+
+const hwGrant = `INSERT INTO hw_leases AS l (name, holder, token, expires_at)
+VALUES ($1, $2, nextval('hw_token'), now() + $3::bigint * interval '1 microsecond')
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, token = excluded.token, expires_at = excluded.expires_at
+WHERE l.expires_at <= clock_timestamp()
+RETURNING l.token`
+
+// hwRelease ends the grant; with async, its commit does not wait for the WAL flush (a release
+// lost in a crash only keeps the name held until its TTL), which is what fencelock's release does.
+const hwRelease = `UPDATE hw_leases SET expires_at = clock_timestamp() WHERE name = $1 AND holder = $2 AND token = $3`
+const hwReleaseAsync = `UPDATE hw_leases AS l SET expires_at = clock_timestamp()
+FROM (SELECT set_config('synchronous_commit', 'off', true)) AS cfg
+WHERE l.name = $1 AND l.holder = $2 AND l.token = $3`
+
+// BenchmarkFloorLease (issue 23): an uncontended lease grant and its release, each client on a
+// name of its own, at 1 and 16 clients, fsync on and off. Rows:
+//   - select1: a SELECT 1 round trip;
+//   - hw-durable: the hand-written one-statement grant and release, both committed durably;
+//   - hw: the same with the release committed asynchronously, the durability of fencelock's
+//     (the token is durable when the grant returns; a release lost in a crash keeps the name
+//     until its TTL);
+//   - fencelock: Lessor.TryAcquire + Lease.Release (one Lessor shared by the clients, as in a
+//     service), TTL one minute;
+//   - pglock: cirello.io/pglock v1.16.1 AcquireContext + ReleaseContext, its defaults.
+//
+// Targets: fencelock/hw >= 1.0 and fencelock/pglock >= 2.5, at 1 and 16 clients, fsync on.
+func BenchmarkFloorLease(b *testing.B) {
+	withFsync(b, func(b *testing.B, e *benchEnv) {
+		if _, err := e.pool.Exec(e.ctx, hwLeaseSchema); err != nil {
+			b.Fatal(err)
+		}
+		withClients(b, func(b *testing.B, clients int) {
+			pool := e.poolOf(b, int32(clients)+4)
+			l, err := fencelock.NewLessor(pool)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sqldb, err := sql.Open("postgres", e.url)
+			if err != nil {
+				b.Fatal(err)
+			}
+			sqldb.SetMaxOpenConns(clients + 4)
+			sqldb.SetMaxIdleConns(clients + 4)
+			b.Cleanup(func() { _ = sqldb.Close() })
+			peer, err := pglock.New(sqldb)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_ = peer.CreateTable() // one table per database; the second client count finds it
+			ctx := context.Background()
+			hw := func(release string) func(int) (func() error, error) {
+				return func(c int) (func() error, error) {
+					name, holder := fmt.Sprintf("hw-%d", c), fmt.Sprintf("holder-%d", c)
+					return func() error {
+						var token int64
+						if err := pool.QueryRow(ctx, hwGrant, name, holder, time.Minute.Microseconds()).Scan(&token); err != nil {
+							return err
+						}
+						ct, err := pool.Exec(ctx, release, name, holder, token)
+						if err == nil && ct.RowsAffected() != 1 {
+							err = fmt.Errorf("released %d rows", ct.RowsAffected())
+						}
+						return err
+					}, nil
+				}
+			}
+			rows := floorTable(b, clients, []floorOp{
+				{"select1", func(int) (func() error, error) {
+					return func() error {
+						var one int
+						return pool.QueryRow(ctx, `SELECT 1`).Scan(&one)
+					}, nil
+				}},
+				{"hw-durable", hw(hwRelease)},
+				{"hw", hw(hwReleaseAsync)},
+				{"fencelock", func(c int) (func() error, error) {
+					name := fmt.Sprintf("fl-%d", c)
+					return func() error {
+						lease, err := l.TryAcquire(ctx, name, time.Minute)
+						if err != nil {
+							return err
+						}
+						return lease.Release(ctx)
+					}, nil
+				}},
+				{"pglock", func(c int) (func() error, error) {
+					name := fmt.Sprintf("pg-%d", c)
+					return func() error {
+						lk, err := peer.AcquireContext(ctx, name)
+						if err != nil {
+							return err
+						}
+						return peer.ReleaseContext(ctx, lk)
+					}, nil
+				}},
+			})
+			report(b, rows, [2]string{"fencelock", "hw"}, [2]string{"fencelock", "hw-durable"}, [2]string{"fencelock", "pglock"})
+		})
+	})
+}
