@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock"
@@ -33,35 +34,37 @@ const contenders = 16
 // The figures before the fair queue of waiters are the baseline of that work (docs/PERFORMANCE.md).
 func BenchmarkContention(b *testing.B) {
 	b.Run("Lease", func(b *testing.B) {
-		e := benchSetup(b)
-		contention(b, e, func(pool *pgxpool.Pool) func() (func() error, error) {
-			l, err := fencelock.NewLessor(pool)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return func() (func() error, error) {
-				lease, err := l.Acquire(e.ctx, "contended", time.Minute)
+		withFsync(b, func(b *testing.B, e *benchEnv) {
+			contention(b, e, func(pool *pgxpool.Pool) func() (func() error, error) {
+				l, err := fencelock.NewLessor(pool)
 				if err != nil {
-					return nil, err
+					b.Fatal(err)
 				}
-				return func() error { return lease.Release(e.ctx) }, nil
-			}
+				return func() (func() error, error) {
+					lease, err := l.Acquire(e.ctx, "contended", time.Minute)
+					if err != nil {
+						return nil, err
+					}
+					return func() error { return lease.Release(e.ctx) }, nil
+				}
+			})
 		})
 	})
 	b.Run("Advisory", func(b *testing.B) {
-		e := benchSetup(b)
-		contention(b, e, func(pool *pgxpool.Pool) func() (func() error, error) {
-			a, err := fencelock.NewAdvisoryLocker(pool)
-			if err != nil {
-				b.Fatal(err)
-			}
-			return func() (func() error, error) {
-				lk, err := a.Lock(e.ctx, "contended")
+		withFsync(b, func(b *testing.B, e *benchEnv) {
+			contention(b, e, func(pool *pgxpool.Pool) func() (func() error, error) {
+				a, err := fencelock.NewAdvisoryLocker(pool)
 				if err != nil {
-					return nil, err
+					b.Fatal(err)
 				}
-				return func() error { return lk.Unlock(e.ctx) }, nil
-			}
+				return func() (func() error, error) {
+					lk, err := a.Lock(e.ctx, "contended")
+					if err != nil {
+						return nil, err
+					}
+					return func() error { return lk.Unlock(e.ctx) }, nil
+				}
+			})
 		})
 	})
 }
@@ -84,6 +87,7 @@ func contention(b *testing.B, e *benchEnv, newContender func(*pgxpool.Pool) func
 	for i := range acquire {
 		acquire[i] = newContender(pool)
 	}
+	floor := notifyFloor(b, e, 300)
 	commits0, walWrites0 := serverCounters(b, e)
 
 	var (
@@ -154,12 +158,17 @@ func contention(b *testing.B, e *benchEnv, newContender func(*pgxpool.Pool) func
 	}
 	pool.Close()
 	commits1, walWrites1 := serverCounters(b, e)
+	floor = append(floor, notifyFloor(b, e, 300)...)
+	slices.Sort(floor)
+	b.ReportMetric(float64(floor[len(floor)/2].Microseconds()), "floor-p50-us")
+	b.ReportMetric(float64(floor[len(floor)*99/100].Microseconds()), "floor-p99-us")
 
 	n := float64(b.N)
 	slices.Sort(handoffs)
 	if len(handoffs) > 0 {
 		b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds()), "handoff-p50-us")
 		b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds()), "handoff-p99-us")
+		b.ReportMetric(float64(handoffs[len(handoffs)/2])/float64(floor[len(floor)/2]), "handoff-p50-x-floor")
 	}
 	slices.Sort(releases)
 	if len(releases) > 0 {
@@ -200,4 +209,38 @@ func serverCounters(b *testing.B, e *benchEnv) (commits, walWrites int64) {
 		b.Fatal(err)
 	}
 	return commits, walWrites
+}
+
+// notifyFloor measures n times the physical floor of a hand-off through the database: one
+// session commits a one-row UPDATE (durably, as a grant's token must be) that NOTIFYs, and
+// another session, waiting for the notification, receives it. Each sample runs from the
+// statement's send to the receipt; nothing else runs meanwhile.
+func notifyFloor(b *testing.B, e *benchEnv, n int) []time.Duration {
+	b.Helper()
+	listener, err := pgx.Connect(e.ctx, e.url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer listener.Close(e.ctx)
+	if _, err := listener.Exec(e.ctx, `LISTEN handoff_floor`); err != nil {
+		b.Fatal(err)
+	}
+	out := make([]time.Duration, 0, n)
+	for i := range n + 20 { // 20 warm-up rounds
+		t0 := time.Now()
+		if _, err := e.pool.Exec(e.ctx, `WITH u AS (UPDATE bench SET v = v + 1 WHERE id = 1 RETURNING v)
+			SELECT pg_notify('handoff_floor', u.v::text) FROM u`); err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(e.ctx, 10*time.Second)
+		_, err := listener.WaitForNotification(ctx)
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if i >= 20 {
+			out = append(out, time.Since(t0))
+		}
+	}
+	return out
 }
