@@ -892,9 +892,7 @@ WITH (fillfactor='70');
 
 CREATE TABLE fencelock.fences (
     resource text NOT NULL COLLATE pg_catalog."C",
-    token bigint NOT NULL,
-    CONSTRAINT fences_resource_length CHECK (((octet_length(resource) >= 1) AND (octet_length(resource) <= 1024))),
-    CONSTRAINT fences_token_positive CHECK ((token > 0))
+    token bigint NOT NULL
 )
 WITH (fillfactor='70');
 
@@ -912,8 +910,7 @@ CREATE TABLE fencelock.lease_waiters (
     since timestamp with time zone NOT NULL,
     expires_at timestamp with time zone NOT NULL,
     granted_token bigint DEFAULT 0 NOT NULL,
-    granted_expires_at timestamp with time zone,
-    CONSTRAINT lease_waiters_ttl_us_check CHECK ((ttl_us >= 0))
+    granted_expires_at timestamp with time zone
 )
 WITH (fillfactor='70');
 
@@ -956,9 +953,7 @@ CREATE TABLE fencelock.leases (
     renewals bigint DEFAULT 0 NOT NULL,
     renewed_token bigint DEFAULT 0 NOT NULL,
     renewed_at timestamp with time zone,
-    permit_wait bigint,
-    CONSTRAINT leases_holder_length CHECK (((octet_length(holder) >= 1) AND (octet_length(holder) <= 1024))),
-    CONSTRAINT leases_name_length CHECK (((octet_length(name) >= 1) AND (octet_length(name) <= 1024)))
+    permit_wait bigint
 )
 WITH (fillfactor='70');
 

@@ -36,13 +36,50 @@ func fsyncModes() []bool {
 
 // withFsync runs f as a sub-benchmark "fsync=on" and "fsync=off" (fsyncModes), each on a
 // dedicated server of its own.
-func withFsync(b *testing.B, f func(b *testing.B, e *benchEnv)) {
+func withFsync(b *testing.B, f func(b *testing.B, e *benchEnv), opts ...pgtest.Option) {
 	for _, on := range fsyncModes() {
 		name := "fsync=off"
 		if on {
 			name = "fsync=on"
 		}
-		b.Run(name, func(b *testing.B) { f(b, benchServer(b, on)) })
+		b.Run(name, func(b *testing.B) { f(b, benchServer(b, on, opts...)) })
+	}
+}
+
+// withStatementStats is the server option of serverTimes: pg_stat_statements loaded.
+func withStatementStats() pgtest.Option {
+	return pgtest.WithSetting("shared_preload_libraries", "pg_stat_statements")
+}
+
+// resetStatementStats creates pg_stat_statements in e's database (the server must run
+// withStatementStats) and empties it, so that serverTimes counts what runs after.
+func resetStatementStats(b *testing.B, e *benchEnv) {
+	b.Helper()
+	if _, err := e.pool.Exec(e.ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := e.pool.Exec(e.ctx, `SELECT pg_stat_statements_reset()`); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// serverTimes reports, for each label, the server's mean execution time of the statements
+// whose text matches the label's LIKE pattern (pg_stat_statements, top-level statements; the
+// functions they call included), in microseconds per call, as "srv-<label>-us": the server's
+// share of a row's cost, which the client's throughput and CPU figures do not separate.
+func serverTimes(b *testing.B, e *benchEnv, patterns map[string]string) {
+	b.Helper()
+	for label, like := range patterns {
+		var calls int64
+		var total float64
+		if err := e.pool.QueryRow(e.ctx, `SELECT coalesce(sum(calls), 0)::bigint, coalesce(sum(total_exec_time), 0)::float8
+			FROM pg_stat_statements WHERE query LIKE $1 AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`, like).Scan(&calls, &total); err != nil {
+			b.Fatal(err)
+		}
+		if calls == 0 {
+			b.Fatalf("serverTimes: no statement matches %q", like)
+		}
+		b.ReportMetric(total*1000/float64(calls), "srv-"+label+"-us")
 	}
 }
 
@@ -77,6 +114,18 @@ type floorRow struct {
 	name    string
 	perSec  []float64       // operations per second, one per round
 	samples []time.Duration // every call's latency, all rounds
+	ops     int             // calls measured, all rounds
+	cpu     time.Duration   // this process's CPU time (user + system) during the row's turns
+}
+
+// cpuPerOp is the client's CPU time per call, in microseconds: this process's CPU during the
+// row's turns (its goroutines, the driver, the runtime, and anything else the process ran
+// meanwhile, such as a lessor's heartbeat) over the calls.
+func (r *floorRow) cpuPerOp() float64 {
+	if r.ops == 0 {
+		return 0
+	}
+	return float64(r.cpu.Nanoseconds()) / 1e3 / float64(r.ops)
 }
 
 // median is the row's median throughput over its rounds, in operations per second.
@@ -147,7 +196,7 @@ func floorTable(b *testing.B, clients int, ops []floorOp) []*floorRow {
 			count int
 			errs  []error
 		)
-		start := time.Now()
+		start, cpu0 := time.Now(), processCPU(b)
 		deadline := start.Add(d)
 		for c := range clients {
 			wg.Add(1)
@@ -178,6 +227,8 @@ func floorTable(b *testing.B, clients int, ops []floorOp) []*floorRow {
 		}
 		if record {
 			rows[i].perSec = append(rows[i].perSec, float64(count)/time.Since(start).Seconds())
+			rows[i].ops += count
+			rows[i].cpu += processCPU(b) - cpu0
 		}
 	}
 	for i := range ops {
@@ -202,6 +253,7 @@ func report(b *testing.B, rows []*floorRow, pairs ...[2]string) {
 		b.ReportMetric(r.median(), r.name+"-ops/s")
 		b.ReportMetric(float64(r.quantile(0.5).Nanoseconds())/1e3, r.name+"-p50-us")
 		b.ReportMetric(float64(r.quantile(0.99).Nanoseconds())/1e3, r.name+"-p99-us")
+		b.ReportMetric(r.cpuPerOp(), r.name+"-client-cpu-us")
 	}
 	for _, p := range pairs {
 		num, den := byName[p[0]], byName[p[1]]

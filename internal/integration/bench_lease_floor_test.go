@@ -50,6 +50,7 @@ func BenchmarkFloorLease(b *testing.B) {
 			b.Fatal(err)
 		}
 		withClients(b, func(b *testing.B, clients int) {
+			resetStatementStats(b, e)
 			pool := e.poolOf(b, int32(clients)+4)
 			l, err := fencelock.NewLessor(pool)
 			if err != nil {
@@ -115,6 +116,12 @@ func BenchmarkFloorLease(b *testing.B) {
 				}},
 			})
 			report(b, rows, [2]string{"fencelock", "hw"}, [2]string{"fencelock", "hw-durable"}, [2]string{"fencelock", "pglock"})
+			serverTimes(b, e, map[string]string{
+				"hw-grant":          "INSERT INTO hw_leases%",
+				"hw-release":        "UPDATE hw_leases AS l%",
+				"fencelock-grant":   "%INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)%ON CONFLICT (name) DO UPDATE%RETURNING l.token, l.expires_at",
+				"fencelock-release": "%WITH released AS (%fencelock.hand_off(%",
+			})
 		})
-	})
+	}, withStatementStats())
 }
