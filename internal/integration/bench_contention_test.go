@@ -48,7 +48,7 @@ func BenchmarkContention(b *testing.B) {
 					return func() error { return lease.Release(e.ctx) }, nil
 				}
 			})
-		})
+		}, withStatementStats())
 	})
 	b.Run("Advisory", func(b *testing.B) {
 		withFsync(b, func(b *testing.B, e *benchEnv) {
@@ -65,7 +65,7 @@ func BenchmarkContention(b *testing.B) {
 					return func() error { return lk.Unlock(e.ctx) }, nil
 				}
 			})
-		})
+		}, withStatementStats())
 	})
 }
 
@@ -89,6 +89,7 @@ func contention(b *testing.B, e *benchEnv, newContender func(*pgxpool.Pool) func
 	}
 	floor := notifyFloor(b, e, 300)
 	commits0, walWrites0 := serverCounters(b, e)
+	resetStatementStats(b, e)
 
 	var (
 		mu          sync.Mutex
@@ -158,6 +159,7 @@ func contention(b *testing.B, e *benchEnv, newContender func(*pgxpool.Pool) func
 	}
 	pool.Close()
 	commits1, walWrites1 := serverCounters(b, e)
+	logStatements(b, e, float64(b.N+warm), "grant")
 	floor = append(floor, notifyFloor(b, e, 300)...)
 	slices.Sort(floor)
 	b.ReportMetric(float64(floor[len(floor)/2].Microseconds()), "floor-p50-us")
@@ -243,4 +245,29 @@ func notifyFloor(b *testing.B, e *benchEnv, n int) []time.Duration {
 		}
 	}
 	return out
+}
+
+// logStatements logs the statements the server ran since resetStatementStats, per unit (calls
+// over n), with their mean execution time: what a row's cost is made of, in statements.
+func logStatements(b *testing.B, e *benchEnv, n float64, unit string) {
+	b.Helper()
+	rows, err := e.pool.Query(e.ctx, `SELECT calls, mean_exec_time, regexp_replace(left(query, 90), '\s+', ' ', 'g')
+		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+		  AND query NOT LIKE '%pg_stat_%' ORDER BY calls DESC LIMIT 10`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var calls int64
+		var mean float64
+		var query string
+		if err := rows.Scan(&calls, &mean, &query); err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("%6.2f per %s, %7.1f us: %s", float64(calls)/n, unit, mean*1000, query)
+	}
+	if err := rows.Err(); err != nil {
+		b.Fatal(err)
+	}
 }
