@@ -26,6 +26,17 @@ import (
 // fsync on; otherwise it persists nothing, as Postgres under pgtest (fsync=off) flushes nothing.
 func startRedis(b *testing.B) *redis.Client {
 	b.Helper()
+	if os.Getenv("FENCELOCK_BENCH_FSYNC") == "on" {
+		return startRedisWith(b, "--appendonly", "yes", "--appendfsync", "always")
+	}
+	return startRedisWith(b, "--appendonly", "no")
+}
+
+// startRedisWith starts a redis-server as startRedis does, with persistence set by the
+// arguments persist (e.g. "--appendonly", "yes", "--appendfsync", "everysec"); it never
+// snapshots (--save "").
+func startRedisWith(b *testing.B, persist ...string) *redis.Client {
+	b.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		b.Skip("redis-server not installed (apt-get install redis-server)")
@@ -37,11 +48,7 @@ func startRedis(b *testing.B) *redis.Client {
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
 	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--dir", b.TempDir()}
-	if os.Getenv("FENCELOCK_BENCH_FSYNC") == "on" {
-		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
-	} else {
-		args = append(args, "--appendonly", "no")
-	}
+	args = append(args, persist...)
 	cmd := exec.Command(bin, args...)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
