@@ -29,7 +29,8 @@ import (
 // without flushing it.
 //
 // Ratios: allow/update-async and allow-durable/update-sync (the targets: >= 0.9),
-// allow/redis_rate (>= 0.5), and allow-durable/redis_rate-always with fsync=on.
+// allow/redis_rate (>= 0.5), allow-durable/redis_rate-always with fsync=on, and what returning
+// the decision costs: allow/update-async-returning and update-async-returning/update-async.
 func BenchmarkFloorRateLimit(b *testing.B) {
 	withFsync(b, func(b *testing.B, e *benchEnv) {
 		var fsync string // withFsync's mode, as the server has it
@@ -102,7 +103,8 @@ func BenchmarkFloorRateLimit(b *testing.B) {
 					}, nil
 				}})
 			}
-			pairs := [][2]string{{"allow", "update-async"}, {"allow-durable", "update-sync"}, {"allow", "redis_rate"}}
+			pairs := [][2]string{{"allow", "update-async"}, {"allow-durable", "update-sync"}, {"allow", "redis_rate"},
+				{"allow", "update-async-returning"}, {"update-async-returning", "update-async"}}
 			if fsyncOn {
 				pairs = append(pairs, [2]string{"allow-durable", "redis_rate-always"})
 			}
@@ -158,6 +160,20 @@ func floorRateLimitOps(b *testing.B, e *benchEnv, pool *pgxpool.Pool, limit rate
 		{"update-async", update(`UPDATE bench_rl SET v = v + 1
 			FROM (SELECT set_config('synchronous_commit', 'off', true)) AS cfg WHERE id = $1`)},
 		{"update-sync", update(`UPDATE bench_rl SET v = v + 1 WHERE id = $1`)},
+		// update-async that returns a row as a decision does (a timestamptz, a boolean, a
+		// timestamptz): a statement that returns rows runs into a tuple store on the server
+		// (PORTAL_ONE_RETURNING) and is read as a result set by pgx.
+		{"update-async-returning", func(c int) (func() error, error) {
+			rng := rand.New(rand.NewPCG(uint64(c), 1))
+			base := c * len(keys[c])
+			return func() error {
+				var t1, t2 time.Time
+				var ok bool
+				return pool.QueryRow(e.ctx, `UPDATE bench_rl SET v = v + 1
+					FROM (SELECT set_config('synchronous_commit', 'off', true)) AS cfg WHERE id = $1
+					RETURNING clock_timestamp(), v > 0, clock_timestamp()`, base+rng.IntN(len(keys[c]))).Scan(&t1, &ok, &t2)
+			}, nil
+		}},
 		{"allow", allow(fast)},
 		{"allow-durable", allow(durable)},
 	}
