@@ -3,7 +3,7 @@
 // (Rate requests per Per, in bursts of up to Burst), and [Limiter.Allow] decides one request
 // in one statement on the database clock.
 //
-//	rl, err := ratelimit.New(pool, ratelimit.PerSecond(20))
+//	rl, err := ratelimit.New(pool, ratelimit.PerSecond(20)) // ratelimit.WithDurableDecisions() for crash-proof decisions
 //	res, err := rl.Allow(ctx, "domain:example.com") // res.Allowed == 0: refused, see res.RetryAfter
 //	res, err = rl.Wait(ctx, "domain:example.com", 1) // sleeps until allowed, or ctx ends
 //	n, err := ratelimit.Sweep(ctx, pool, time.Hour)   // deletes the keys idle for an hour
@@ -19,6 +19,23 @@
 // and a key whose tat has passed are the same full bucket, so [Sweep] deletes idle keys
 // without changing any decision.
 //
+// # Commits, and what a crash forgets
+//
+// A decision is one autocommit statement, and by default its commit does not wait for the
+// server to flush the WAL to disk: the statement sets synchronous_commit off for its own
+// transaction (set_config(..., true), which ends with the commit; the session's setting is
+// untouched). A decision then costs what an asynchronous one-row UPDATE costs, which with
+// fsync on is several times less than a synchronous one. The price: a crash of the server (not
+// a clean shutdown) forgets the decisions whose WAL had not been written yet, at most about
+// 3 x wal_writer_delay (PostgreSQL's bound for asynchronous commit: 600 ms with the default
+// 200 ms; longer only when the WAL writer is starved of CPU), and a failover forgets what the
+// standby had not received. A forgotten decision gives its key back the room it took, so just
+// after a crash a key may allow up to the requests of that window again on top of its limit
+// (no token, lease or fence depends on a decision).
+// [WithDurableDecisions] makes every decision durable before it returns (the statement keeps
+// the session's synchronous_commit, raised to on when it is off), for a WAL flush per request.
+// internal/integration's TestRateLimitDecisionsAfterCrash crashes a server to check both.
+//
 // # The SQL it owns
 //
 // The table fencelock.rate_limits (migration 00009_rate_limits.sql, applied by
@@ -26,8 +43,9 @@
 // of sqlc/queries/ratelimits.sql, generated into internal/db:
 //
 //   - RateAllow: one request, decided and recorded in one UPDATE of the key's row, at
-//     clock_timestamp() read once the row is locked;
-//   - RateCreate: the key's first request creates its row (a full bucket), then RateAllow
+//     clock_timestamp() read once the row is locked, committed as above;
+//   - RateCreate: the key's first request creates its row (a full bucket; always committed
+//     without waiting for the flush: a lost row is the same full bucket), then RateAllow
 //     decides;
 //   - RateReset: [Limiter.Reset], a DELETE of the key's row;
 //   - RateSweep: [Sweep], a DELETE of the rows idle for longer than a grace.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -236,4 +237,37 @@ func TestRateLimitDecidesUnderTheRowLock(t *testing.T) {
 	}
 	wg.Wait()
 	require.Empty(t, refused, "requests refused under a limit they could not reach")
+}
+
+// Both commit modes decide the same way, and neither changes the session's synchronous_commit
+// (the default sets it off for its own statement's transaction only; a session left with it
+// off would commit the application's later statements asynchronously).
+func TestRateLimitCommitModes(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1 // every statement below on the same session
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	for _, tc := range []struct {
+		desc string
+		opts []ratelimit.Option
+	}{
+		{"Default", nil},
+		{"DurableDecisions", []ratelimit.Option{ratelimit.WithDurableDecisions()}},
+	} {
+		r, err := ratelimit.New(pool, ratelimit.Limit{Rate: 1, Per: time.Hour, Burst: 2}, tc.opts...)
+		require.NoError(t, err, tc.desc)
+		key := "rl:mode:" + tc.desc
+		for i, want := range []int{1, 1, 0} {
+			res, err := r.Allow(b.ctx, key)
+			require.NoError(t, err, tc.desc)
+			require.Equal(t, want, res.Allowed, "%s: request %d", tc.desc, i)
+			var sc string
+			require.NoError(t, pool.QueryRow(b.ctx, `SHOW synchronous_commit`).Scan(&sc))
+			require.Equal(t, "on", sc, "%s: the session's synchronous_commit after request %d", tc.desc, i)
+		}
+	}
 }

@@ -69,16 +69,53 @@ func (r Limit) check() error {
 // go-redis/redis_rate and Brandur Leach's throttled: the row keeps the theoretical arrival time
 // of the next request, and a request is allowed when it is not too early for it by more than
 // the burst allows. Concurrent requests for a key are decided one after the other under its
-// row lock; the decision and the row's update are the same statement, durable when it returns.
+// row lock; the decision and the row's update are the same statement.
+//
+// By default a decision commits without waiting for the server to flush it to disk
+// (synchronous_commit off for that one statement): a crash of the server (not a clean
+// shutdown) may forget the decisions of its last moments, at most about 3 x wal_writer_delay
+// (600 ms with PostgreSQL's default 200 ms; longer only when the server's WAL writer is starved
+// of CPU), and the same after a failover to a standby that had not received them. A forgotten
+// decision gives its key back the room it took: after a crash a key may allow at most the
+// requests of that window again, on top of its Burst + Rate*w/Per. [WithDurableDecisions]
+// makes every decision durable when it returns, at the cost of a WAL flush per request (about
+// the cost of the statement itself with fsync on).
 //
 // Idle keys are rows nobody needs (an idle key's bucket is full, the same as no row): delete
 // them with [Sweep]. A Limiter is safe for concurrent use; it holds no connection between
 // calls.
 type Limiter struct {
-	pool  *pgxpool.Pool
-	q     *db.Queries
-	limit Limit
-	e     time.Duration
+	pool    *pgxpool.Pool
+	q       *db.Queries
+	limit   Limit
+	e       time.Duration
+	durable bool // WithDurableDecisions
+	// tol is Burst x e, the tolerance of GCRA.
+	tol time.Duration
+	// cost1 and slack1 are the intervals of a request of cost 1 (most requests): its cost,
+	// and its cost less the tolerance.
+	cost1, slack1 pgtype.Interval
+}
+
+// Option configures a [Limiter]; [New] takes them. An Option is an immutable value: one may
+// be passed to any number of calls of New, from any goroutine.
+type Option interface {
+	applyLimiter(*Limiter) error
+}
+
+// limiterOption is an [Option] made of a func.
+type limiterOption func(*Limiter) error
+
+func (o limiterOption) applyLimiter(r *Limiter) error { return o(r) }
+
+// WithDurableDecisions makes every decision durable when AllowN returns: the statement commits
+// with the session's synchronous_commit, raised to on when it is off, so it waits for the WAL
+// flush (and for synchronous standbys, if the server has any). A crash then forgets no
+// decision that was returned. It costs a WAL flush per request: with fsync on, about as much
+// as the statement itself (one decision per flush at one client; concurrent commits share
+// flushes). Without it, a crash may forget the decisions of the last moments (see [Limiter]).
+func WithDurableDecisions() Option {
+	return limiterOption(func(r *Limiter) error { r.durable = true; return nil })
 }
 
 // Result is the decision on one request.
@@ -98,15 +135,29 @@ type Result struct {
 }
 
 // New returns a rate limiter on pool, which must reach a primary where fencelock.Migrate has
-// run. Errors: an [*ArgumentError] for a nil pool or a bad limit. No SQL runs.
-func New(pool *pgxpool.Pool, limit Limit) (*Limiter, error) {
+// run. Errors: an [*ArgumentError] for a nil pool, a bad limit or a nil option. No SQL runs.
+//
+// Defaults: decisions commit without waiting for the WAL flush ([WithDurableDecisions]
+// changes that).
+func New(pool *pgxpool.Pool, limit Limit, opts ...Option) (*Limiter, error) {
 	if pool == nil {
 		return nil, validate.Errorf("pool", "must not be nil")
 	}
 	if err := limit.check(); err != nil {
 		return nil, err
 	}
-	return &Limiter{pool: pool, q: db.New(), limit: limit, e: limit.emission()}, nil
+	e := limit.emission()
+	r := &Limiter{pool: pool, q: db.New(), limit: limit, e: e, tol: time.Duration(limit.Burst) * e}
+	for i, opt := range opts {
+		if opt == nil {
+			return nil, validate.Errorf(fmt.Sprintf("opts[%d]", i), "must not be nil")
+		}
+		if err := opt.applyLimiter(r); err != nil {
+			return nil, err
+		}
+	}
+	r.cost1, r.slack1 = micros(e), micros(e-r.tol)
+	return r, nil
 }
 
 // Limit returns the limiter's Limit.
@@ -120,7 +171,9 @@ func (r *Limiter) Allow(ctx context.Context, key string) (Result, error) {
 // AllowN decides a request of cost n (1 to the limit's Burst) for key (1 to 1024 bytes, the
 // MaxNameLength of package fencelock, of UTF-8 without NUL), in one statement (three for a
 // key's first request): allowed now, or refused with the time to wait. A refused request
-// changes nothing but the row's last-decision flag.
+// changes nothing but the row's last-decision flag. The decision is durable when it returns
+// only with [WithDurableDecisions] (see [Limiter] for what a crash forgets otherwise). Safe
+// for concurrent use.
 //
 // Errors: an [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot
 // standby; otherwise the pgx error, wrapped (the request then counts as not allowed; it may
@@ -133,8 +186,12 @@ func (r *Limiter) AllowN(ctx context.Context, key string, n int) (Result, error)
 		return Result{}, validate.Errorf("n", "is %d; it must be between 1 and the burst, %d", n, r.limit.Burst)
 	}
 	cost := time.Duration(n) * r.e
-	tol := time.Duration(r.limit.Burst) * r.e
-	args := db.RateAllowParams{Column1: key, Column2: micros(cost), Column3: micros(cost - tol)} // key, cost, cost - tolerance
+	tol := r.tol
+	// key, cost, cost - tolerance, durable
+	args := db.RateAllowParams{Column1: key, Column2: r.cost1, Column3: r.slack1, Column4: r.durable}
+	if n != 1 {
+		args.Column2, args.Column3 = micros(cost), micros(cost-tol)
+	}
 	var row db.RateAllowRow
 	var err error
 	for try := 0; ; try++ {

@@ -112,6 +112,8 @@ func TestBadInputIsRefusedBeforeSQL(t *testing.T) {
 	pool := unreachablePool(t)
 	_, err := New(nil, PerSecond(1))
 	requireArgError(t, err, "pool")
+	_, err = New(pool, PerSecond(1), WithDurableDecisions(), nil)
+	requireArgError(t, err, "opts[1]")
 	r, err := New(pool, PerSecond(5))
 	require.NoError(t, err)
 	for _, n := range []int{0, -1, 6} {
@@ -129,6 +131,24 @@ func TestBadInputIsRefusedBeforeSQL(t *testing.T) {
 	requireArgError(t, err, "pool")
 	_, err = Sweep(ctx, pool, -time.Second)
 	requireArgError(t, err, "idle")
+}
+
+// WithDurableDecisions sets the limiter's commit mode and nothing else; the default is
+// asynchronous. The precomputed intervals of a request of cost 1 are its cost and its cost
+// less the tolerance.
+func TestNewOptions(t *testing.T) {
+	t.Parallel()
+	pool := unreachablePool(t)
+	lim := Limit{Rate: 10, Per: time.Second, Burst: 3}
+	fast, err := New(pool, lim)
+	require.NoError(t, err)
+	require.False(t, fast.durable)
+	durable, err := New(pool, lim, WithDurableDecisions())
+	require.NoError(t, err)
+	require.True(t, durable.durable)
+	require.Equal(t, lim, durable.Limit())
+	require.Equal(t, micros(100*time.Millisecond), fast.cost1)
+	require.Equal(t, micros(-200*time.Millisecond), fast.slack1)
 }
 
 // This package's errors are package fencelock's values, so a caller matches either name.

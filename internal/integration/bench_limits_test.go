@@ -26,6 +26,17 @@ import (
 // fsync on; otherwise it persists nothing, as Postgres under pgtest (fsync=off) flushes nothing.
 func startRedis(b *testing.B) *redis.Client {
 	b.Helper()
+	if os.Getenv("FENCELOCK_BENCH_FSYNC") == "on" {
+		return startRedisWith(b, "--appendonly", "yes", "--appendfsync", "always")
+	}
+	return startRedisWith(b, "--appendonly", "no")
+}
+
+// startRedisWith starts a redis-server as startRedis does, with persistence set by the
+// arguments persist (e.g. "--appendonly", "yes", "--appendfsync", "everysec"); it never
+// snapshots (--save "").
+func startRedisWith(b *testing.B, persist ...string) *redis.Client {
+	b.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		b.Skip("redis-server not installed (apt-get install redis-server)")
@@ -37,11 +48,7 @@ func startRedis(b *testing.B) *redis.Client {
 	port := ln.Addr().(*net.TCPAddr).Port
 	_ = ln.Close()
 	args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--dir", b.TempDir()}
-	if os.Getenv("FENCELOCK_BENCH_FSYNC") == "on" {
-		args = append(args, "--appendonly", "yes", "--appendfsync", "always")
-	} else {
-		args = append(args, "--appendonly", "no")
-	}
+	args = append(args, persist...)
 	cmd := exec.Command(bin, args...)
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -65,7 +72,9 @@ func startRedis(b *testing.B) *redis.Client {
 // once before the timing; a limit high enough that each is allowed) against a one-row UPDATE of a 1,000-row table and a SELECT
 // 1 round trip, on one server, and go-redis/redis_rate v10 (GCRA in a Lua script) on a local
 // redis-server: serially, alternating (Serial), and from 16 goroutines at once for a fixed
-// count each, one kind after the other (Parallel16). Reports microseconds per call and, as
+// count each, one kind after the other (Parallel16). The limiter runs WithDurableDecisions, so
+// that it commits as the UPDATE does (synchronously); BenchmarkFloorRateLimit measures both
+// commit modes against their floors. Reports microseconds per call and, as
 // throughput ratios, update-x (the UPDATE's time over ours: the target is >= 0.9) and redis-x
 // (redis_rate's time over ours).
 func BenchmarkRateLimit(b *testing.B) {
@@ -87,7 +96,7 @@ func BenchmarkRateLimit(b *testing.B) {
 	}
 	// opsOn returns the four operations with the database side on pool.
 	opsOn := func(pool *pgxpool.Pool) []func(rng *rand.Rand) error {
-		r, err := ratelimit.New(pool, ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+		r, err := ratelimit.New(pool, ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000}, ratelimit.WithDurableDecisions())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -202,14 +211,14 @@ func BenchmarkRateLimit(b *testing.B) {
 }
 
 // BenchmarkRateLimitHotKey: 16 goroutines on one key (a limit high enough that all are
-// allowed): every request of the key is decided under its row lock, one after the other.
+// allowed; WithDurableDecisions, committed as the UPDATE is): every request of the key is decided under its row lock, one after the other.
 // Reports microseconds per request (wall time / requests) for fencelock and redis_rate, and
 // for 16 goroutines updating one row, the floor of any design that keeps a key's state in one
 // row.
 func BenchmarkRateLimitHotKey(b *testing.B) {
 	e := benchSetup(b)
 	rdb := startRedis(b)
-	r, err := ratelimit.New(e.pool, ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+	r, err := ratelimit.New(e.pool, ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000}, ratelimit.WithDurableDecisions())
 	if err != nil {
 		b.Fatal(err)
 	}
