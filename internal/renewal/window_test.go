@@ -154,3 +154,38 @@ func TestRenewalCohorts(t *testing.T) {
 	require.Equal(t, n, total, "every lease renewed once in the last period: %v", rounds)
 	require.Len(t, o.expired, 0)
 }
+
+// A cohort of leases whose trust windows end together, larger than the trust watch's chunk,
+// is handled whole across chunks: every lease not renewed is ended, every renewed one stays
+// watched at its new window end, and the timer is set for it.
+func TestTrustWatchCohortAcrossChunks(t *testing.T) {
+	clk := timingtest.NewManualClock()
+	o, r := newOwner(clk)
+	lt := timing.Times{TTL: 9 * time.Second, Heartbeat: 3 * time.Second, Margin: time.Second}
+	start := clk.Now()
+	const n = 3*trustChunk + 7
+	leases := make([]*lease, n)
+	for i := range leases {
+		leases[i] = holdAt(o, r, fmt.Sprintf("lease:%d", i), lt, start)
+	}
+	o.mu.Lock()
+	r.armTrustLocked()
+	o.mu.Unlock()
+	clk.Set(start.Add(time.Second))
+	for _, x := range leases[:n/2] { // renewed a second in: windows end at 9 s
+		x.renewed(clk.Now())
+	}
+	clk.Advance(lt.TTL - lt.Margin - time.Second) // to 8 s: the first windows are over
+	o.mu.Lock()
+	require.Equal(t, n-n/2, len(o.expired))
+	for _, x := range leases[:n/2] {
+		require.True(t, r.trust.Queued(x), "%s was renewed", x.name)
+	}
+	require.Equal(t, n/2, r.trust.Len())
+	o.mu.Unlock()
+	clk.Advance(time.Second) // to 9 s: the renewed windows are over
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.Equal(t, n, len(o.expired), "the timer was set for the renewed leases' windows")
+	require.Zero(t, r.trust.Len())
+}
