@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -118,8 +119,10 @@ func releaseLeases(b *testing.B, ctx context.Context, leases []*fencelock.Lease)
 // interval, the leases per statement (avg), the server time per statement
 // (pg_stat_statements), the client CPU per held lease per second (getrusage over the interval
 // less the same process's idle CPU, measured before the grants over a few seconds), the heap
-// allocations per lease renewed, and the goroutines. It fails if any lease is lost. Run with
-// -benchtime=1x; each sub-benchmark takes about 5.5 heartbeats plus the grants.
+// allocations per lease renewed, and the goroutines; then, for one more heartbeat, the latency
+// of TryAcquire + Release of another name by the same lessor (probe-*). It fails if any lease
+// is lost. Run with -benchtime=1x; each sub-benchmark takes about 6.5 heartbeats plus the
+// grants.
 func BenchmarkRenewalSteadyState(b *testing.B) {
 	counts := []int{10_000}
 	if os.Getenv(scaleEnv) != "" {
@@ -175,6 +178,23 @@ func renewalSteadyState(b *testing.B, e *benchEnv, n int, ttl time.Duration) {
 	runtime.ReadMemStats(&ms1)
 	s := readRenewalStats(b, e)
 
+	// The probe: TryAcquire + Release of a name outside the held set, back to back, for one
+	// heartbeat after the interval (not in its CPU): what the renewals cost the lessor's other
+	// calls (its mutex, the pool), at the latency's tail.
+	var probe []time.Duration
+	for t1 := time.Now(); time.Since(t1) < hb; {
+		p0 := time.Now()
+		lease, err := l.TryAcquire(ctx, "probe", ttl)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			b.Fatal(err)
+		}
+		probe = append(probe, time.Since(p0))
+	}
+	slices.Sort(probe)
+
 	lost := 0
 	for _, lease := range leases {
 		if lease.Err() != nil {
@@ -201,6 +221,9 @@ func renewalSteadyState(b *testing.B, e *benchEnv, n int, ttl time.Duration) {
 	b.ReportMetric(idleRate*1e3, "idle-cpu-ms/s")
 	b.ReportMetric(float64(ms1.Mallocs-ms0.Mallocs)/float64(max(s.rows, 1)), "allocs/renewal")
 	b.ReportMetric(float64(maxG), "max-goroutines")
+	b.ReportMetric(float64(probe[len(probe)/2].Microseconds()), "probe-p50-us")
+	b.ReportMetric(float64(probe[len(probe)*99/100].Microseconds()), "probe-p99-us")
+	b.ReportMetric(float64(probe[len(probe)-1].Microseconds()), "probe-max-us")
 	b.Logf("%d leases, TTL %v: %d statements, %d rows in %v (%s)", n, ttl, s.calls, s.rows, held.Round(time.Millisecond),
 		strings.TrimSpace(fmt.Sprintf("server %.1f ms", s.execMs)))
 }
