@@ -6,7 +6,7 @@
 // A [timing.Loop], armed exactly while the owner holds leases (or a renewal batch is in
 // flight), its rounds run on a timer, none between rounds. It keeps the held leases with a
 // heartbeat in a min-heap by renewal time and, when leases come due, hands them to the owner's
-// renewal statement in batches of at most 5,000, at most two statements at a time, each in a
+// renewal statement in batches of at most 1,000, at most two statements at a time, each in a
 // goroutine of its own, so a round is never blocked by a statement. Adding or removing a
 // lease costs O(log n) and moves the loop's next round only when it changes the earliest
 // renewal; a round takes the k leases it renews at O(k log n), never a scan of all held

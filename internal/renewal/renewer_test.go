@@ -101,8 +101,8 @@ func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
 }
 
 // The heartbeat renews due leases in batches of at most maxBatch, with at most maxInFlight
-// statements at a time: with 12,000 leases due, one round takes two batches of 5,000 and
-// leaves 2,000 queued until a batch returns. A lease about to lapse is left to the trust
+// statements at a time: with 2,000 leases due beyond what two full batches take, one round
+// takes two full batches and leaves 2,000 queued until a batch returns. A lease about to lapse is left to the trust
 // watch, and one that its holder renewed is queued again at its new time. (No database: the
 // renewal statements are never sent.) Moved from the root's heartbeat_internal_test.go.
 func TestHeartbeatTakeBatches(t *testing.T) {
@@ -120,7 +120,7 @@ func TestHeartbeatTakeBatches(t *testing.T) {
 		o.mu.Unlock()
 		return x
 	}
-	for i := range 12_000 {
+	for i := range maxInFlight*maxBatch + 2000 {
 		add(fmt.Sprintf("due:%d", i), sent)
 	}
 	lapsing := add("lapsing", start.Add(-lt.TTL+lt.Margin+2*time.Millisecond)) // window ends in 2 ms
