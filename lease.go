@@ -366,7 +366,7 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 	}
 	got := make([]outcome, len(leases))
 	for _, r := range rows {
-		i := int(r.I) - 1
+		i := int(r.Idx) - 1
 		if i < 0 || i >= len(got) || got[i].state == wasRenewed {
 			continue
 		}

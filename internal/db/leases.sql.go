@@ -289,10 +289,10 @@ WITH cfg AS MATERIALIZED (
 ), v AS MATERIALIZED (
     SELECT unnest($1::text[]) AS name, unnest($2::bigint[]) AS token,
            unnest($3::bigint[]) AS ttl_us,
-           generate_subscripts($1::text[], 1) AS i -- in step with the unnests
+           generate_subscripts($1::text[], 1) AS idx -- in step with the unnests
     FROM cfg
 ), target AS (
-    SELECT l.name, v.ttl_us, v.i
+    SELECT l.name, v.ttl_us, v.idx
     FROM fencelock.leases AS l JOIN v ON l.name = v.name AND l.token = v.token
     WHERE l.holder = $4::text AND l.expires_at > clock_timestamp()
     FOR NO KEY UPDATE OF l SKIP LOCKED
@@ -304,12 +304,12 @@ WITH cfg AS MATERIALIZED (
     FROM target
     WHERE l.name = target.name
       AND l.expires_at > clock_timestamp() + target.ttl_us * interval '0 microseconds'
-    RETURNING target.i, l.expires_at
+    RETURNING target.idx, l.expires_at
 )
-SELECT r.i::integer AS i, r.expires_at::timestamptz AS expires_at, true AS renewed
+SELECT r.idx::integer AS idx, r.expires_at::timestamptz AS expires_at, true AS renewed
 FROM renewed AS r
 UNION ALL
-SELECT v.i::integer, l.expires_at, false
+SELECT v.idx::integer, l.expires_at, false
 FROM fencelock.leases AS l JOIN v ON l.name = v.name AND l.token = v.token
 WHERE l.holder = $4::text AND l.expires_at > clock_timestamp()
   AND (SELECT count(*) FROM renewed) < cardinality($1::text[])
@@ -323,7 +323,7 @@ type LeaseRenewParams struct {
 }
 
 type LeaseRenewRow struct {
-	I         int32
+	Idx       int32
 	ExpiresAt time.Time
 	Renewed   bool
 }
@@ -359,7 +359,7 @@ type LeaseRenewRow struct {
 //     tells a count of this grant from one an earlier grant left behind.
 //
 // What it returns: a row with renewed = true for each lease renewed, carrying the lease's
-// place in the arrays (i, from 1), not its name: the caller matches rows to its leases by
+// place in the arrays (idx, from 1), not its name: the caller matches rows to its leases by
 // index, with no string to decode or hash. Only when some lease of the batch was not renewed
 // (the count of renewed rows, read once, falls short), it also returns renewed = false rows
 // for every lease of the batch still current in the statement's snapshot, renewed ones
@@ -381,7 +381,7 @@ func (q *Queries) LeaseRenew(ctx context.Context, db DBTX, arg LeaseRenewParams)
 	var items []LeaseRenewRow
 	for rows.Next() {
 		var i LeaseRenewRow
-		if err := rows.Scan(&i.I, &i.ExpiresAt, &i.Renewed); err != nil {
+		if err := rows.Scan(&i.Idx, &i.ExpiresAt, &i.Renewed); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -125,7 +125,7 @@ WHERE l.name = sqlc.arg(name)::text;
 --    tells a count of this grant from one an earlier grant left behind.
 --
 -- What it returns: a row with renewed = true for each lease renewed, carrying the lease's
--- place in the arrays (i, from 1), not its name: the caller matches rows to its leases by
+-- place in the arrays (idx, from 1), not its name: the caller matches rows to its leases by
 -- index, with no string to decode or hash. Only when some lease of the batch was not renewed
 -- (the count of renewed rows, read once, falls short), it also returns renewed = false rows
 -- for every lease of the batch still current in the statement's snapshot, renewed ones
@@ -138,10 +138,10 @@ WITH cfg AS MATERIALIZED (
 ), v AS MATERIALIZED (
     SELECT unnest(sqlc.arg(names)::text[]) AS name, unnest(sqlc.arg(tokens)::bigint[]) AS token,
            unnest(sqlc.arg(ttls_us)::bigint[]) AS ttl_us,
-           generate_subscripts(sqlc.arg(names)::text[], 1) AS i -- in step with the unnests
+           generate_subscripts(sqlc.arg(names)::text[], 1) AS idx -- in step with the unnests
     FROM cfg
 ), target AS (
-    SELECT l.name, v.ttl_us, v.i
+    SELECT l.name, v.ttl_us, v.idx
     FROM fencelock.leases AS l JOIN v ON l.name = v.name AND l.token = v.token
     WHERE l.holder = sqlc.arg(holder)::text AND l.expires_at > clock_timestamp()
     FOR NO KEY UPDATE OF l SKIP LOCKED
@@ -153,12 +153,12 @@ WITH cfg AS MATERIALIZED (
     FROM target
     WHERE l.name = target.name
       AND l.expires_at > clock_timestamp() + target.ttl_us * interval '0 microseconds'
-    RETURNING target.i, l.expires_at
+    RETURNING target.idx, l.expires_at
 )
-SELECT r.i::integer AS i, r.expires_at::timestamptz AS expires_at, true AS renewed
+SELECT r.idx::integer AS idx, r.expires_at::timestamptz AS expires_at, true AS renewed
 FROM renewed AS r
 UNION ALL
-SELECT v.i::integer, l.expires_at, false
+SELECT v.idx::integer, l.expires_at, false
 FROM fencelock.leases AS l JOIN v ON l.name = v.name AND l.token = v.token
 WHERE l.holder = sqlc.arg(holder)::text AND l.expires_at > clock_timestamp()
   AND (SELECT count(*) FROM renewed) < cardinality(sqlc.arg(names)::text[]);
