@@ -274,7 +274,7 @@ func (lease *Lease) release(ctx context.Context) error {
 func (lease *Lease) state() renewal.State {
 	lease.mu.Lock()
 	defer lease.mu.Unlock()
-	return renewal.State{Times: lease.times, NextRenew: lease.nextRenew, TrustUntil: lease.trustUntil}
+	return renewal.State{Times: lease.times, NextRenew: lease.nextRenew, TrustUntil: lease.trustUntil, Retrying: lease.lastErr != nil}
 }
 
 // newRenewer returns the heartbeat and the trust watch of l's held leases: renewals by
@@ -353,38 +353,49 @@ func renewLeases(ctx context.Context, l *Lessor, leases []*Lease) (locked int, e
 		l.cfg.common.metrics.renewed(oFailed, len(leases))
 		return 0, err
 	}
-	type key struct {
-		name  string
-		token int64
+	// Each row names its lease by its place in the arrays (from 1); renewed = true wins over
+	// the snapshot's renewed = false.
+	const (
+		gone       uint8 = iota // no row: the database no longer has the grant
+		rowLocked               // only renewed = false: its row was locked
+		wasRenewed              // a renewed = true row
+	)
+	type outcome struct {
+		state     uint8
+		expiresAt time.Time
 	}
-	got := make(map[key]db.LeaseRenewRow, len(rows))
+	got := make([]outcome, len(leases))
 	for _, r := range rows {
-		k := key{r.Name, r.Token}
-		if prev, ok := got[k]; !ok || !prev.Renewed {
-			got[k] = r // renewed = true wins over the snapshot's renewed = false
+		i := int(r.Idx) - 1
+		if i < 0 || i >= len(got) || got[i].state == wasRenewed {
+			continue
+		}
+		if r.Renewed {
+			got[i] = outcome{wasRenewed, r.ExpiresAt}
+		} else {
+			got[i].state = rowLocked
 		}
 	}
-	var gone, renewed int
-	for _, lease := range leases {
-		r, ok := got[key{lease.name, int64(lease.token)}]
-		switch {
-		case !ok:
+	var nGone, nLocked, nRenewed int
+	for i, lease := range leases {
+		switch got[i].state {
+		case gone:
 			if lease.lost(errGoneOnServer) {
-				gone++
+				nGone++
 			}
-		case !r.Renewed:
+		case rowLocked:
 			lease.retryAfter(clk.Now(), errRowLocked)
-			locked++
+			nLocked++
 		default:
-			lease.renewed(sent, r.ExpiresAt)
-			renewed++
+			lease.renewed(sent, got[i].expiresAt)
+			nRenewed++
 		}
 	}
 	m := l.cfg.common.metrics
-	m.renewed(oRenewed, renewed)
-	m.renewed(oLocked, locked)
-	m.renewed(oLost, gone)
-	return locked, nil
+	m.renewed(oRenewed, nRenewed)
+	m.renewed(oLocked, nLocked)
+	m.renewed(oLost, nGone)
+	return nLocked, nil
 }
 
 // errRowLocked is a renewal's verdict on a lease whose row a transaction holds locked (a

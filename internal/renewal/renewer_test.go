@@ -22,6 +22,7 @@ type lease struct {
 	mu                    sync.Mutex
 	nextRenew, trustUntil time.Time
 	ended                 bool
+	retrying              bool // its last renewal failed
 }
 
 // renewed records a grant or renewal sent at sent, as Lease.renewed does.
@@ -41,6 +42,9 @@ type owner struct {
 
 	renewMu sync.Mutex
 	renews  [][]*lease // the batches given to the renewal statement
+
+	clk   timing.Clock
+	renew bool // the renewal statement renews every lease of its batch, sent at clk.Now(); set before use
 }
 
 // batches returns the batches given to the renewal statement so far.
@@ -51,7 +55,7 @@ func (o *owner) batches() [][]*lease {
 }
 
 func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
-	o := &owner{active: map[*lease]bool{}}
+	o := &owner{active: map[*lease]bool{}, clk: clk}
 	var r *Renewer[*lease]
 	r = New(Hooks[*lease]{
 		Mu:    &o.mu,
@@ -60,7 +64,7 @@ func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
 		State: func(x *lease) State {
 			x.mu.Lock()
 			defer x.mu.Unlock()
-			return State{Times: x.times, NextRenew: x.nextRenew, TrustUntil: x.trustUntil}
+			return State{Times: x.times, NextRenew: x.nextRenew, TrustUntil: x.trustUntil, Retrying: x.retrying}
 		},
 		Ended: func(x *lease) bool {
 			x.mu.Lock()
@@ -70,6 +74,12 @@ func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
 		Held:    func(x *lease) bool { return o.active[x] },
 		Holding: func() bool { return len(o.active) > 0 },
 		Renew: func(_ context.Context, batch []*lease) {
+			if o.renew {
+				sent := o.clk.Now()
+				for _, x := range batch {
+					x.renewed(sent)
+				}
+			}
 			o.renewMu.Lock()
 			defer o.renewMu.Unlock()
 			o.renews = append(o.renews, batch)
@@ -91,8 +101,8 @@ func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
 }
 
 // The heartbeat renews due leases in batches of at most maxBatch, with at most maxInFlight
-// statements at a time: with 12,000 leases due, one round takes two batches of 5,000 and
-// leaves 2,000 queued until a batch returns. A lease about to lapse is left to the trust
+// statements at a time: with 2,000 leases due beyond what two full batches take, one round
+// takes two full batches and leaves 2,000 queued until a batch returns. A lease about to lapse is left to the trust
 // watch, and one that its holder renewed is queued again at its new time. (No database: the
 // renewal statements are never sent.) Moved from the root's heartbeat_internal_test.go.
 func TestHeartbeatTakeBatches(t *testing.T) {
@@ -110,7 +120,7 @@ func TestHeartbeatTakeBatches(t *testing.T) {
 		o.mu.Unlock()
 		return x
 	}
-	for i := range 12_000 {
+	for i := range maxInFlight*maxBatch + 2000 {
 		add(fmt.Sprintf("due:%d", i), sent)
 	}
 	lapsing := add("lapsing", start.Add(-lt.TTL+lt.Margin+2*time.Millisecond)) // window ends in 2 ms
@@ -121,7 +131,7 @@ func TestHeartbeatTakeBatches(t *testing.T) {
 	require.True(t, ok)
 	require.Len(t, batches, maxInFlight)
 	for _, batch := range batches {
-		require.Len(t, batch, maxBatch)
+		require.Len(t, batch.leases, maxBatch)
 	}
 	require.Equal(t, maxInFlight, r.inFlight)
 	require.Equal(t, start.Add(time.Hour), next, "with every statement slot taken, the loop waits for a batch to return")
@@ -132,7 +142,7 @@ func TestHeartbeatTakeBatches(t *testing.T) {
 	// unless it was popped after the slots were full.
 	require.Contains(t, []int{2001, 2002}, queued)
 	for _, batch := range batches {
-		for _, x := range batch {
+		for _, x := range batch.leases {
 			require.NotSame(t, lapsing, x)
 			require.NotSame(t, moved, x)
 		}

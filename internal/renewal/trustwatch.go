@@ -36,32 +36,50 @@ func (r *Renewer[T]) armTrustLocked() {
 	r.trustTimer.Reset(d)
 }
 
+// trustChunk bounds the leases the trust watch looks at under the owner's mutex at once: a
+// cohort of leases renewed by one statement comes up in the heap together (100,000 at most),
+// and the owner's grants and releases wait for that mutex.
+const trustChunk = 1024
+
 // checkTrust ends the leases whose trust window is over, requeues those a renewal extended,
-// and sets the timer for the next window end.
+// and sets the timer for the next window end. It releases the owner's mutex every trustChunk
+// leases.
 func (r *Renewer[T]) checkTrust() {
-	now := r.h.Clock.Now()
-	var over []T
-	r.h.Mu.Lock()
 	for {
-		lease, at, ok := r.trust.Head()
-		if !ok || at.After(now) {
-			break
+		now := r.h.Clock.Now()
+		var over []T
+		more := false
+		r.h.Mu.Lock()
+		for n := 0; ; n++ {
+			lease, at, ok := r.trust.Head()
+			if !ok || at.After(now) {
+				break
+			}
+			if n == trustChunk {
+				more = true
+				break
+			}
+			ended := r.h.Ended(lease)
+			until := r.h.State(lease).TrustUntil
+			switch {
+			case ended:
+				r.trust.Pop()
+			case until.After(now): // renewed since it was queued
+				r.trust.RekeyHead(until)
+			default:
+				r.trust.Pop()
+				over = append(over, lease)
+			}
 		}
-		ended := r.h.Ended(lease)
-		until := r.h.State(lease).TrustUntil
-		switch {
-		case ended:
-			r.trust.Pop()
-		case until.After(now): // renewed since it was queued
-			r.trust.RekeyHead(until)
-		default:
-			r.trust.Pop()
-			over = append(over, lease)
+		if !more {
+			r.armTrustLocked()
 		}
-	}
-	r.armTrustLocked()
-	r.h.Mu.Unlock()
-	for _, lease := range over {
-		r.h.Expire(lease)
+		r.h.Mu.Unlock()
+		for _, lease := range over {
+			r.h.Expire(lease)
+		}
+		if !more {
+			return
+		}
 	}
 }
