@@ -22,7 +22,7 @@ const scaleEnv = "FENCELOCK_SCALE"
 
 // One lessor holds 100,000 leases (TTL 10 s, default heartbeat of 3.3 s and safety margin of
 // 1 s) for 60 s and loses none: renewal is linear in the leases renewed, sent in batches of at
-// most 5,000, and adding or removing a lease does not scan the others. Opt-in (about two
+// most 1,000, and adding or removing a lease does not scan the others. Opt-in (about two
 // minutes): FENCELOCK_SCALE=1 go test -run TestScaleManyLeases -v. It logs the grant and
 // release rates, the heartbeat's client CPU and the time each lease stayed ahead of its
 // trust window (the closest call).
