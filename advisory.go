@@ -217,14 +217,17 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	if err != nil {
 		return nil, wrapPg(what(), err)
 	}
-	startupPID := conn.Conn().PgConn().PID()
+	pgConn := conn.Conn().PgConn()
+	startupPID := pgConn.PID()
 	checkPID := int32(startupPID)
 	if a.cfg.sessionPooler {
 		checkPID = 0 // a declared session pooler: the pids differ, and that is safe
 	}
+	// The application_name to put back on unlock is the one the server last reported (it
+	// reports every change of it), so the lock statement need not read it.
 	row, err := advisory.LockSession(ctx, conn, advisory.Request{
 		Name: name, Key: key.k, Shared: mode == Shared, Wait: wait, Tokens: a.cfg.tokens,
-	}, checkPID)
+	}, checkPID, pgConn.ParameterStatus("application_name"))
 	if err != nil {
 		// A failed wait may have been granted as ctx ended; a statement that failed after its
 		// grant (fencelock.next_token refused the token: ErrTokenBudget, ErrTokenEpochBehind,
@@ -248,10 +251,10 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	// A refused session took nothing (the statement checks before it locks), so its
 	// connection goes back to the pool as it came.
 	switch {
-	case row.InRecovery:
+	case row.Refused && row.InRecovery:
 		conn.Release()
 		return nil, fmt.Errorf("%s: %w", what(), ErrReadOnly)
-	case uint32(row.BackendPid) != startupPID && !a.cfg.sessionPooler:
+	case row.Refused:
 		conn.Release()
 		return nil, fmt.Errorf("%s: %w", what(), &PoolerError{StartupPID: startupPID, BackendPID: uint32(row.BackendPid)})
 	case !row.Granted:
@@ -267,7 +270,7 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		token:   Token(row.Token),
 		conn:    conn,
 		pid:     uint32(row.BackendPid),
-		prevApp: row.PrevApplicationName,
+		prevApp: row.PrevApp,
 		ending:  newGrantEnd(),
 	}, nil
 }
