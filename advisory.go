@@ -94,6 +94,10 @@ func (a *AdvisoryLocker) Key(name string) (AdvisoryKey, error) {
 // target resolves a lock call's name and options into the key to lock and its mode. Errors:
 // an [*ArgumentError] for a bad option or name (a name may be "" only with AtKey).
 func (a *AdvisoryLocker) target(name string, opts []LockOption) (AdvisoryKey, LockMode, error) {
+	if len(opts) == 0 { // the usual call: no options to apply (applyAll's closure would move c to the heap)
+		key, err := a.Key(name)
+		return key, Exclusive, err
+	}
 	var c lockConfig
 	if err := applyAll(opts, func(o LockOption) error { return o.applyLock(&c) }); err != nil {
 		return AdvisoryKey{}, 0, err
