@@ -107,7 +107,7 @@ func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpo
 // Unlock runs even when ctx has ended: the statement keeps ctx's values but not its
 // cancellation or deadline, and is bounded by 5 s of its own, so a deferred Unlock with an
 // ended context unlocks and returns the connection to the pool rather than closing it. Past
-// the bound the statement is abandoned and the connection closed, which ends the session and
+// the bound the statement is cancelled and the connection closed, which ends the session and
 // the lock too.
 //
 // Errors: an error wrapping [ErrNotHeld] if the lock had already ended (Err says why) or the
@@ -143,9 +143,10 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 // or deadline, bounded by cleanupTimeout as a deadline on the connection's socket: the way pgx
 // itself ends a statement whose context ends (its default ContextWatcherHandler sets the
 // socket's deadline), without a context of its own to allocate and watch for every unlock
-// (issue 23). Past the deadline the read fails, pgx closes the connection, and the caller
-// destroys the session, which ends the lock. On success the deadline is cleared before the
-// connection goes back to the pool.
+// (issue 23). Past the deadline the read fails and pgx closes the connection as it does then
+// (a cancel request, Terminate, the socket closed once the server has closed its end or 15 s
+// have passed), which ends the session and its lock; the caller destroys the session. On
+// success the deadline is cleared before the connection goes back to the pool.
 func unlockSession(ctx context.Context, conn *pgxpool.Conn, key AdvisoryKey, mode LockMode, prevApp string) (released bool, err error) {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
