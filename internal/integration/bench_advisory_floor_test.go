@@ -2,7 +2,12 @@ package integration
 
 import (
 	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -119,4 +124,130 @@ func rawLabelledAdvisoryPair(e *benchEnv, pool *pgxpool.Pool, key int64, label s
 		return fmt.Errorf("raw+label: key %d was not held at unlock", key)
 	}
 	return nil
+}
+
+// BenchmarkAdvisoryPairCost measures what one advisory pair costs, one client, pairs back to
+// back, rather than how many pairs a loaded machine runs: the client's CPU time per pair
+// (getrusage), the server's (the pool's backends' utime + stime from /proc, when the server
+// runs on this machine), the wall time and the allocations per pair, for raw, raw+label and
+// fencelock (as in BenchmarkFloorAdvisory), in interleaved rounds of 5,000 pairs. CPU time
+// does not grow with the machine's load as throughput shrinks with it, so the ratios hold on a
+// shared machine where the floor table's rounds do not. It reports each row's medians over
+// the rounds, and each row's ratio to raw (the median of the rounds' ratios).
+func BenchmarkAdvisoryPairCost(b *testing.B) {
+	e := benchServer(b, false)
+	pool := e.poolOf(b, 2)
+	a, err := fencelock.NewAdvisoryLocker(pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	name := benchAdvisoryName(0)
+	key, err := a.Key(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	k, _ := key.Int64()
+	rows := []struct {
+		name string
+		pair func() error
+	}{
+		{"raw", func() error { return rawAdvisoryPair(e, pool, k) }},
+		{"raw+label", func() error { return rawLabelledAdvisoryPair(e, pool, k, "fencelock "+name) }},
+		{"fencelock", func() error {
+			lk, err := a.TryLock(e.ctx, name)
+			if err != nil {
+				return err
+			}
+			return lk.Unlock(e.ctx)
+		}},
+	}
+	const rounds, pairs = 8, 5000
+	type cost struct{ wall, client, server, allocs []float64 }
+	costs := make([]cost, len(rows))
+	for round := range rounds + 1 { // round 0 warms up
+		for i, r := range rows {
+			var pids []int
+			for _, c := range pool.AcquireAllIdle(e.ctx) {
+				pids = append(pids, int(c.Conn().PgConn().PID()))
+				c.Release()
+			}
+			var m0, m1 runtime.MemStats
+			runtime.ReadMemStats(&m0)
+			s0, c0, t0 := serverCPU(pids), clientCPU(b), time.Now()
+			for range pairs {
+				if err := r.pair(); err != nil {
+					b.Fatalf("%s: %v", r.name, err)
+				}
+			}
+			wall, c1, s1 := time.Since(t0), clientCPU(b), serverCPU(pids)
+			runtime.ReadMemStats(&m1)
+			if round == 0 {
+				continue
+			}
+			us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / pairs }
+			c := &costs[i]
+			c.wall = append(c.wall, us(wall))
+			c.client = append(c.client, us(c1-c0))
+			c.server = append(c.server, us(s1-s0))
+			c.allocs = append(c.allocs, float64(m1.Mallocs-m0.Mallocs)/pairs)
+		}
+	}
+	local := medianOf(costs[0].server) > 0 // the server's processes could be read
+	ratio := func(num, den []float64) float64 {
+		var r []float64
+		for j := range num {
+			if den[j] > 0 {
+				r = append(r, num[j]/den[j])
+			}
+		}
+		return medianOf(r)
+	}
+	for i, r := range rows {
+		c := costs[i]
+		b.ReportMetric(medianOf(c.wall), r.name+"-wall-us")
+		b.ReportMetric(medianOf(c.client), r.name+"-client-cpu-us")
+		if local {
+			b.ReportMetric(medianOf(c.server), r.name+"-server-cpu-us")
+		}
+		b.ReportMetric(medianOf(c.allocs), r.name+"-allocs")
+		if i == 0 {
+			continue
+		}
+		b.ReportMetric(ratio(c.wall, costs[0].wall), r.name+"/raw-wall")
+		b.ReportMetric(ratio(c.client, costs[0].client), r.name+"/raw-client-cpu")
+		if local {
+			b.ReportMetric(ratio(c.server, costs[0].server), r.name+"/raw-server-cpu")
+		}
+	}
+}
+
+// clientCPU is this process's CPU time, user and system.
+func clientCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// serverCPU is the CPU time, user and system, of the server processes pids, read from
+// /proc/<pid>/stat (in clock ticks, taken as 10 ms each); 0 for a pid it cannot read (a server
+// in a container, or on another machine).
+func serverCPU(pids []int) time.Duration {
+	var total time.Duration
+	for _, pid := range pids {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(raw)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:]) // fields from the 3rd (state) on
+		var utime, stime int64
+		if len(f) > 12 {
+			fmt.Sscan(f[11], &utime) // field 14
+			fmt.Sscan(f[12], &stime) // field 15
+		}
+		total += time.Duration(utime+stime) * 10 * time.Millisecond
+	}
+	return total
 }
