@@ -94,6 +94,10 @@ func (a *AdvisoryLocker) Key(name string) (AdvisoryKey, error) {
 // target resolves a lock call's name and options into the key to lock and its mode. Errors:
 // an [*ArgumentError] for a bad option or name (a name may be "" only with AtKey).
 func (a *AdvisoryLocker) target(name string, opts []LockOption) (AdvisoryKey, LockMode, error) {
+	if len(opts) == 0 { // the usual call: no options to apply (applyAll's closure would move c to the heap)
+		key, err := a.Key(name)
+		return key, Exclusive, err
+	}
 	var c lockConfig
 	if err := applyAll(opts, func(o LockOption) error { return o.applyLock(&c) }); err != nil {
 		return AdvisoryKey{}, 0, err
@@ -184,13 +188,15 @@ func (a *AdvisoryLocker) register(lk *AdvisoryLock) {
 	}
 }
 
-// unregister forgets a lock that ended; with the last one it stops the watchdog.
+// unregister forgets a lock that ended. It leaves the watchdog as it is, even with the last
+// lock: the armed round finds nothing held and stops the loop (watchdogRound). Stopping the
+// timer here, and arming it again with the next lock, cost every lock taken and released
+// back to back (the usual way) two timer changes, for a round that runs at most once an
+// interval when nothing is held (issue 23).
 func (a *AdvisoryLocker) unregister(lk *AdvisoryLock) {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if !a.held.Forget(lk.key.k, lk) {
-		a.watchdog.StopLocked()
-	}
+	a.held.Forget(lk.key.k, lk)
+	a.mu.Unlock()
 }
 
 // watchdogRound is the watchdog loop's step: it probes every held lock, all at once, each for
@@ -217,14 +223,17 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	if err != nil {
 		return nil, wrapPg(what(), err)
 	}
-	startupPID := conn.Conn().PgConn().PID()
+	pgConn := conn.Conn().PgConn()
+	startupPID := pgConn.PID()
 	checkPID := int32(startupPID)
 	if a.cfg.sessionPooler {
 		checkPID = 0 // a declared session pooler: the pids differ, and that is safe
 	}
+	// The application_name to put back on unlock is the one the server last reported (it
+	// reports every change of it), so the lock statement need not read it.
 	row, err := advisory.LockSession(ctx, conn, advisory.Request{
 		Name: name, Key: key.k, Shared: mode == Shared, Wait: wait, Tokens: a.cfg.tokens,
-	}, checkPID)
+	}, checkPID, pgConn.ParameterStatus("application_name"))
 	if err != nil {
 		// A failed wait may have been granted as ctx ended; a statement that failed after its
 		// grant (fencelock.next_token refused the token: ErrTokenBudget, ErrTokenEpochBehind,
@@ -248,10 +257,10 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	// A refused session took nothing (the statement checks before it locks), so its
 	// connection goes back to the pool as it came.
 	switch {
-	case row.InRecovery:
+	case row.Refused && row.InRecovery:
 		conn.Release()
 		return nil, fmt.Errorf("%s: %w", what(), ErrReadOnly)
-	case uint32(row.BackendPid) != startupPID && !a.cfg.sessionPooler:
+	case row.Refused:
 		conn.Release()
 		return nil, fmt.Errorf("%s: %w", what(), &PoolerError{StartupPID: startupPID, BackendPID: uint32(row.BackendPid)})
 	case !row.Granted:
@@ -267,7 +276,7 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		token:   Token(row.Token),
 		conn:    conn,
 		pid:     uint32(row.BackendPid),
-		prevApp: row.PrevApplicationName,
+		prevApp: row.PrevApp,
 		ending:  newGrantEnd(),
 	}, nil
 }

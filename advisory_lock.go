@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -106,18 +107,17 @@ func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpo
 // Unlock runs even when ctx has ended: the statement keeps ctx's values but not its
 // cancellation or deadline, and is bounded by 5 s of its own, so a deferred Unlock with an
 // ended context unlocks and returns the connection to the pool rather than closing it. Past
-// the bound the statement is cancelled and the session closed, which ends the lock too.
+// the bound the statement is cancelled and the connection closed, which ends the session and
+// the lock too.
 //
 // Errors: an error wrapping [ErrNotHeld] if the lock had already ended (Err says why) or the
 // session no longer held it; otherwise pgx's error, wrapped (the session was closed, so
 // nothing is held).
 func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	what := func() string { return "unlock " + describeLock(lk.name, lk.key) } // for errors only
-	ctx, stop := detached(ctx, cleanupTimeout)
-	defer stop()
 	var err error
 	ended, settled := lk.end(ErrUnlocked, true, func(conn *pgxpool.Conn) {
-		released, uerr := advisory.UnlockSession(ctx, conn, lk.key.k, lk.mode == Shared, lk.prevApp)
+		released, uerr := unlockSession(ctx, conn, lk.key, lk.mode, lk.prevApp)
 		switch {
 		case uerr != nil:
 			destroySession(ctx, conn, false)
@@ -137,6 +137,29 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	}
 	// Ended here, but the watchdog had taken the session, which it closes: nothing is held.
 	return fmt.Errorf("%s: %w: its session was lost", what(), ErrNotHeld)
+}
+
+// unlockSession runs the unlock statement on conn with ctx's values but not its cancellation
+// or deadline, bounded by cleanupTimeout as a deadline on the connection's socket: the way pgx
+// itself ends a statement whose context ends (its default ContextWatcherHandler sets the
+// socket's deadline), without a context of its own to allocate and watch for every unlock
+// (issue 23). Past the deadline the read fails and pgx closes the connection as it does then
+// (a cancel request, Terminate, the socket closed once the server has closed its end or 15 s
+// have passed), which ends the session and its lock; the caller destroys the session. On
+// success the deadline is cleared before the connection goes back to the pool.
+func unlockSession(ctx context.Context, conn *pgxpool.Conn, key AdvisoryKey, mode LockMode, prevApp string) (released bool, err error) {
+	if ctx.Done() != nil {
+		ctx = context.WithoutCancel(ctx)
+	}
+	nc := conn.Conn().PgConn().Conn()
+	if err := nc.SetDeadline(time.Now().Add(cleanupTimeout)); err != nil {
+		return false, err
+	}
+	released, err = advisory.UnlockSession(ctx, conn, key.k, mode == Shared, prevApp)
+	if err == nil {
+		err = nc.SetDeadline(time.Time{})
+	}
+	return released, err
 }
 
 // lost ends a lock whose session failed the watchdog's probe, closing its connection; Done

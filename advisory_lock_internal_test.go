@@ -2,10 +2,14 @@ package fencelock
 
 import (
 	"context"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 )
 
@@ -67,4 +71,90 @@ func TestAdvisoryUnlockFailureDestroysConnection(t *testing.T) {
 	var held int
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1`, lk.BackendPID()).Scan(&held))
 	require.Zero(t, held)
+}
+
+// droppingConn is a client connection whose writes vanish while drop is set: the server never
+// sees the statement, so the client waits for a reply that never comes, as on a network that
+// went silent. Reads and deadlines are the real connection's.
+type droppingConn struct {
+	net.Conn
+	drop *atomic.Bool
+}
+
+func (c droppingConn) Write(p []byte) (int, error) {
+	if c.drop.Load() {
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+// An unlock statement that gets no reply is bounded (cleanupTimeout, a deadline on the
+// socket): Unlock returns an error after the bound, not before and not much later, with Done
+// closed, and pgx closes the connection, which ends the session and its lock on the server
+// (once the network speaks again, the cancel request and Terminate get through; else pgx
+// closes the socket after 15 s). The bound is the deadline's alone: ctx has none.
+func TestAdvisoryUnlockBoundedWhenTheServerIsSilent(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var (
+		drop  atomic.Bool
+		mu    sync.Mutex
+		conns []net.Conn // to unblock a failed test's Unlock, so that its cleanup does not hang
+	)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	dialer := &net.Dialer{}
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		return droppingConn{Conn: c, drop: &drop}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	a, err := NewAdvisoryLocker(pool)
+	require.NoError(t, err)
+	lk, err := a.TryLock(b.ctx, "silent")
+	require.NoError(t, err)
+
+	drop.Store(true)
+	start := time.Now()
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- lk.Unlock(context.Background()) }()
+	select {
+	case err = <-unlocked:
+	case <-time.After(cleanupTimeout + 3*time.Second):
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		t.Fatal("Unlock did not return within the bound")
+	}
+	require.Error(t, err, "the unlock got no reply")
+	require.GreaterOrEqual(t, time.Since(start), cleanupTimeout-100*time.Millisecond, "gave up before the bound")
+	require.ErrorIs(t, lk.Err(), ErrUnlocked)
+	select {
+	case <-lk.Done():
+	default:
+		t.Fatal("Done open after Unlock returned")
+	}
+
+	// pgx closes the connection: the server ends the session, and with it the lock.
+	drop.Store(false)
+	other, err := NewAdvisoryLocker(b.pool)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		olk, err := other.TryLock(b.ctx, "silent")
+		if err != nil {
+			return false
+		}
+		require.NoError(t, olk.Unlock(b.ctx))
+		return true
+	}, 20*time.Second, 10*time.Millisecond, "the silent session still holds the lock")
 }

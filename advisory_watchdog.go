@@ -11,8 +11,10 @@ import (
 // The watchdog: while an AdvisoryLocker holds session locks, its loop (timing.Loop) runs a round
 // every interval (AdvisoryLocker.watchdogRound) that probes each held lock's session, all
 // probes at once, each bounded by the interval, and ends the locks whose session failed. The
-// loop is armed with the first lock held and stopped when the last one ends; between rounds no
-// goroutine runs, so a lock held for less than one interval costs none.
+// loop is armed with the first lock held, and stops at its first round that finds none held
+// (the last unlock leaves it armed: locks taken and released back to back then arm the timer
+// once an interval, not twice a lock); between rounds no goroutine runs, so a lock held for
+// less than one interval costs none.
 
 // probe checks the lock's session, for at most interval; a failure ends the lock. A probe that
 // finds the connection busy (Unlock running) skips this round.

@@ -16,12 +16,17 @@
 //
 // The queries of sqlc/queries/advisory.sql, generated into internal/db, each run by one
 // function here:
-//   - AdvisoryLock ([LockSession]): pg_try_advisory_lock, pg_advisory_lock and their _shared
-//     and int4-pair forms, chosen by the statement's CASE; set_config('application_name');
-//     fencelock.next_token(true) for a fencing token (migrations 00002, 00003 and 00011);
-//     pg_is_in_recovery and pg_backend_pid for the session checks made before it locks;
-//   - AdvisoryUnlock ([UnlockSession]): pg_advisory_unlock and its forms, and the previous
-//     application_name put back;
+//   - AdvisoryLockTryKey, AdvisoryLockTryKeyShared, AdvisoryLockWaitKey and
+//     AdvisoryLockWaitKeyShared ([LockSession], a session lock on an int64 key, the form names
+//     map to): one statement per lock function (pg_try_advisory_lock, pg_advisory_lock and their
+//     _shared forms), one column, with set_config('application_name') and
+//     fencelock.next_token(true) after the grant, and pg_is_in_recovery and pg_backend_pid
+//     checked before it; AdvisorySessionState says why a session was refused;
+//   - AdvisoryLock ([LockSession], a pair key, or behind a declared session pooler): the same,
+//     every key form and mode in one statement, the lock function chosen by its CASE;
+//     migrations 00002, 00003 and 00011 for next_token;
+//   - AdvisoryUnlockKey, AdvisoryUnlockKeyShared, AdvisoryUnlock ([UnlockSession]):
+//     pg_advisory_unlock and its forms, and the previous application_name put back;
 //   - AdvisorySessionCheck ([CheckSession]): pg_backend_pid, the watchdog's probe;
 //   - AdvisoryLockTx ([LockTx]): pg_try_advisory_xact_lock, pg_advisory_xact_lock and their
 //     forms, and fencelock.next_token(true).

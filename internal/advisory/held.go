@@ -19,8 +19,9 @@ const (
 // (each holds a pooled connection). Held is not safe for concurrent use: its owner guards it
 // with its own mutex (the one that also guards its watchdog loop).
 type Held[L comparable] struct {
-	max int
-	m   map[Key]heldEntry[L]
+	max     int
+	m       map[Key]heldEntry[L]
+	granted int // entries of m with granted set
 }
 
 type heldEntry[L comparable] struct {
@@ -55,30 +56,36 @@ func (h *Held[L]) Reserve(name string, key Key) (r Refusal, heldName string) {
 }
 
 // Cancel drops the reservation of key, whose acquire failed.
-func (h *Held[L]) Cancel(key Key) { delete(h.m, key) }
+func (h *Held[L]) Cancel(key Key) {
+	if e, ok := h.m[key]; ok && !e.granted {
+		delete(h.m, key)
+	}
+}
 
 // Grant records lock, granted under name, in place of the reservation of key.
 func (h *Held[L]) Grant(key Key, name string, lock L) {
+	if e, ok := h.m[key]; !ok || !e.granted {
+		h.granted++
+	}
 	h.m[key] = heldEntry[L]{name: name, lock: lock, granted: true}
 }
 
 // Forget drops key if it is held by lock (not by a later grant, nor a reservation), and
-// reports whether any granted lock is left.
+// reports whether any granted lock is left. O(1).
 func (h *Held[L]) Forget(key Key, lock L) (anyGranted bool) {
 	if e, ok := h.m[key]; ok && e.granted && e.lock == lock {
 		delete(h.m, key)
+		h.granted--
 	}
-	for _, e := range h.m {
-		if e.granted {
-			return true
-		}
-	}
-	return false
+	return h.granted > 0
 }
 
 // Granted returns the granted locks, in no order (not the reservations).
 func (h *Held[L]) Granted() []L {
-	var locks []L
+	if h.granted == 0 {
+		return nil
+	}
+	locks := make([]L, 0, h.granted)
 	for _, e := range h.m {
 		if e.granted {
 			locks = append(locks, e.lock)

@@ -53,3 +53,33 @@ func TestHeld(t *testing.T) {
 		t.Fatalf("Reserve of a forgotten key = %v, want Reserved", r)
 	}
 }
+
+// Forget reports whether a granted lock is left, counting grants, not reservations: a key
+// granted again (a later lock of it) counts once, and a reservation cancelled leaves the count.
+func TestHeldCountsGrants(t *testing.T) {
+	h := NewHeld[*lock](4)
+	a, b, c := Key{Int64: 1}, Key{Int64: 2}, Key{Int64: 3}
+	la, la2, lb := &lock{1}, &lock{2}, &lock{3}
+	for _, k := range []Key{a, b, c} {
+		if r, _ := h.Reserve("n", k); r != Reserved {
+			t.Fatalf("Reserve(%v) = %v", k, r)
+		}
+	}
+	h.Grant(a, "n", la)
+	h.Grant(a, "n", la2) // the same key granted again: still one grant
+	h.Grant(b, "n", lb)
+	h.Cancel(c)
+	h.Cancel(a) // not a reservation: stays
+	if got := len(h.Granted()); got != 2 {
+		t.Fatalf("Granted = %d locks, want 2", got)
+	}
+	if !h.Forget(a, la2) {
+		t.Fatal("Forget(a) reported no grant left; b is granted")
+	}
+	if h.Forget(b, lb) {
+		t.Fatal("Forget(b) reported a grant left; none is")
+	}
+	if h.Len() != 0 || h.Granted() != nil {
+		t.Fatalf("after the last Forget: %d keys, %v granted", h.Len(), h.Granted())
+	}
+}

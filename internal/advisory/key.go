@@ -32,17 +32,17 @@ const keyDomain = "fencelock/advisory-key/v1"
 // with keyDomain = "fencelock/advisory-key/v1". The root package's SHA256KeyHash is this
 // function; it must never change within v1.
 func SHA256(namespace, name string) int64 {
-	h := sha256.New()
-	buf := make([]byte, 0, len(keyDomain)+1+2*binary.MaxVarintLen64)
-	buf = append(buf, keyDomain...)
+	// One buffer on the stack for the usual lengths: the hash of the concatenation is the hash
+	// of the pieces written one by one, so a long name (the heap) derives the same key.
+	var stack [256]byte
+	buf := append(stack[:0], keyDomain...)
 	buf = append(buf, 0)
 	buf = binary.AppendUvarint(buf, uint64(len(namespace)))
-	h.Write(buf)
-	h.Write([]byte(namespace))
-	h.Write(binary.AppendUvarint(buf[:0], uint64(len(name))))
-	h.Write([]byte(name))
-	var sum [sha256.Size]byte
-	return int64(binary.BigEndian.Uint64(h.Sum(sum[:0])))
+	buf = append(buf, namespace...)
+	buf = binary.AppendUvarint(buf, uint64(len(name)))
+	buf = append(buf, name...)
+	sum := sha256.Sum256(buf)
+	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
 // Describe names a lock in messages: its name (quoted) and key when it has a name, else

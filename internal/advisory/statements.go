@@ -19,33 +19,116 @@ type Request struct {
 	Tokens bool
 }
 
-// LockSession takes r's session lock on conn, a connection of the lock's own, in one statement
-// (AdvisoryLock), and names it in application_name (applicationName). startupPID is the
-// backend pid the connection reported at startup, checked against the server's before it
-// locks; 0 skips the check (a declared session pooler). The row says whether it was granted,
-// or why the session was refused (in recovery, another pid); the caller turns that into
-// errors. pgx's error is returned as is.
-func LockSession(ctx context.Context, conn db.DBTX, r Request, startupPID int32) (db.AdvisoryLockRow, error) {
-	return queries.AdvisoryLock(ctx, conn, db.AdvisoryLockParams{
-		StartupPid: startupPID,
-		AppName:    applicationName(r.Name, r.Key),
-		Tokens:     r.Tokens,
-		Wait:       r.Wait,
-		Pair:       r.Key.Pair, K1: r.Key.K1, K2: r.Key.K2, Key: r.Key.Int64,
-		Shared: r.Shared,
-	})
+// Grant is what a session lock statement reports: whether the session was refused before it
+// locked, and why (InRecovery, or BackendPid differing from the pid the connection reported at
+// startup), else whether the lock was granted, with its token (0 without one); PrevApp is the
+// application_name to put back on unlock.
+type Grant struct {
+	Refused    bool
+	InRecovery bool
+	BackendPid int32
+	Granted    bool
+	Token      int64
+	PrevApp    string
 }
 
-// UnlockSession releases key's session lock on conn (AdvisoryUnlock) and puts prevApp back as
-// application_name. released is false when the session did not hold the lock. pgx's error is
-// returned as is.
+// Results of the statements of a session lock on an int64 key (AdvisoryLockTryKey and its
+// kind): the token, 0 without one, when granted; else one of these.
+const (
+	grantRefused    = -2
+	grantNotGranted = -1
+)
+
+// LockSession takes r's session lock on conn, a connection of the lock's own, in one statement,
+// and names it in application_name (applicationName). startupPID is the backend pid the
+// connection reported at startup, checked against the server's before it locks; 0 skips the
+// check (a declared session pooler). appNow is the session's application_name as the server
+// last reported it (pgconn's ParameterStatus), the one to put back on unlock.
+//
+// An int64 key with a startup pid to check takes the statement of its lock function
+// (AdvisoryLockTryKey, AdvisoryLockTryKeyShared, AdvisoryLockWaitKey,
+// AdvisoryLockWaitKeyShared): one column, four arguments; a refusal, which never happens on
+// a healthy direct connection, costs a second statement (AdvisorySessionState) that says why. A
+// pair key, or a session pooler (whose backend pid is not the startup pid, and is returned),
+// takes AdvisoryLock, which picks the function by CASE. The Grant says whether it was granted,
+// or why the session was refused (in recovery, another pid); the caller turns that into
+// errors. pgx's error is returned as is.
+func LockSession(ctx context.Context, conn db.DBTX, r Request, startupPID int32, appNow string) (Grant, error) {
+	appName := applicationName(r.Name, r.Key)
+	if r.Key.Pair || startupPID == 0 {
+		row, err := queries.AdvisoryLock(ctx, conn, db.AdvisoryLockParams{
+			StartupPid: startupPID,
+			AppName:    appName,
+			Tokens:     r.Tokens,
+			Wait:       r.Wait,
+			Pair:       r.Key.Pair, K1: r.Key.K1, K2: r.Key.K2, Key: r.Key.Int64,
+			Shared: r.Shared,
+		})
+		return Grant{
+			Refused:    !row.Granted && (row.InRecovery || (startupPID != 0 && row.BackendPid != startupPID)),
+			InRecovery: row.InRecovery,
+			BackendPid: row.BackendPid,
+			Granted:    row.Granted,
+			Token:      row.Token,
+			PrevApp:    row.PrevApplicationName,
+		}, err
+	}
+	var (
+		res int64
+		err error
+	)
+	switch {
+	case r.Wait && r.Shared:
+		res, err = queries.AdvisoryLockWaitKeyShared(ctx, conn, db.AdvisoryLockWaitKeySharedParams{
+			StartupPid: startupPID, Key: r.Key.Int64, AppName: appName, Tokens: r.Tokens,
+		})
+	case r.Wait:
+		res, err = queries.AdvisoryLockWaitKey(ctx, conn, db.AdvisoryLockWaitKeyParams{
+			StartupPid: startupPID, Key: r.Key.Int64, AppName: appName, Tokens: r.Tokens,
+		})
+	case r.Shared:
+		res, err = queries.AdvisoryLockTryKeyShared(ctx, conn, db.AdvisoryLockTryKeySharedParams{
+			StartupPid: startupPID, Key: r.Key.Int64, AppName: appName, Tokens: r.Tokens,
+		})
+	default:
+		res, err = queries.AdvisoryLockTryKey(ctx, conn, db.AdvisoryLockTryKeyParams{
+			StartupPid: startupPID, Key: r.Key.Int64, AppName: appName, Tokens: r.Tokens,
+		})
+	}
+	switch {
+	case err != nil:
+		return Grant{}, err
+	case res == grantRefused:
+		st, err := queries.AdvisorySessionState(ctx, conn)
+		if err != nil {
+			return Grant{}, err
+		}
+		// The same pid as at startup: the refusal was the recovery's (a promotion may have
+		// ended it since).
+		return Grant{Refused: true, InRecovery: st.InRecovery || st.BackendPid == startupPID, BackendPid: st.BackendPid}, nil
+	case res == grantNotGranted:
+		return Grant{BackendPid: startupPID}, nil
+	}
+	return Grant{Granted: true, Token: res, BackendPid: startupPID, PrevApp: appNow}, nil
+}
+
+// UnlockSession releases key's session lock on conn and puts prevApp back as
+// application_name, in one statement: AdvisoryUnlockKey or AdvisoryUnlockKeyShared for an
+// int64 key, AdvisoryUnlock for a pair. released is false when the session did not hold the
+// lock (application_name may then be left as it was). pgx's error is returned as is.
 func UnlockSession(ctx context.Context, conn db.DBTX, key Key, shared bool, prevApp string) (released bool, err error) {
-	row, err := queries.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
-		Pair: key.Pair, K1: key.K1, K2: key.K2, Key: key.Int64,
-		Shared:              shared,
-		PrevApplicationName: prevApp,
-	})
-	return row.Released, err
+	switch {
+	case key.Pair:
+		row, err := queries.AdvisoryUnlock(ctx, conn, db.AdvisoryUnlockParams{
+			Pair: key.Pair, K1: key.K1, K2: key.K2, Key: key.Int64,
+			Shared:              shared,
+			PrevApplicationName: prevApp,
+		})
+		return row.Released, err
+	case shared:
+		return queries.AdvisoryUnlockKeyShared(ctx, conn, db.AdvisoryUnlockKeySharedParams{Key: key.Int64, PrevApplicationName: prevApp})
+	}
+	return queries.AdvisoryUnlockKey(ctx, conn, db.AdvisoryUnlockKeyParams{Key: key.Int64, PrevApplicationName: prevApp})
 }
 
 // LockTx takes r's transaction lock inside tx, the caller's transaction, in one statement
