@@ -95,7 +95,8 @@ func TestForceReleaseWaitsForGrantInFlight(t *testing.T) {
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	var granted int64
 	var exp time.Time
-	require.NoError(t, tx.QueryRow(b.ctx, db.Statement("LeaseGrant"), "acct", "new", time.Minute.Microseconds(), true, true).Scan(&granted, &exp))
+	// LeaseGrant's parameters: name, holder, nowait, ttl_us, may_insert.
+	require.NoError(t, tx.QueryRow(b.ctx, db.Statement("LeaseGrant"), "acct", "new", true, time.Minute.Microseconds(), true).Scan(&granted, &exp))
 
 	type result struct {
 		oldHolder *string
