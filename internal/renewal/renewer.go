@@ -75,6 +75,8 @@ type Renewer[T any] struct {
 	queue      timing.Heap[T] // held leases with a heartbeat, not in flight, by renewal time
 	trust      timing.Heap[T] // held leases by the end of their trust window
 	trustTimer timing.Timer   // fires at the trust watch's head; nil until the first lease
+	trustAt    time.Time      // when trustTimer fires, while trustArmed
+	trustArmed bool           // trustTimer is set and its callback has not started
 	inFlight   int            // renewal statements in flight
 	until      time.Time      // the end of the renewal window opened by the last lease due
 	aside      []T            // take's scratch: leases popped early that stay queued
