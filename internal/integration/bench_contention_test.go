@@ -48,7 +48,7 @@ func BenchmarkContention(b *testing.B) {
 					return func() error { return lease.Release(e.ctx) }, nil
 				}
 			})
-		}, withStatementStats())
+		}, withStatementStats()...)
 	})
 	b.Run("Advisory", func(b *testing.B) {
 		withFsync(b, func(b *testing.B, e *benchEnv) {
@@ -65,7 +65,7 @@ func BenchmarkContention(b *testing.B) {
 					return func() error { return lk.Unlock(e.ctx) }, nil
 				}
 			})
-		}, withStatementStats())
+		}, withStatementStats()...)
 	})
 }
 
@@ -251,21 +251,22 @@ func notifyFloor(b *testing.B, e *benchEnv, n int) []time.Duration {
 // over n), with their mean execution time: what a row's cost is made of, in statements.
 func logStatements(b *testing.B, e *benchEnv, n float64, unit string) {
 	b.Helper()
-	rows, err := e.pool.Query(e.ctx, `SELECT calls, mean_exec_time, regexp_replace(left(query, 90), '\s+', ' ', 'g')
+	rows, err := e.pool.Query(e.ctx, `SELECT calls, mean_exec_time, mean_plan_time, plans, regexp_replace(left(query, 90), '\s+', ' ', 'g')
 		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-		  AND query NOT LIKE '%pg_stat_%' ORDER BY calls DESC LIMIT 10`)
+		  AND query NOT LIKE '%pg_stat_%' ORDER BY calls DESC, mean_exec_time DESC LIMIT 16`)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var calls int64
-		var mean float64
+		var mean, plan float64
+		var plans int64
 		var query string
-		if err := rows.Scan(&calls, &mean, &query); err != nil {
+		if err := rows.Scan(&calls, &mean, &plan, &plans, &query); err != nil {
 			b.Fatal(err)
 		}
-		b.Logf("%6.2f per %s, %7.1f us: %s", float64(calls)/n, unit, mean*1000, query)
+		b.Logf("%6.2f per %s, %7.1f us (planned %.2f per %s, %.1f us): %s", float64(calls)/n, unit, mean*1000, float64(plans)/n, unit, plan*1000, query)
 	}
 	if err := rows.Err(); err != nil {
 		b.Fatal(err)

@@ -46,9 +46,16 @@ func withFsync(b *testing.B, f func(b *testing.B, e *benchEnv), opts ...pgtest.O
 	}
 }
 
-// withStatementStats is the server option of serverTimes: pg_stat_statements loaded.
-func withStatementStats() pgtest.Option {
-	return pgtest.WithSetting("shared_preload_libraries", "pg_stat_statements")
+// withStatementStats is the server options of serverTimes: pg_stat_statements loaded, and
+// with FENCELOCK_BENCH_TRACK_ALL=1 also tracking the statements that functions run (the
+// statements of fencelock.hand_off, say), which logStatements then lists.
+func withStatementStats() []pgtest.Option {
+	opts := []pgtest.Option{pgtest.WithSetting("shared_preload_libraries", "pg_stat_statements")}
+	if os.Getenv("FENCELOCK_BENCH_TRACK_ALL") == "1" {
+		opts = append(opts, pgtest.WithSetting("pg_stat_statements.track", "all"),
+			pgtest.WithSetting("pg_stat_statements.track_planning", "on"))
+	}
+	return opts
 }
 
 // resetStatementStats creates pg_stat_statements in e's database (the server must run

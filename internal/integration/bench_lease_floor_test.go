@@ -123,5 +123,5 @@ func BenchmarkFloorLease(b *testing.B) {
 				"fencelock-release": "%WITH released AS (%fencelock.hand_off(%",
 			})
 		})
-	}, withStatementStats())
+	}, withStatementStats()...)
 }
