@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -44,6 +45,24 @@ func withFsync(b *testing.B, f func(b *testing.B, e *benchEnv), opts ...pgtest.O
 		}
 		b.Run(name, func(b *testing.B) { f(b, benchServer(b, on, opts...)) })
 	}
+}
+
+// settingsFromEnv returns the server settings of FENCELOCK_BENCH_SETTINGS, "name=value" pairs
+// separated by ";" (for a diagnosis: auto_explain with its log, say), after the benchmark's
+// own, which they override. shared_preload_libraries set there replaces withStatementStats's.
+func settingsFromEnv(b *testing.B) []pgtest.Option {
+	var opts []pgtest.Option
+	for _, kv := range strings.Split(os.Getenv("FENCELOCK_BENCH_SETTINGS"), ";") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok {
+			b.Fatalf("FENCELOCK_BENCH_SETTINGS: %q is not name=value", kv)
+		}
+		opts = append(opts, pgtest.WithSetting(strings.TrimSpace(name), strings.TrimSpace(value)))
+	}
+	return opts
 }
 
 // withStatementStats is the server options of serverTimes: pg_stat_statements loaded, and
@@ -99,6 +118,7 @@ func benchServer(b *testing.B, fsync bool, extra ...pgtest.Option) *benchEnv {
 		opts = append(opts, pgtest.WithSetting("fsync", "on"), pgtest.WithSetting("full_page_writes", "on"))
 	}
 	opts = append(opts, extra...)
+	opts = append(opts, settingsFromEnv(b)...)
 	srv := pgtest.NewServer(b, opts...)
 	db := srv.NewDB(b)
 	ctx := context.Background()
