@@ -32,24 +32,14 @@ type benchEnv struct {
 // production, where the commit's flush weighs on the floor as much as on the operation.
 func benchSetup(b *testing.B) *benchEnv {
 	b.Helper()
-	var opts []pgtest.Option
-	if os.Getenv("FENCELOCK_BENCH_FSYNC") == "on" {
-		opts = append(opts, pgtest.WithSetting("fsync", "on"), pgtest.WithSetting("full_page_writes", "on"))
-	}
+	var extra []pgtest.Option
 	if dir := os.Getenv("FENCELOCK_BENCH_LOCK_LOG"); dir != "" {
 		// Every lock wait over 1 ms is logged, with the statement and the PL/pgSQL line, to
 		// the server's log files in dir (which outlive the server).
-		opts = append(opts, pgtest.WithSetting("log_lock_waits", "on"), pgtest.WithSetting("deadlock_timeout", "1ms"),
+		extra = append(extra, pgtest.WithSetting("log_lock_waits", "on"), pgtest.WithSetting("deadlock_timeout", "1ms"),
 			pgtest.WithSetting("logging_collector", "on"), pgtest.WithSetting("log_directory", dir))
 	}
-	srv := pgtest.NewServer(b, opts...)
-	db := srv.NewDB(b)
-	ctx := context.Background()
-	if _, err := db.Pool.Exec(ctx, `CREATE TABLE bench (id int PRIMARY KEY, v bigint NOT NULL) WITH (fillfactor = 70);
-		INSERT INTO bench SELECT g, 0 FROM generate_series(1, 10) g`); err != nil {
-		b.Fatal(err)
-	}
-	return &benchEnv{ctx: ctx, pool: db.Pool, url: db.URL}
+	return benchServer(b, os.Getenv("FENCELOCK_BENCH_FSYNC") == "on", extra...)
 }
 
 func (e *benchEnv) update(id int) func() error {
