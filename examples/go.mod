@@ -3,8 +3,8 @@ module github.com/fencelock/fencelock/examples
 go 1.26.0
 
 require (
-	github.com/fencelock/fencelock v0.0.0-00010101000000-000000000000
-	github.com/fencelock/fencelock/pgtest v0.0.0-00010101000000-000000000000
+	github.com/fencelock/fencelock v0.1.0
+	github.com/fencelock/fencelock/pgtest v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 )
 
@@ -71,7 +71,8 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 )
 
-// The modules the examples run, from this repository (see go.work).
+// The modules the examples run, from this repository (see go.work); outside this repository
+// the releases required above.
 replace (
 	github.com/fencelock/fencelock => ../
 	github.com/fencelock/fencelock/pgtest => ../pgtest

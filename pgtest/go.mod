@@ -3,7 +3,7 @@ module github.com/fencelock/fencelock/pgtest
 go 1.26.0
 
 require (
-	github.com/fencelock/fencelock v0.0.0-00010101000000-000000000000
+	github.com/fencelock/fencelock v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/moby/moby/client v0.6.2
 	github.com/stretchr/testify v1.12.1
@@ -71,5 +71,6 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 )
 
-// The fencelock module this harness serves, from this repository (see go.work).
+// The fencelock module this harness serves, from this repository (see go.work). A module that
+// requires pgtest ignores this replace and takes the release required above.
 replace github.com/fencelock/fencelock => ../

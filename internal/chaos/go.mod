@@ -5,8 +5,8 @@ go 1.26.0
 require (
 	github.com/Shopify/toxiproxy/v2 v2.5.0
 	github.com/anishathalye/porcupine v1.3.1
-	github.com/fencelock/fencelock v0.0.0-00010101000000-000000000000
-	github.com/fencelock/fencelock/pgtest v0.0.0-00010101000000-000000000000
+	github.com/fencelock/fencelock v0.1.0
+	github.com/fencelock/fencelock/pgtest v0.1.0
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/rs/zerolog v1.28.0
 	github.com/stretchr/testify v1.12.1
@@ -87,7 +87,8 @@ require (
 	gopkg.in/tomb.v1 v1.0.0-20141024135613-dd632973f1e7 // indirect
 )
 
-// The modules under test, from this repository (see go.work).
+// The modules under test, from this repository (see go.work); outside this repository the
+// releases required above.
 replace (
 	github.com/fencelock/fencelock => ../../
 	github.com/fencelock/fencelock/pgtest => ../../pgtest

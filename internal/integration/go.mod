@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	cirello.io/pglock v1.16.1
-	github.com/fencelock/fencelock v0.0.0-00010101000000-000000000000
-	github.com/fencelock/fencelock/pgtest v0.0.0-00010101000000-000000000000
+	github.com/fencelock/fencelock v0.1.0
+	github.com/fencelock/fencelock/pgtest v0.1.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/lib/pq v1.12.3
@@ -79,7 +79,8 @@ require (
 	golang.org/x/text v0.43.0 // indirect
 )
 
-// The modules under test, from this repository (see go.work).
+// The modules under test, from this repository (see go.work); outside this repository the
+// releases required above.
 replace (
 	github.com/fencelock/fencelock => ../../
 	github.com/fencelock/fencelock/pgtest => ../../pgtest
