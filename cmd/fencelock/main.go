@@ -14,10 +14,27 @@
 //	fencelock release --force NAME [--fence RESOURCE]... [--token T] [--lock-timeout 5s]
 //	fencelock release --force --advisory NAME|KEY [--yes]
 //	fencelock sweep [--grace 1h]        delete lease rows expired longer than the grace period
+//	fencelock version                   the version, the revision it was built from, the Go version
 //	fencelock help [COMMAND]
 //
 // Every command takes --database-url (default: the environment variable DATABASE_URL) and
 // --json (one JSON document; for watch, one array per refresh, one a line).
+//
+// # Version
+//
+// fencelock version (or fencelock --version) prints the version of the fencelock module the
+// binary was built from, as its build information records it, and the Go version:
+//
+//	$ go install github.com/fencelock/fencelock/cmd/fencelock@v0.1.0
+//	$ fencelock version
+//	fencelock v0.1.0 (go1.26.8 linux/amd64)
+//
+// A binary built from a source tree says "(devel)", or the pseudo-version the go command
+// derived from the checkout, then the VCS revision and its commit time when the go command
+// recorded them (not with -buildvcs=false), and "modified" when the tree had uncommitted
+// changes:
+//
+//	fencelock v0.0.0-20261126184000-00d5874a1b2c+dirty, revision 00d5874a1b2c3d4e5f60718293a4b5c6d7e8f901 of 2026-11-26T18:40:00Z, modified (go1.26.8 linux/amd64)
 //
 // # The lock table
 //

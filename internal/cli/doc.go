@@ -15,6 +15,10 @@
 //	release --force --advisory NAME|KEY [--yes]
 //	                              terminate the backends that hold an advisory lock
 //	sweep [--grace 1h]            delete long-expired lease rows ([fencelock.SweepLeases])
+//	version                       the version of the fencelock module the binary was built
+//	                              from (its build information: "v0.1.0" from go install
+//	                              ...@v0.1.0, "(devel)" with the VCS revision and time from a
+//	                              source tree) and the Go version; also "fencelock --version"
 //
 // "fencelock help" (or -h) prints the usage and exits 0; no command at all prints it to stderr
 // and exits 2.

@@ -65,6 +65,7 @@ func commands() []command {
 		{"release", "--force NAME [--fence RESOURCE]... | --force --advisory NAME|KEY [--yes]",
 			"end a lease's grant and fence its holder out, or terminate the holders of an advisory lock", releaseCommand},
 		{"sweep", "[--grace 1h]", "delete lease rows expired, and rate-limit keys idle, longer than the grace period", sweepCommand},
+		{"version", "", "print the version of fencelock, the revision it was built from and the Go version", versionCommand},
 	}
 }
 
@@ -101,12 +102,16 @@ func (s *session) run(ctx context.Context, args []string) error {
 	top := flag.NewFlagSet("fencelock", flag.ContinueOnError)
 	top.SetOutput(io.Discard)
 	s.globalFlags(top)
+	version := top.Bool("version", false, "print the version (fencelock version)")
 	if err := top.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			writeUsage(s.stdout)
 			return nil
 		}
 		return withCode(ExitUsage, "%v (see fencelock help)", err)
+	}
+	if *version {
+		return s.printVersion()
 	}
 	args = top.Args()
 	if len(args) == 0 {

@@ -36,7 +36,7 @@ Run "fencelock help COMMAND" for a command's flags.
 // writeUsage writes the usage of the fencelock command: its commands with their flags,
 // environment and exit codes.
 func writeUsage(w io.Writer) {
-	fmt.Fprint(w, "fencelock: PostgreSQL locks with fencing tokens, for operators\n\nUsage:\n  fencelock COMMAND [flags]\n\nCommands:\n")
+	fmt.Fprint(w, "fencelock: PostgreSQL locks with fencing tokens, for operators\n\nUsage:\n  fencelock COMMAND [flags]\n  fencelock --version      the same as fencelock version\n\nCommands:\n")
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 		writeFlags(w, c, "             ")
