@@ -17,9 +17,10 @@
 -- values come from the Go API, which refuses bad input with a typed error before any SQL runs
 -- (names and resources: 1 to 1024 bytes of UTF-8 without NUL, validate.go; holders: the same,
 -- NewLessor; fencing tokens > 0, fencing.go; TTLs within [MinTTL, MaxTTL], config.go), or a
--- function of this schema called with values the same API validated. A row written by hand
--- with SQL outside fencelock is not checked: the columns keep their NOT NULL and types, and an
--- over-long name still fails the primary key's btree (about 2,700 bytes). The constraints of
+-- function of this schema called with values the same API validated (the `fencelock release`
+-- command checks its NAME and --fence resources the same way before it calls
+-- fencelock.force_release). A row written by hand with SQL outside fencelock is not checked:
+-- the columns keep their NOT NULL and types, and nothing else. The constraints of
 -- rows written rarely (token_epoch, semaphores, election_values, job_runs, token_epoch_marks)
 -- stay.
 ALTER TABLE fencelock.leases DROP CONSTRAINT leases_name_length, DROP CONSTRAINT leases_holder_length;

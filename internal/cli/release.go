@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/validate"
 )
 
 // defaultLockTimeout is how long release waits for the lease row by default.
@@ -79,6 +80,13 @@ func releaseCommand(fs *flag.FlagSet) func(context.Context, *session, []string) 
 		for _, r := range resources {
 			if r == "" {
 				return withCode(ExitUsage, "release: --fence with an empty resource")
+			}
+			// The bounds of a name and a resource (1 to 1024 bytes of UTF-8 without NUL):
+			// fencelock.force_release writes lease and fence rows, whose tables check them no
+			// more (migration 00013), so this entry point checks them as the library's do.
+			var bad *validate.ArgumentError
+			if errors.As(validate.Name("resource", r), &bad) {
+				return withCode(ExitUsage, "release: NAME or --fence %.40q: %s", r, bad.Reason)
 			}
 		}
 		var expected *int64

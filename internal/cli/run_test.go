@@ -58,6 +58,8 @@ func TestRunUsageErrors(t *testing.T) {
 		{"NoDatabase", []string{"locks"}, "fencelock: no database: give --database-url or set DATABASE_URL\n"},
 		{"ReleaseWithoutForce", []string{"release", "job"}, "fencelock: release: a release of someone else's lock needs --force: fencelock release --force job\n"},
 		{"ReleaseTwoNames", []string{"release", "--force", "a", "b"}, "fencelock: release: want one NAME, got 2 arguments\n"},
+		{"ReleaseLongName", []string{"release", "--force", strings.Repeat("n", 1025)}, "fencelock: release: NAME or --fence \"nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn\": is 1025 bytes long; the limit is 1024\n"},
+		{"ReleaseFenceWithNUL", []string{"release", "--force", "--fence", "a\x00b", "job"}, "fencelock: release: NAME or --fence \"a\\x00b\": contains a NUL byte\n"},
 		{"SweepShortGrace", []string{"sweep", "--grace", "30s"}, "fencelock: sweep: --grace 30s is shorter than the minimum, 1m0s\n"},
 		{"WatchShortInterval", []string{"watch", "--interval", "1ms"}, "fencelock: watch: --interval 1ms is shorter than 10ms\n"},
 	} {
