@@ -105,20 +105,7 @@ func TestRenewalPlanLinear(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const n = 2000
-	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
-		SELECT 'lease:' || i, 'h', now(), now() + interval '1 hour' FROM generate_series(1, $1) AS i`, n)
-	require.NoError(t, err)
-	rows, err := b.pool.Query(b.ctx, `SELECT name, token FROM fencelock.leases ORDER BY name`)
-	require.NoError(t, err)
-	var names []string
-	var tokens, ttls []int64
-	for rows.Next() {
-		var name string
-		var token int64
-		require.NoError(t, rows.Scan(&name, &token))
-		names, tokens, ttls = append(names, name), append(tokens, token), append(ttls, 60_000_000)
-	}
-	require.NoError(t, rows.Err())
+	names, tokens, ttls := seedLeases(t, b, n, n)
 	// One lease's row is locked by a guard-like transaction: the statement then reports the
 	// current leases too.
 	guard, err := b.pool.Begin(b.ctx)

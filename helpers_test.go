@@ -220,3 +220,23 @@ func requireEachVersionOnce(t *testing.T, b *bundle) {
 	}
 	require.Equal(t, want, got)
 }
+
+// seedLeases inserts total leases 'lease:1' .. 'lease:<total>' held by 'h' for an hour, and
+// returns the first take of them by name as LeaseRenew's arrays: names, tokens, and TTLs of a
+// minute in microseconds.
+func seedLeases(t *testing.T, b *bundle, total, take int) (names []string, tokens, ttls []int64) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+		SELECT 'lease:' || i, 'h', now(), now() + interval '1 hour' FROM generate_series(1, $1) AS i`, total)
+	require.NoError(t, err)
+	rows, err := b.pool.Query(b.ctx, `SELECT name, token FROM fencelock.leases ORDER BY name LIMIT $1`, take)
+	require.NoError(t, err)
+	for rows.Next() {
+		var name string
+		var token int64
+		require.NoError(t, rows.Scan(&name, &token))
+		names, tokens, ttls = append(names, name), append(tokens, token), append(ttls, 60_000_000)
+	}
+	require.NoError(t, rows.Err())
+	return names, tokens, ttls
+}

@@ -20,22 +20,9 @@ func TestRenewalPlanScalesWithBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const table, n = 20_000, 500
-	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
-		SELECT 'lease:' || i, 'h', now(), now() + interval '1 hour' FROM generate_series(1, $1) AS i`, table)
+	names, tokens, ttls := seedLeases(t, b, table, n)
+	_, err := b.pool.Exec(b.ctx, `ANALYZE fencelock.leases`)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `ANALYZE fencelock.leases`)
-	require.NoError(t, err)
-	rows, err := b.pool.Query(b.ctx, `SELECT name, token FROM fencelock.leases ORDER BY name LIMIT $1`, n)
-	require.NoError(t, err)
-	var names []string
-	var tokens, ttls []int64
-	for rows.Next() {
-		var name string
-		var token int64
-		require.NoError(t, rows.Scan(&name, &token))
-		names, tokens, ttls = append(names, name), append(tokens, token), append(ttls, 60_000_000)
-	}
-	require.NoError(t, rows.Err())
 	guard, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = guard.Rollback(b.ctx) }()
