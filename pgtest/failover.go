@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // promoteWait is how long [Server.Promote] lets pg_promote wait for the end of recovery.
@@ -48,6 +50,26 @@ func (s *Server) Promote(ctx context.Context) error {
 	return nil
 }
 
+// senderWait bounds how long PauseWALSenders waits for a WAL sender to appear.
+const senderWait = 30 * time.Second
+
+// walSenders returns the pids of s's WAL senders, as pg_stat_replication lists them on conn.
+func walSenders(ctx context.Context, conn *pgx.Conn) ([]int, error) {
+	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_replication WHERE pid IS NOT NULL`)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for rows.Next() {
+		var pid int32
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		pids = append(pids, int(pid))
+	}
+	return pids, rows.Err()
+}
+
 // PauseWALSenders stops every WAL sender process of s (SIGSTOP to each pid that
 // pg_stat_replication lists) and returns how many it stopped. Its standbys then receive
 // nothing more: WAL that s writes from then on exists only on s, which is how a failover of
@@ -61,7 +83,8 @@ func (s *Server) Promote(ctx context.Context) error {
 // senders and stops them again, up to 5 times. Safe for concurrent use.
 //
 // Errors: one wrapping [errors.ErrUnsupported] unless s runs from local binaries; an error if
-// s is closed or not running, or has no WAL sender; one if commits stayed stuck 5 times (the
+// s is closed or not running, or has had no WAL sender for 30 s (a standby that was just
+// started is waited for until its sender appears); one if commits stayed stuck 5 times (the
 // senders are then running); connection, SQL and signal errors.
 func (s *Server) PauseWALSenders(ctx context.Context) (int, error) {
 	if s.kind != kindLocal {
@@ -72,23 +95,27 @@ func (s *Server) PauseWALSenders(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("pgtest: pause WAL senders: %w", err)
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
-	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_replication WHERE pid IS NOT NULL`)
-	if err != nil {
-		return 0, fmt.Errorf("pgtest: pause WAL senders: %w", err)
-	}
+	// A standby that StartStandby returned accepts connections, but its WAL receiver may not
+	// have reached s yet (on a loaded machine, seconds later): wait for a sender to appear.
 	var pids []int
-	for rows.Next() {
-		var pid int32
-		if err := rows.Scan(&pid); err != nil {
+	deadline, pause := time.Now().Add(senderWait), 5*time.Millisecond
+	for {
+		pids, err = walSenders(ctx, conn)
+		if err != nil {
 			return 0, fmt.Errorf("pgtest: pause WAL senders: %w", err)
 		}
-		pids = append(pids, int(pid))
-	}
-	if err := rows.Err(); err != nil {
-		return 0, fmt.Errorf("pgtest: pause WAL senders: %w", err)
-	}
-	if len(pids) == 0 {
-		return 0, errors.New("pgtest: pause WAL senders: pg_stat_replication lists no WAL sender (no standby streaming)")
+		if len(pids) > 0 {
+			break
+		}
+		if !time.Now().Before(deadline) {
+			return 0, fmt.Errorf("pgtest: pause WAL senders: pg_stat_replication listed no WAL sender for %v (no standby streaming)", senderWait)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("pgtest: pause WAL senders: waiting for a WAL sender: %w", context.Cause(ctx))
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 100*time.Millisecond)
 	}
 	// A sender stopped while it held a spinlock (it takes XLogCtl's info_lck on every loop)
 	// would leave every backend that writes WAL spinning until PostgreSQL PANICs with "stuck
