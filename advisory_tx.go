@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/fencelock/fencelock/internal/advisory"
+	"github.com/fencelock/fencelock/internal/db"
 )
 
 // TryLockTx takes the transaction advisory lock of name inside tx, the caller's transaction,
@@ -45,6 +46,12 @@ func (a *AdvisoryLocker) lockTx(ctx context.Context, tx pgx.Tx, name string, opt
 	if tx == nil {
 		return 0, argError("tx", "must not be nil")
 	}
+	return a.lockOnTx(ctx, tx, name, key, mode, wait)
+}
+
+// lockOnTx takes the transaction lock on tx, a pgx.Tx or an adapted *sql.Tx (not nil), once
+// name and the options are checked.
+func (a *AdvisoryLocker) lockOnTx(ctx context.Context, tx db.DBTX, name string, key AdvisoryKey, mode LockMode, wait bool) (Token, error) {
 	row, err := advisory.LockTx(ctx, tx, advisory.Request{
 		Name: name, Key: key.k, Shared: mode == Shared, Wait: wait, Tokens: a.cfg.tokens,
 	})

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/fencelock/fencelock/internal/pgerr"
 	"github.com/fencelock/fencelock/internal/validate"
 )
@@ -72,6 +70,11 @@ var (
 	// held, since every new token would be smaller than tokens already handed out.
 	// [RebaseTokenEpoch] fixes it.
 	ErrTokenEpochBehind = errors.New("fencelock: token epoch below the highest one issued (timeline went back: pg_upgrade, logical copy?); call RebaseTokenEpoch; no token issued")
+	// ErrNoToken is returned, wrapping the server's error (SQLSTATE FL006), when a write to
+	// a table protected by fencelock.protect_table carried no fencing token: no
+	// fencelock.set_token in its transaction, and no new value in the table's token column
+	// (docs/SQL.md). Nothing was written.
+	ErrNoToken = errors.New("fencelock: the write carries no fencing token (fencelock.set_token or the token column)")
 )
 
 // ArgumentError reports bad input, found before any SQL ran: Arg names the parameter or option
@@ -143,31 +146,70 @@ var errRefused = errors.New("fencelock: grant refused")
 // errGoneOnServer is the cause of a loss the database reported.
 var errGoneOnServer = errors.New("the database no longer has this grant (expired or taken over)")
 
-// wrapPg wraps err from a statement with what, mapping the server's read-only refusal to
-// [ErrReadOnly] and fencelock.next_token's refusals to [ErrTokenSequence], [ErrTokenBudget]
-// and [ErrTokenEpochBehind].
-// pgCode returns the SQLSTATE of the Postgres error in err's chain, "" when there is none.
-func pgCode(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
+// sqlState returns the SQLSTATE of the first error in err's chain that reports one (pgx's
+// *pgconn.PgError, lib/pq's *pq.Error: both have SQLState), "" when none does.
+func sqlState(err error) string {
+	var e interface{ SQLState() string }
+	if errors.As(err, &e) {
+		return e.SQLState()
 	}
 	return ""
 }
 
+// pgCode returns the SQLSTATE of the Postgres error in err's chain, "" when there is none.
+func pgCode(err error) string { return sqlState(err) }
+
+// sentinelFor is the sentinel a SQLSTATE of fencelock's SQL (or the server's read-only
+// refusal) maps to, nil for any other.
+func sentinelFor(code string) error {
+	switch code {
+	case "25006": // read_only_sql_transaction
+		return ErrReadOnly
+	case "FL001": // fencelock.next_token
+		return ErrTokenSequence
+	case "FL002": // fencelock.next_token
+		return ErrTokenBudget
+	case "FL003": // fencelock.next_token
+		return ErrTokenEpochBehind
+	case "FL004": // fencelock.fence, a protected table's trigger
+		return ErrStaleToken
+	case "FL005": // fencelock.guard_lease, renew
+		return ErrLeaseLost
+	case "FL006": // a protected table's trigger
+		return ErrNoToken
+	case "FL007": // the SQL API's argument checks
+		return ErrInvalidArgument
+	}
+	return nil
+}
+
+// wrapPg wraps err from a statement with what, and with the sentinel its SQLSTATE maps to
+// (see [WrapSQLError]).
 func wrapPg(what string, err error) error {
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "25006": // read_only_sql_transaction
-		return fmt.Errorf("%s: %w: %w", what, ErrReadOnly, err)
-	case errors.As(err, &pgErr) && pgErr.Code == "FL001": // raised by fencelock.next_token
-		return fmt.Errorf("%s: %w: %w", what, ErrTokenSequence, err)
-	case errors.As(err, &pgErr) && pgErr.Code == "FL002": // raised by fencelock.next_token
-		return fmt.Errorf("%s: %w: %w", what, ErrTokenBudget, err)
-	case errors.As(err, &pgErr) && pgErr.Code == "FL003": // raised by fencelock.next_token
-		return fmt.Errorf("%s: %w: %w", what, ErrTokenEpochBehind, err)
+	if s := sentinelFor(sqlState(err)); s != nil {
+		return fmt.Errorf("%s: %w: %w", what, s, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
+}
+
+// WrapSQLError returns err wrapped with the sentinel of this package that its SQLSTATE stands
+// for, so that errors.Is tells fencelock's refusals apart whichever client ran the statement:
+// an error from the SQL API or a protected table's trigger (docs/SQL.md) reached through GORM,
+// bun, sqlx or plain database/sql, with pgx's stdlib or lib/pq. The SQLSTATE is read from the
+// first error in err's chain with a SQLState() string method (*pgconn.PgError, *pq.Error):
+//
+//	FL001 ErrTokenSequence, FL002 ErrTokenBudget, FL003 ErrTokenEpochBehind,
+//	FL004 ErrStaleToken, FL005 ErrLeaseLost, FL006 ErrNoToken, FL007 ErrInvalidArgument,
+//	25006 ErrReadOnly
+//
+// The driver's error stays in the chain (errors.As still finds it). Any other error, and nil,
+// is returned as is. The calls of this package wrap their errors so already. Safe for
+// concurrent use.
+func WrapSQLError(err error) error {
+	if s := sentinelFor(sqlState(err)); s != nil && !errors.Is(err, s) {
+		return fmt.Errorf("%w: %w", s, err)
+	}
+	return err
 }
 
 // Advisory-lock errors.

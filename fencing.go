@@ -40,6 +40,11 @@ func FenceTx(ctx context.Context, tx pgx.Tx, resource string, token Token) error
 	if tx == nil {
 		return argError("tx", "must not be nil")
 	}
+	return fenceTx(ctx, tx, resource, token)
+}
+
+// fenceTx is FenceTx on tx, a pgx.Tx or an adapted *sql.Tx (not nil).
+func fenceTx(ctx context.Context, tx db.DBTX, resource string, token Token) error {
 	if err := validateName("resource", resource); err != nil {
 		return err
 	}
@@ -92,6 +97,11 @@ func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenC
 	if tx == nil {
 		return 0, argError("tx", "must not be nil")
 	}
+	return updateFencedTx(ctx, tx, table, tokenColumn, token, set, key)
+}
+
+// updateFencedTx is UpdateFencedTx on tx, a pgx.Tx or an adapted *sql.Tx (not nil).
+func updateFencedTx(ctx context.Context, tx db.DBTX, table pgx.Identifier, tokenColumn string, token Token, set []Column, key []Column) (int64, error) {
 	if len(table) == 0 || len(table) > 2 {
 		return 0, argError("table", "must be a name or schema.name, got %d parts", len(table))
 	}

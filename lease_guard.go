@@ -35,6 +35,11 @@ func (lease *Lease) GuardTx(ctx context.Context, tx pgx.Tx) error {
 	if tx == nil {
 		return argError("tx", "must not be nil")
 	}
+	return lease.guardTx(ctx, tx)
+}
+
+// guardTx is GuardTx on tx, a pgx.Tx or an adapted *sql.Tx (not nil).
+func (lease *Lease) guardTx(ctx context.Context, tx db.DBTX) error {
 	if err := lease.Err(); err != nil {
 		return err
 	}
@@ -69,6 +74,11 @@ func (lease *Lease) FenceTx(ctx context.Context, tx pgx.Tx, resource string) err
 	if tx == nil {
 		return argError("tx", "must not be nil")
 	}
+	return lease.fenceTx(ctx, tx, resource)
+}
+
+// fenceTx is FenceTx on tx, a pgx.Tx or an adapted *sql.Tx (not nil).
+func (lease *Lease) fenceTx(ctx context.Context, tx db.DBTX, resource string) error {
 	if err := validateName("resource", resource); err != nil {
 		return err
 	}

@@ -73,8 +73,16 @@ func (s *LeaseSet) Err() error {
 // GuardTx runs [Lease.GuardTx] for every member inside tx, in name order: one statement a
 // member. Errors: the first member's error, as for [Lease.GuardTx].
 func (s *LeaseSet) GuardTx(ctx context.Context, tx pgx.Tx) error {
+	if tx == nil {
+		return argError("tx", "must not be nil")
+	}
+	return s.guardTx(ctx, tx)
+}
+
+// guardTx is GuardTx on tx, a pgx.Tx or an adapted *sql.Tx (not nil).
+func (s *LeaseSet) guardTx(ctx context.Context, tx db.DBTX) error {
 	for _, l := range s.leases {
-		if err := l.GuardTx(ctx, tx); err != nil {
+		if err := l.guardTx(ctx, tx); err != nil {
 			return err
 		}
 	}

@@ -44,11 +44,7 @@ func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
-	err := notAcquired(l.runLockedOnce(ctx, name, fn, true))
-	if err == ErrNotAcquired {
-		l.cfg.common.metrics.contention(mTryRunLocked)
-	}
-	return err
+	return l.tryRunLocked(ctx, name, func() grantTx { return &pgxGrantTx{l: l, fn: fn} })
 }
 
 // RunLocked is [Lessor.TryRunLocked] that waits until the lease is free or ctx ends. While
@@ -68,14 +64,49 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 	if err := validateRunLocked(name, fn); err != nil {
 		return err
 	}
+	return l.runLocked(ctx, name, func() grantTx { return &pgxGrantTx{l: l, fn: fn} })
+}
+
+func validateRunLocked[F TxFunc | SQLTxFunc](name string, fn F) error {
+	if err := validateName("name", name); err != nil {
+		return err
+	}
+	if fn == nil {
+		return argError("fn", "must not be nil")
+	}
+	return nil
+}
+
+// grantTx is one attempt's transaction, on the transport of the call: pgx (the lessor's
+// pool) or database/sql (the caller's *sql.DB). A new one serves each attempt.
+type grantTx interface {
+	// grant begins the transaction and runs LeaseGrant in it, returning the token, or
+	// pgx.ErrNoRows when the grant was refused or the name has no row. It returns only once
+	// nothing the grant may have taken is held on the server, whatever ctx did.
+	grant(ctx context.Context, p db.LeaseGrantParams) (int64, error)
+	// run calls the caller's fn inside the transaction.
+	run(ctx context.Context, token Token) error
+	commit(ctx context.Context) error
+	// rollback ends the transaction detached from ctx (bounded by cleanupTimeout); after
+	// commit, or once ended, it does nothing.
+	rollback(ctx context.Context)
+}
+
+// tryRunLocked is TryRunLocked on the transport newTx makes.
+func (l *Lessor) tryRunLocked(ctx context.Context, name string, newTx func() grantTx) error {
+	err := notAcquired(l.runLockedAttempt(ctx, name, newTx, nil, true, false))
+	if err == ErrNotAcquired {
+		l.cfg.common.metrics.contention(mTryRunLocked)
+	}
+	return err
+}
+
+// runLocked is RunLocked on the transport newTx makes.
+func (l *Lessor) runLocked(ctx context.Context, name string, newTx func() grantTx) error {
 	live := timing.RunLockedLiveness
 	return l.waitInQueue(ctx, "run locked", name, live, false, func(w *queue.Wait, stopWaiting func()) (attemptInfo, error) {
-		// The transaction got the row: no longer waiting while fn runs.
-		got := func(ctx context.Context, tx pgx.Tx, token Token) error {
-			stopWaiting()
-			return fn(ctx, tx, token)
-		}
-		if err := l.runLockedOnce(ctx, name, got, false); !errors.Is(err, errRefused) {
+		// stopWaiting: the transaction got the row, no longer waiting while fn runs.
+		if err := l.runLockedAttempt(ctx, name, newTx, stopWaiting, false, false); !errors.Is(err, errRefused) {
 			return attemptInfo{}, err
 		}
 		a, err := l.joinQueue(ctx, name, w, live)
@@ -86,28 +117,10 @@ func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
 	})
 }
 
-func validateRunLocked(name string, fn TxFunc) error {
-	if err := validateName("name", name); err != nil {
-		return err
-	}
-	if fn == nil {
-		return argError("fn", "must not be nil")
-	}
-	return nil
-}
-
-// runLockedOnce makes one attempt: fn's outcome, errRefused, or another error. BEGIN and
-// the grant travel in one batch, so the grant costs no round trip of its own. The grant never
-// inserts the lease row inside the transaction (see LeaseGrant's may_insert); when the name
-// has no row yet, the attempt creates it and tries once more (ensured is then true).
-func (l *Lessor) runLockedOnce(ctx context.Context, name string, fn TxFunc, try bool) error {
-	return l.runLockedAttempt(ctx, name, fn, try, false)
-}
-
 // refusedOrAbsent tells a refused transaction-scoped grant (someone holds the name) from one
 // that found no row to lock: it then creates the row, committed on its own, and tries again,
-// once.
-func (l *Lessor) refusedOrAbsent(ctx context.Context, name string, fn TxFunc, try, ensured bool) error {
+// once (ensured is then true).
+func (l *Lessor) refusedOrAbsent(ctx context.Context, name string, newTx func() grantTx, got func(), try, ensured bool) error {
 	if ensured {
 		return errRefused // created, then deleted again (a sweep) or still being inserted
 	}
@@ -121,67 +134,107 @@ func (l *Lessor) refusedOrAbsent(ctx context.Context, name string, fn TxFunc, tr
 	if err := l.q.LeaseEnsureRow(ctx, l.pool, db.LeaseEnsureRowParams{Name: name, Holder: l.cfg.holder}); err != nil {
 		return wrapPg(fmt.Sprintf("run locked %q: create row", name), err)
 	}
-	return l.runLockedAttempt(ctx, name, fn, try, true)
+	return l.runLockedAttempt(ctx, name, newTx, got, try, true)
 }
 
-func (l *Lessor) runLockedAttempt(ctx context.Context, name string, fn TxFunc, try, ensured bool) error {
-	b := &pgx.Batch{}
-	b.BeginTx(pgx.TxOptions{})
-	l.q.QueueLeaseGrant(b, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: 0, Nowait: try, MayInsert: false})
-	br := l.pool.SendBatch(ctx, b)
-	tx := br.Tx()
-	var pid uint32 // 0 when the pool gave no connection (tx has none)
-	if c := tx.Conn(); c != nil {
-		pid = c.PgConn().PID()
-	}
-	// After Commit this is a no-op. Detached from ctx, so a cancelled ctx still rolls back and
-	// the connection goes back to the pool; bounded by cleanupTimeout, past which pgx cancels
-	// the rollback and closes the connection, which ends the transaction on the server too.
-	defer rollbackDetached(ctx, tx)
-	_, beginErr := br.Exec()
-	var token int64
-	var expiresAt time.Time
-	grantErr := br.QueryRow().Scan(&token, &expiresAt)
-	closeErr := br.Close() // repeats the first error, if any
-	if (beginErr != nil || grantErr != nil) && pid != 0 && tx.Conn().IsClosed() {
-		// Abandoned mid-flight (ctx ended while the grant waited on the row; pgx then closes
-		// the connection, and reports it on whichever result it was reading): the backend
-		// would go on waiting, unaware, and take the row once its holder commits, until it
-		// found the connection gone. End it, and return only once it has exited, so nothing
-		// is left waiting or held.
-		if err := l.endAbandonedGrant(ctx, pid); err != nil {
-			return fmt.Errorf("run locked %q: %w (and %w)", name, errors.Join(beginErr, grantErr), err)
-		}
-	}
+// runLockedAttempt makes one attempt: fn's outcome, errRefused, or another error. got, when
+// not nil, runs once the transaction has the row, before fn. The grant never inserts the lease
+// row inside the transaction (see LeaseGrant's may_insert); when the name has no row yet, the
+// attempt creates it and tries once more.
+func (l *Lessor) runLockedAttempt(ctx context.Context, name string, newTx func() grantTx, got func(), try, ensured bool) error {
+	tx := newTx()
+	// After commit this is a no-op. Detached from ctx, so a cancelled ctx still rolls back and
+	// the connection goes back to the pool.
+	defer tx.rollback(ctx)
+	token, err := tx.grant(ctx, db.LeaseGrantParams{Name: name, Holder: l.cfg.holder, TtlUs: 0, Nowait: try, MayInsert: false})
 	switch {
-	case beginErr != nil:
-		return wrapPg(fmt.Sprintf("run locked %q: begin", name), beginErr)
-	case errors.Is(grantErr, pgx.ErrNoRows):
-		rollbackDetached(ctx, tx)
-		return l.refusedOrAbsent(ctx, name, fn, try, ensured)
-	case grantErr != nil:
-		return wrapPg(fmt.Sprintf("run locked %q", name), grantErr)
-	case closeErr != nil:
-		return wrapPg(fmt.Sprintf("run locked %q", name), closeErr)
+	case errors.Is(err, pgx.ErrNoRows):
+		tx.rollback(ctx)
+		return l.refusedOrAbsent(ctx, name, newTx, got, try, ensured)
+	case err != nil:
+		return fmt.Errorf("run locked %q: %w", name, err)
+	case token <= 0:
+		// LeaseGrant's placeholder is never written; a token that is not positive would be
+		// no fencing token at all.
+		return fmt.Errorf("run locked %q: the grant returned token %d; fencing tokens are > 0", name, token)
 	}
 	if try {
 		l.cfg.common.metrics.granted(mTryRunLocked)
 	} else {
 		l.cfg.common.metrics.granted(mRunLocked)
 	}
-	if err := fn(ctx, tx, Token(token)); err != nil {
+	if got != nil {
+		got()
+	}
+	if err := tx.run(ctx, Token(token)); err != nil {
 		return err
 	}
 	if ctx.Err() != nil {
-		// ctx ended during fn: roll back (deferred) rather than send a COMMIT that pgx would
-		// refuse and answer by closing the connection, which would leave the row locked
+		// ctx ended during fn: roll back (deferred) rather than send a COMMIT that the driver
+		// would refuse and answer by closing the connection, which would leave the row locked
 		// until the server noticed.
 		return fmt.Errorf("run locked %q: not committed: %w", name, context.Cause(ctx))
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		return wrapPg(fmt.Sprintf("run locked %q: commit", name), err)
 	}
 	return nil
+}
+
+// pgxGrantTx is a grantTx on the lessor's pool. BEGIN and the grant travel in one batch, so
+// the grant costs no round trip of its own.
+type pgxGrantTx struct {
+	l  *Lessor
+	fn TxFunc
+	tx pgx.Tx
+}
+
+func (g *pgxGrantTx) grant(ctx context.Context, p db.LeaseGrantParams) (int64, error) {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	g.l.q.QueueLeaseGrant(b, p)
+	br := g.l.pool.SendBatch(ctx, b)
+	g.tx = br.Tx()
+	var pid uint32 // 0 when the pool gave no connection (tx has none)
+	if c := g.tx.Conn(); c != nil {
+		pid = c.PgConn().PID()
+	}
+	_, beginErr := br.Exec()
+	var token int64
+	var expiresAt time.Time
+	grantErr := br.QueryRow().Scan(&token, &expiresAt)
+	closeErr := br.Close() // repeats the first error, if any
+	if (beginErr != nil || grantErr != nil) && pid != 0 && g.tx.Conn().IsClosed() {
+		// Abandoned mid-flight (ctx ended while the grant waited on the row; pgx then closes
+		// the connection, and reports it on whichever result it was reading): the backend
+		// would go on waiting, unaware, and take the row once its holder commits, until it
+		// found the connection gone. End it, and return only once it has exited, so nothing
+		// is left waiting or held.
+		if err := g.l.endAbandonedGrant(ctx, pid); err != nil {
+			return 0, fmt.Errorf("%w (and %w)", errors.Join(beginErr, grantErr), err)
+		}
+	}
+	switch {
+	case beginErr != nil:
+		return 0, wrapPg("begin", beginErr)
+	case errors.Is(grantErr, pgx.ErrNoRows):
+		return 0, grantErr
+	case grantErr != nil:
+		return 0, wrapPg("grant", grantErr)
+	case closeErr != nil:
+		return 0, wrapPg("grant", closeErr)
+	}
+	return token, nil
+}
+
+func (g *pgxGrantTx) run(ctx context.Context, token Token) error { return g.fn(ctx, g.tx, token) }
+
+func (g *pgxGrantTx) commit(ctx context.Context) error { return g.tx.Commit(ctx) }
+
+func (g *pgxGrantTx) rollback(ctx context.Context) {
+	if g.tx != nil {
+		rollbackDetached(ctx, g.tx)
+	}
 }
 
 // rollbackDetached rolls tx back on ctx's values without its cancellation, bounded by

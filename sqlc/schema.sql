@@ -23,6 +23,80 @@
 CREATE SCHEMA fencelock;
 
 --
+-- Name: check_text(text, text); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.check_text(arg text, val text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF val IS NULL OR pg_catalog.octet_length(val) NOT BETWEEN 1 AND 1024 THEN
+        RAISE EXCEPTION 'fencelock: % must be 1 to 1024 bytes, got %', arg,
+            coalesce(pg_catalog.octet_length(val)::text || ' bytes', 'NULL')
+            USING ERRCODE = 'FL007';
+    END IF;
+END
+$$;
+
+--
+-- Name: check_token(bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.check_token(token bigint) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+BEGIN
+    IF token IS NULL OR token <= 0 THEN
+        RAISE EXCEPTION 'fencelock: fencing token must be > 0, got %', coalesce(token::text, 'NULL')
+            USING ERRCODE = 'FL007';
+    END IF;
+END
+$$;
+
+--
+-- Name: fence(text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.fence(resource text, token bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_current bigint;
+BEGIN
+    PERFORM fencelock.check_text('resource', resource);
+    PERFORM fencelock.check_token(token);
+    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    INSERT INTO fencelock.fences AS f (resource, token)
+    VALUES (fence.resource, fence.token)
+    ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET token = excluded.token
+    WHERE f.token <= excluded.token
+    RETURNING f.token INTO v_current;
+    IF v_current IS NULL THEN
+        SELECT f.token INTO v_current FROM fencelock.fences AS f WHERE f.resource = fence.resource;
+        RAISE EXCEPTION 'fencelock: stale fencing token % for resource %: high-water mark is %',
+            fence.token, pg_catalog.quote_literal(fence.resource), v_current
+            USING ERRCODE = 'FL004', DETAIL = pg_catalog.format('current=%s', v_current);
+    END IF;
+    RETURN fence.token;
+END
+$$;
+
+--
+-- Name: fence_lease(text, text, bigint, text); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.fence_lease(lease_name text, lease_holder text, lease_token bigint, resource text) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM fencelock.guard_lease(lease_name, lease_holder, lease_token);
+    RETURN fencelock.fence(resource, lease_token);
+END
+$$;
+
+--
 -- Name: force_release(text, text[], bigint); Type: FUNCTION; Schema: fencelock; Owner: -
 --
 
@@ -143,6 +217,33 @@ BEGIN
                  AND a.privilege_type = 'INSERT' AND a.grantee = 0) THEN
         EXECUTE format('GRANT %s ON %s TO PUBLIC', privileges, objects);
     END IF;
+END
+$$;
+
+--
+-- Name: guard_lease(text, text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.guard_lease(lease_name text, lease_holder text, lease_token bigint) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_expires timestamptz;
+BEGIN
+    PERFORM fencelock.check_text('lease_name', lease_name);
+    PERFORM fencelock.check_text('lease_holder', lease_holder);
+    PERFORM fencelock.check_token(lease_token);
+    SELECT l.expires_at INTO v_expires
+    FROM fencelock.leases AS l
+    WHERE l.name = lease_name AND l.holder = lease_holder AND l.token = lease_token
+      AND l.expires_at > pg_catalog.clock_timestamp()
+    FOR KEY SHARE;
+    IF v_expires IS NULL THEN
+        RAISE EXCEPTION 'fencelock: lease % (token %) lost: the database no longer has this grant (expired or taken over)',
+            pg_catalog.quote_literal(lease_name), lease_token
+            USING ERRCODE = 'FL005';
+    END IF;
+    RETURN v_expires;
 END
 $$;
 
@@ -331,6 +432,30 @@ END
 $$;
 
 --
+-- Name: protect_table(regclass, name, text); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.protect_table(tbl regclass, token_column name DEFAULT 'fence_token'::name, resource text DEFAULT NULL::text) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
+                   WHERE a.attrelid = tbl AND a.attname = token_column AND a.attnum > 0
+                     AND NOT a.attisdropped AND a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype) THEN
+        RAISE EXCEPTION 'fencelock: % has no bigint column %', tbl, pg_catalog.quote_ident(token_column)
+            USING ERRCODE = 'FL007';
+    END IF;
+    IF resource IS NOT NULL THEN
+        PERFORM fencelock.check_text('resource', resource);
+    END IF;
+    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS fencelock_refuse_stale_writes ON %s', tbl);
+    EXECUTE pg_catalog.format('CREATE TRIGGER fencelock_refuse_stale_writes BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                              'FOR EACH ROW EXECUTE FUNCTION fencelock.refuse_stale_writes(%L, %L)',
+                              tbl, token_column, coalesce(resource, ''));
+END
+$$;
+
+--
 -- Name: rebase_token_epoch(integer); Type: FUNCTION; Schema: fencelock; Owner: -
 --
 
@@ -368,6 +493,126 @@ BEGIN
     INSERT INTO fencelock.token_epoch AS e (id, epoch_offset) VALUES (true, off)
     ON CONFLICT (id) DO UPDATE SET epoch_offset = excluded.epoch_offset;
     RETURN tli + off;
+END
+$$;
+
+--
+-- Name: refuse_stale_writes(); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.refuse_stale_writes() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_col text := TG_ARGV[0];
+    v_resource text := nullif(TG_ARGV[1], '');
+    v_setting text := nullif(pg_catalog.current_setting('fencelock.token', true), '');
+    v_token bigint;
+    v_old bigint;
+    v_new bigint;
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        v_old := (pg_catalog.to_jsonb(OLD) ->> v_col)::bigint;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        v_new := (pg_catalog.to_jsonb(NEW) ->> v_col)::bigint;
+    END IF;
+    IF v_setting IS NOT NULL THEN
+        BEGIN
+            v_token := v_setting::bigint;
+        EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
+            RAISE EXCEPTION 'fencelock: setting fencelock.token is %, not a fencing token', pg_catalog.quote_literal(v_setting)
+                USING ERRCODE = 'FL007';
+        END;
+        PERFORM fencelock.check_token(v_token);
+    ELSIF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND v_new IS DISTINCT FROM v_old) THEN
+        v_token := v_new;
+    END IF;
+    IF v_token IS NULL THEN
+        RAISE EXCEPTION 'fencelock: % on %.% carries no fencing token', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
+            USING ERRCODE = 'FL006',
+                  HINT = pg_catalog.format('SELECT fencelock.set_token(<token>) in the same transaction, or set column %I', v_col);
+    END IF;
+    PERFORM fencelock.check_token(v_token);
+    IF v_old IS NOT NULL AND v_old > v_token THEN
+        RAISE EXCEPTION 'fencelock: stale fencing token % for table %.%: the row carries token %',
+            v_token, TG_TABLE_SCHEMA, TG_TABLE_NAME, v_old
+            USING ERRCODE = 'FL004', DETAIL = pg_catalog.format('current=%s', v_old);
+    END IF;
+    IF v_resource IS NOT NULL THEN
+        PERFORM fencelock.fence(v_resource, v_token);
+    ELSIF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    IF TG_OP = 'DELETE' THEN
+        RETURN OLD;
+    END IF;
+    IF v_new IS DISTINCT FROM v_token THEN
+        NEW := pg_catalog.jsonb_populate_record(NEW, pg_catalog.jsonb_build_object(v_col, v_token));
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+--
+-- Name: release(text, text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.release(lease_name text, lease_holder text, lease_token bigint) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_released boolean;
+BEGIN
+    PERFORM fencelock.check_text('lease_name', lease_name);
+    PERFORM fencelock.check_text('lease_holder', lease_holder);
+    PERFORM fencelock.check_token(lease_token);
+    UPDATE fencelock.leases AS l
+    SET expires_at = pg_catalog.clock_timestamp()
+    WHERE l.name = lease_name AND l.holder = lease_holder AND l.token = lease_token
+      AND l.expires_at > pg_catalog.clock_timestamp()
+      AND NOT EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
+                      WHERE w.name = lease_name AND w.holder <> lease_holder
+                        AND w.granted_token = 0 AND w.expires_at > pg_catalog.clock_timestamp())
+    RETURNING true INTO v_released;
+    IF v_released THEN
+        RETURN true;
+    END IF;
+    RETURN fencelock.hand_off(lease_name, lease_holder, lease_token) > 0;
+END
+$$;
+
+--
+-- Name: renew(text, text, bigint, interval); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.renew(lease_name text, lease_holder text, lease_token bigint, ttl interval) RETURNS timestamp with time zone
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_ttl_us bigint;
+    v_expires timestamptz;
+BEGIN
+    PERFORM fencelock.check_text('lease_name', lease_name);
+    PERFORM fencelock.check_text('lease_holder', lease_holder);
+    PERFORM fencelock.check_token(lease_token);
+    v_ttl_us := fencelock.ttl_us(ttl);
+    IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
+        PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    END IF;
+    UPDATE fencelock.leases AS l
+    SET expires_at = greatest(l.expires_at, now() + v_ttl_us * interval '1 microsecond'),
+        renewals = CASE WHEN l.renewed_token = l.token THEN l.renewals + 1 ELSE 1 END,
+        renewed_token = l.token, renewed_at = now()
+    WHERE l.name = lease_name AND l.holder = lease_holder AND l.token = lease_token
+      AND l.expires_at > pg_catalog.clock_timestamp()
+    RETURNING l.expires_at INTO v_expires;
+    IF v_expires IS NULL THEN
+        RAISE EXCEPTION 'fencelock: lease % (token %) lost: the database no longer has this grant (expired or taken over)',
+            pg_catalog.quote_literal(lease_name), lease_token
+            USING ERRCODE = 'FL005';
+    END IF;
+    RETURN v_expires;
 END
 $$;
 
@@ -818,6 +1063,20 @@ CREATE FUNCTION fencelock.semaphore_wake(sem text, k bigint, at timestamp with t
 $$;
 
 --
+-- Name: set_token(bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.set_token(token bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM fencelock.check_token(token);
+    PERFORM pg_catalog.set_config('fencelock.token', token::text, true);
+    RETURN token;
+END
+$$;
+
+--
 -- Name: timeline(); Type: FUNCTION; Schema: fencelock; Owner: -
 --
 
@@ -825,6 +1084,78 @@ CREATE FUNCTION fencelock.timeline() RETURNS bigint
     LANGUAGE sql
     AS $$
 SELECT ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint
+$$;
+
+--
+-- Name: try_acquire(text, text, interval); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.try_acquire(lease_name text, lease_holder text, ttl interval) RETURNS bigint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_ttl_us bigint;
+    v_token bigint;
+BEGIN
+    PERFORM fencelock.check_text('lease_name', lease_name);
+    PERFORM fencelock.check_text('lease_holder', lease_holder);
+    v_ttl_us := fencelock.ttl_us(ttl);
+    INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
+    SELECT lease_name, lease_holder,
+           CASE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)
+                THEN 0 ELSE fencelock.next_token(false) END,
+           now(), now() + v_ttl_us * interval '1 microsecond'
+    WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
+                      WHERE cur.name = lease_name AND cur.expires_at > pg_catalog.clock_timestamp())
+      AND (NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)
+           OR EXISTS (SELECT 1 FROM fencelock.leases AS cur
+                      WHERE cur.name = lease_name AND cur.expires_at <= pg_catalog.clock_timestamp()
+                      FOR UPDATE SKIP LOCKED))
+      AND NOT EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
+                      WHERE w.name = lease_name AND w.holder <> lease_holder
+                        AND w.granted_token = 0 AND w.expires_at > pg_catalog.clock_timestamp()
+                        AND w.seq < coalesce((SELECT m.seq FROM fencelock.lease_waiters AS m
+                                              WHERE m.name = lease_name AND m.holder = lease_holder
+                                                AND m.granted_token = 0 AND m.expires_at > pg_catalog.clock_timestamp()),
+                                             9223372036854775807))
+    ON CONFLICT (name) DO UPDATE
+        SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
+            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+        WHERE l.expires_at <= pg_catalog.clock_timestamp()
+    RETURNING l.token INTO v_token;
+    RETURN v_token;
+END
+$$;
+
+--
+-- Name: ttl_us(interval); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.ttl_us(ttl interval) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    us bigint;
+BEGIN
+    us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
+    IF us IS NULL OR us NOT BETWEEN 10000 AND 604800000000 THEN
+        RAISE EXCEPTION 'fencelock: ttl must be between 10 ms and 7 days, got %', coalesce(ttl::text, 'NULL')
+            USING ERRCODE = 'FL007';
+    END IF;
+    RETURN us;
+END
+$$;
+
+--
+-- Name: unprotect_table(regclass); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.unprotect_table(tbl regclass) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS fencelock_refuse_stale_writes ON %s', tbl);
+END
 $$;
 
 --
