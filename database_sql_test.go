@@ -132,7 +132,9 @@ func TestLeaseSQLTx(t *testing.T) {
 		guard func(ctx context.Context, lease *fencelock.Lease, tx *sql.Tx) error
 	}{
 		{"GuardSQLTx", func(ctx context.Context, lease *fencelock.Lease, tx *sql.Tx) error { return lease.GuardSQLTx(ctx, tx) }},
-		{"FenceSQLTx", func(ctx context.Context, lease *fencelock.Lease, tx *sql.Tx) error { return lease.FenceSQLTx(ctx, tx, "r") }},
+		{"FenceSQLTx", func(ctx context.Context, lease *fencelock.Lease, tx *sql.Tx) error {
+			return lease.FenceSQLTx(ctx, tx, "r")
+		}},
 	}
 	for _, w := range sqlWirings {
 		for _, form := range forms {
