@@ -79,7 +79,10 @@ type Column struct {
 //	UPDATE table SET set..., tokenColumn = $token
 //	WHERE key... AND (tokenColumn IS NULL OR tokenColumn <= $token)
 //
-// This fences writes with a token column kept on the caller's own table, with no fences row. It
+// This fences writes with a token column kept on the caller's own table, with no fences row. On
+// a table protected by fencelock.protect_table (docs/SQL.md), it also passes token to the
+// table's trigger: it sets the transaction-local fencelock.token, as fencelock.set_token does,
+// for the rest of tx. It
 // runs inside tx, the caller's transaction, and raises synchronous_commit from off to on for tx, so
 // an acknowledged fenced update is not lost in a crash (which would let an older token through).
 // table is one identifier or schema-qualified (pgx.Identifier{"public", "payments"}); every
@@ -142,8 +145,11 @@ func updateFencedTx(ctx context.Context, tx db.DBTX, table pgx.Identifier, token
 	// as FenceTx does: with the server default off, a crash after the commit could lose the
 	// acknowledged write, and the token column with it, and let an older token through again.
 	// It names no table or column, so it cannot clash with the caller's names.
-	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 WHERE %s AND (%s IS NULL OR %s <= $1) AND %s IS NOT NULL",
-		tbl, sets, tok, columnsSQL(key, 2+len(set), " AND "), tok, tok, raiseSyncCommitSQL)
+	// The second sets the transaction-local fencelock.token to the token, as
+	// fencelock.set_token does, so that a table protected by fencelock.protect_table sees the
+	// writer's token even when the token column keeps its value (the same holder writing again).
+	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 WHERE %s AND (%s IS NULL OR %s <= $1) AND %s IS NOT NULL AND %s IS NOT NULL",
+		tbl, sets, tok, columnsSQL(key, 2+len(set), " AND "), tok, tok, raiseSyncCommitSQL, setTokenSQL)
 	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
 		return 0, wrapPg("fenced update of "+tbl, err)
@@ -184,6 +190,10 @@ func describeKey(key []Column) string {
 // other setting already waits for the local flush, and is kept); the same expression as in
 // the sqlc queries.
 const raiseSyncCommitSQL = `(SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true))`
+
+// setTokenSQL sets the transaction-local setting fencelock.token to $1, the writer's token,
+// which the trigger of a protected table reads (migration 00014, fencelock.set_token).
+const setTokenSQL = `(SELECT set_config('fencelock.token', $1::bigint::text, true))`
 
 // columnsSQL renders cols as `"col" = $first<sep>"col2" = $first+1...`, names quoted.
 func columnsSQL(cols []Column, first int, sep string) string {
