@@ -137,7 +137,7 @@ func validateRunLockedSQL(sqlDB *sql.DB, name string, fn SQLTxFunc) error {
 	if sqlDB == nil {
 		return argError("sqlDB", "must not be nil")
 	}
-	return validateRunLocked(name, fn)
+	return validateRunLocked(name, fn == nil)
 }
 
 // sqlGrantTx is a grantTx on a caller's *sql.DB.

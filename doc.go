@@ -72,6 +72,43 @@
 // carries a token column. [Lessor.RunLocked] holds a lease row FOR UPDATE for the length of a
 // transaction, with a fresh token and no TTL.
 //
+// # database/sql, any language, and tables that refuse stale writes
+//
+// Every call that takes the caller's pgx.Tx has a twin that takes a *sql.Tx, for services that
+// write through database/sql (GORM, bun, sqlx, ent, sqlc's database/sql output, lib/pq):
+// [FenceSQLTx], [UpdateFencedSQLTx], [Lease.GuardSQLTx], [Lease.FenceSQLTx],
+// [LeaseSet.GuardSQLTx], [Term.FenceSQLTx], [AdvisoryLocker.TryLockSQLTx],
+// [AdvisoryLocker.LockSQLTx], and [Lessor.RunLockedSQL] / [Lessor.TryRunLockedSQL], whose
+// [SQLTxFunc] gets a *sql.Tx. Each sends the same statement as its pgx twin (internal/sqltx
+// adapts the *sql.Tx to the generated queries), so the guarantees are the same: the fence and
+// the guard durable once the transaction commits under a server default of
+// synchronous_commit = off, identifiers quoted, the same typed errors under [errors.Is],
+// whatever driver sits under database/sql (pgx's stdlib or lib/pq: errors are read through
+// their SQLState method). Get the *sql.Tx from the ORM's own transaction: GORM's
+// tx.Statement.ConnPool.(*sql.Tx), bun.Tx's Tx field, sqlx.Tx's embedded *sql.Tx.
+//
+// Why twins in this package rather than a sibling package (as pgx's stdlib and River's
+// riverdatabasesql are): the lease, lease-set and term forms must end the lease when the
+// database no longer has the grant (Done closes), which only this package can do without a back
+// door; database/sql is in the standard library, so the twins add nothing to a consumer's
+// go.sum; and each sits next to its pgx twin in the documentation, with the same name plus SQL.
+// Two wirings work: one pgxpool.Pool shared with the *sql.DB (pgx's stdlib.OpenDBFromPool), or
+// a *sql.DB opened separately on the same database (pgx's stdlib driver, lib/pq). The lessor
+// itself always runs on its pgx pool.
+//
+// For a worker in another language, or an operator in psql, the database offers the essentials
+// as SQL functions with documented SQLSTATEs (docs/SQL.md): fencelock.try_acquire, renew and
+// release for a lease's life cycle, guard_lease, fence and fence_lease inside the caller's
+// transaction. They share the token sequence, epochs, queue and fences with the Go lessor: a
+// holder in Python and a Go lessor exclude each other on one name and fence each other's stale
+// writes. fencelock.protect_table attaches a trigger to a table of the user's that refuses,
+// with SQLSTATE FL004, any write carrying a token older than the row's, whoever sends it: the
+// fenced storage of Kleppmann's article, built into the database the data lives in. A write
+// carries its token in the transaction-local setting fencelock.token (fencelock.set_token) or
+// in the table's token column; one carrying none is refused (FL006). [WrapSQLError] maps those
+// SQLSTATEs to this package's sentinels ([ErrStaleToken], [ErrLeaseLost], [ErrNoToken],
+// [ErrInvalidArgument]) for errors that reach the caller through an ORM.
+//
 // # Advisory locks
 //
 // An [AdvisoryLocker] takes Postgres advisory locks: session locks, each held on a pooled

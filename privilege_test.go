@@ -155,6 +155,38 @@ func TestLeastPrivilege(t *testing.T) {
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
 	require.NoError(t, lease.Release(ctx))
 
+	// The SQL API (docs/SQL.md): a lease's life cycle, a fenced write, and a protected table
+	// (the owner protects it; the role writes to it with its token).
+	var sqlToken int64
+	require.NoError(t, app.QueryRow(ctx, `SELECT fencelock.try_acquire('sql:1', 'py', interval '10 seconds')`).Scan(&sqlToken))
+	require.Greater(t, sqlToken, int64(lease.Token()))
+	_, err = b.pool.Exec(ctx, `SELECT fencelock.protect_table('accounts')`)
+	require.NoError(t, err)
+	inTx := func(token int64, stmts ...string) error {
+		return pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
+			for _, stmt := range stmts {
+				if _, err := tx.Exec(ctx, stmt, token); err != nil {
+					return fencelock.WrapSQLError(err)
+				}
+			}
+			return nil
+		})
+	}
+	require.NoError(t, inTx(sqlToken,
+		`SELECT fencelock.renew('sql:1', 'py', $1, interval '10 seconds')`,
+		`SELECT fencelock.guard_lease('sql:1', 'py', $1)`,
+		`SELECT fencelock.fence_lease('sql:1', 'py', $1, 'sql:1')`,
+		`SELECT fencelock.fence('sql:ledger', $1)`,
+		`SELECT fencelock.set_token($1)`,
+		`UPDATE accounts SET balance = balance - 1 WHERE id = 1 AND $1::bigint > 0`))
+	err = inTx(int64(lease.Token()), `SELECT fencelock.set_token($1)`, `UPDATE accounts SET balance = 0 WHERE id = 1 AND $1::bigint > 0`)
+	require.ErrorIs(t, err, fencelock.ErrStaleToken, "the role's stale write to the protected table")
+	var released bool
+	require.NoError(t, app.QueryRow(ctx, `SELECT fencelock.release('sql:1', 'py', $1)`, sqlToken).Scan(&released))
+	require.True(t, released)
+	_, err = b.pool.Exec(ctx, `SELECT fencelock.unprotect_table('accounts')`)
+	require.NoError(t, err)
+
 	// RunLocked: a transaction-scoped grant.
 	require.NoError(t, la.RunLocked(ctx, "account:1", func(ctx context.Context, tx pgx.Tx, token fencelock.Token) error {
 		if token <= lease.Token() {

@@ -41,7 +41,7 @@ type TxFunc func(ctx context.Context, tx pgx.Tx, token Token) error
 //
 // Because it needs one transaction only, this mode works behind PgBouncer transaction pooling.
 func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error {
-	if err := validateRunLocked(name, fn); err != nil {
+	if err := validateRunLocked(name, fn == nil); err != nil {
 		return err
 	}
 	return l.tryRunLocked(ctx, name, func() grantTx { return &pgxGrantTx{l: l, fn: fn} })
@@ -61,17 +61,18 @@ func (l *Lessor) TryRunLocked(ctx context.Context, name string, fn TxFunc) error
 // a contended grant fails with a serialization error (SQLSTATE 40001) instead of queueing:
 // retry the call, or use READ COMMITTED, the Postgres default.
 func (l *Lessor) RunLocked(ctx context.Context, name string, fn TxFunc) error {
-	if err := validateRunLocked(name, fn); err != nil {
+	if err := validateRunLocked(name, fn == nil); err != nil {
 		return err
 	}
 	return l.runLocked(ctx, name, func() grantTx { return &pgxGrantTx{l: l, fn: fn} })
 }
 
-func validateRunLocked[F TxFunc | SQLTxFunc](name string, fn F) error {
+// validateRunLocked checks a RunLocked call's name and whether its fn is nil.
+func validateRunLocked(name string, fnIsNil bool) error {
 	if err := validateName("name", name); err != nil {
 		return err
 	}
-	if fn == nil {
+	if fnIsNil {
 		return argError("fn", "must not be nil")
 	}
 	return nil
