@@ -2,12 +2,10 @@ package fencelock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/advisory"
@@ -235,20 +233,19 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 		Name: name, Key: key.k, Shared: mode == Shared, Wait: wait, Tokens: a.cfg.tokens,
 	}, checkPID, pgConn.ParameterStatus("application_name"))
 	if err != nil {
-		// A failed wait may have been granted as ctx ended; a statement that failed after its
-		// grant (fencelock.next_token refused the token: ErrTokenBudget, ErrTokenEpochBehind,
-		// ...) took the lock, which a session keeps through the statement's rollback. Closing
-		// the session ends it once the backend exits: wait for that, so that nothing is held
-		// when the error returns.
+		// A failed wait may have been granted as ctx ended, with the grant's reply still on
+		// its way (pgx then reports a timeout, not a server error); a statement that failed
+		// after its grant (fencelock.next_token refused the token: ErrTokenBudget,
+		// ErrTokenEpochBehind, ...) took the lock, which a session keeps through the
+		// statement's rollback. Closing the session ends it once the backend exits, which can
+		// be a one-way latency later: wait for that, whatever the error, so that nothing is
+		// held when the call returns (issue 30).
 		destroySession(ctx, conn, wait)
-		var pgErr *pgconn.PgError
-		if errors.As(err, &pgErr) {
-			cctx, stop := detached(ctx, closeTimeout)
-			if werr := awaitBackendExit(cctx, a.pool, startupPID); werr != nil {
-				err = fmt.Errorf("%w (and its session, which may hold the lock, did not end: %w)", err, werr)
-			}
-			stop()
+		cctx, stop := detached(ctx, closeTimeout)
+		if werr := awaitBackendExit(cctx, a.pool, startupPID); werr != nil {
+			err = fmt.Errorf("%w (and its session, which may hold the lock, did not end: %w)", err, werr)
 		}
+		stop()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%s: %w", what(), context.Cause(ctx))
 		}
