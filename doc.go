@@ -60,7 +60,9 @@
 // [Lessor.Acquire] waits in the name's queue: first come, first served. The release hands the
 // lease to the head of the queue in its own statement and wakes that waiter alone, by
 // LISTEN/NOTIFY on one listening connection per pool (polling behind PgBouncer in transaction
-// mode). The queue is visible in SQL: SELECT * FROM fencelock.lease_queue.
+// mode, and while that connection is down: one that dies silently, a half-open TCP flow, is
+// probed after 2 s of quiet and replaced when a probe goes unanswered for 2 s, so it is found
+// dead within 4 s). The queue is visible in SQL: SELECT * FROM fencelock.lease_queue.
 //
 // # Fences
 //

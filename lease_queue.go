@@ -41,7 +41,9 @@ import (
 //
 // Where LISTEN cannot work (behind a pooler such as PgBouncer in transaction mode, detected
 // when the backend pid differs from the connection's; or while the listening connection is
-// down), waiters poll with the lessor's [Backoff], capped by the holder's remaining TTL; a
+// down: a connection that died silently, a half-open TCP flow, is found dead within 4 s of its
+// last sign of life, by a probe the notifier sends after 2 s of quiet), waiters poll with the
+// lessor's [Backoff], capped by the holder's remaining TTL; a
 // release still hands the lease over, and the head finds it at its next poll. The order is the
 // same.
 //

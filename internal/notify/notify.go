@@ -34,7 +34,13 @@
 // startup, as for session advisory locks: transaction pooling would lose the LISTEN; session
 // pooling is treated the same, conservatively; [ErrPooled] is logged once and the notifier
 // stays down until its last subscription closes), and while the connection is down
-// (terminated, broken), which it opens again with backoff. No wake-up is needed for safety:
+// (terminated, broken, or silently dead), which it opens again with backoff. A connection can
+// die without an error: a half-open TCP flow (a NAT or firewall that dropped the idle flow, a
+// peer that vanished) delivers nothing, and the kernel may keep it for minutes. So the
+// notifier probes a connection that has been quiet for 2 s with an empty statement, and a
+// probe not answered within 2 s ends the session: a silently dead connection is noticed
+// within 4 s, its subscribers are told (Handler.Ready(false)) and poll until a new
+// connection listens. No wake-up is needed for safety:
 // what a NOTIFY announces is in the database, and a subscriber that missed it finds it at its
 // next poll.
 //
@@ -94,6 +100,16 @@ type Options struct {
 	// Backoff paces attempts to open the connection again (attempt 0, 1, ...); nil: 10 ms.
 	Backoff func(attempt int) time.Duration
 }
+
+// The listening connection's health: after probeAfter without a notification, the notifier
+// sends a probe (an empty statement) that must be answered within probeTimeout, else the
+// connection is taken for dead, closed, and opened again; subscribers poll meanwhile. So a
+// connection that died silently is noticed within probeAfter + probeTimeout (4 s) of its last
+// sign of life. Variables, for the tests of this package.
+var (
+	probeAfter   = 2 * time.Second
+	probeTimeout = 2 * time.Second
+)
 
 const (
 	linger       = time.Second     // the notifier outlives its last subscription by this

@@ -3,9 +3,11 @@ package notify
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -52,11 +54,34 @@ func (n *notifier) session(ctx context.Context) (listened bool, err error) {
 	defer closeListening(conn)
 	n.setReady(ctx, true)
 	for {
-		nt, err := conn.WaitForNotification(ctx)
-		if err != nil {
+		// A read that waits longer than probeAfter is cut short to probe the connection: a
+		// half-open TCP flow (a NAT or firewall that dropped the idle flow, a vanished peer)
+		// never returns an error, and its notifications would be lost in silence. pgx keeps
+		// the connection usable after a read deadline (a timeout does not close it).
+		wctx, cancel := context.WithTimeout(ctx, probeAfter)
+		nt, err := conn.WaitForNotification(wctx)
+		cancel()
+		switch {
+		case err == nil:
+			n.dispatch(nt.Channel, nt.Payload)
+			continue
+		case ctx.Err() != nil:
+			return true, ctx.Err()
+		case !errors.Is(err, context.DeadlineExceeded) && !pgconn.Timeout(err):
 			return true, err
 		}
-		n.dispatch(nt.Channel, nt.Payload)
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		err = conn.Ping(pctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return true, ctx.Err()
+			}
+			// Dead: close its socket now. pgx, which gave up on the connection at the probe's
+			// deadline, would otherwise drain it for up to 15 s before closing it.
+			_ = conn.PgConn().Conn().Close()
+			return true, fmt.Errorf("listening connection did not answer a probe within %v: %w", probeTimeout, err)
+		}
 	}
 }
 
