@@ -17,7 +17,7 @@ import (
 
 // sqlWirings are the two ways a service wires database/sql beside its pgx pool: one pool
 // shared through pgx's stdlib.OpenDBFromPool, and a *sql.DB opened on its own with pgx's
-// stdlib driver. (lib/pq, GORM, bun and sqlx: internal/integration/database_sql_test.go.)
+// stdlib driver. (lib/pq, GORM, bun and sqlx: internal/integration/database_sql_orm_test.go.)
 var sqlWirings = []struct {
 	desc string
 	open func(t *testing.T, b *bundle) *sql.DB
