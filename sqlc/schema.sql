@@ -63,8 +63,9 @@ CREATE FUNCTION fencelock.fence(resource text, token bigint) RETURNS bigint
 DECLARE
     v_current bigint;
 BEGIN
-    PERFORM fencelock.check_text('resource', resource);
-    PERFORM fencelock.check_token(token);
+    IF (pg_catalog.octet_length(fence.resource) BETWEEN 1 AND 1024 AND fence.token > 0) IS NOT TRUE THEN
+        PERFORM fencelock.check_text('resource', fence.resource), fencelock.check_token(fence.token);
+    END IF;
     IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
@@ -230,9 +231,11 @@ CREATE FUNCTION fencelock.guard_lease(lease_name text, lease_holder text, lease_
 DECLARE
     v_expires timestamptz;
 BEGIN
-    PERFORM fencelock.check_text('lease_name', lease_name);
-    PERFORM fencelock.check_text('lease_holder', lease_holder);
-    PERFORM fencelock.check_token(lease_token);
+    IF (pg_catalog.octet_length(lease_name) BETWEEN 1 AND 1024 AND pg_catalog.octet_length(lease_holder) BETWEEN 1 AND 1024
+        AND lease_token > 0) IS NOT TRUE THEN
+        PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
+                fencelock.check_token(lease_token);
+    END IF;
     SELECT l.expires_at INTO v_expires
     FROM fencelock.leases AS l
     WHERE l.name = lease_name AND l.holder = lease_holder AND l.token = lease_token
@@ -502,57 +505,55 @@ $$;
 
 CREATE FUNCTION fencelock.refuse_stale_writes() RETURNS trigger
     LANGUAGE plpgsql
-    AS $$
+    AS $_$
+-- Lean on purpose: it runs for every row written, and each statement and expression of a
+-- plpgsql function costs its setup again in every transaction (no PERFORM of the check_*
+-- helpers, no exception block: each would cost a call or a subtransaction per row).
 DECLARE
-    v_col text := TG_ARGV[0];
-    v_resource text := nullif(TG_ARGV[1], '');
-    v_setting text := nullif(pg_catalog.current_setting('fencelock.token', true), '');
+    v_setting text := pg_catalog.current_setting('fencelock.token', true);
     v_token bigint;
     v_old bigint;
     v_new bigint;
 BEGIN
     IF TG_OP <> 'INSERT' THEN
-        v_old := (pg_catalog.to_jsonb(OLD) ->> v_col)::bigint;
+        v_old := (pg_catalog.to_jsonb(OLD) ->> TG_ARGV[0])::bigint;
     END IF;
     IF TG_OP <> 'DELETE' THEN
-        v_new := (pg_catalog.to_jsonb(NEW) ->> v_col)::bigint;
+        v_new := (pg_catalog.to_jsonb(NEW) ->> TG_ARGV[0])::bigint;
     END IF;
-    IF v_setting IS NOT NULL THEN
-        BEGIN
-            v_token := v_setting::bigint;
-        EXCEPTION WHEN invalid_text_representation OR numeric_value_out_of_range THEN
+    IF v_setting <> '' THEN
+        IF v_setting !~ '^[0-9]{1,19}$' OR (pg_catalog.length(v_setting) = 19 AND v_setting COLLATE "C" > '9223372036854775807') THEN
             RAISE EXCEPTION 'fencelock: setting fencelock.token is %, not a fencing token', pg_catalog.quote_literal(v_setting)
                 USING ERRCODE = 'FL007';
-        END;
-        PERFORM fencelock.check_token(v_token);
-    ELSIF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND v_new IS DISTINCT FROM v_old) THEN
+        END IF;
+        v_token := v_setting::bigint;
+    ELSIF v_new IS DISTINCT FROM v_old THEN -- an INSERT's column, or an UPDATE that changed it
         v_token := v_new;
     END IF;
     IF v_token IS NULL THEN
         RAISE EXCEPTION 'fencelock: % on %.% carries no fencing token', TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
             USING ERRCODE = 'FL006',
-                  HINT = pg_catalog.format('SELECT fencelock.set_token(<token>) in the same transaction, or set column %I', v_col);
-    END IF;
-    PERFORM fencelock.check_token(v_token);
-    IF v_old IS NOT NULL AND v_old > v_token THEN
+                  HINT = pg_catalog.format('SELECT fencelock.set_token(<token>) in the same transaction, or set column %I', TG_ARGV[0]);
+    ELSIF v_token <= 0 THEN
+        RAISE EXCEPTION 'fencelock: fencing token must be > 0, got %', v_token USING ERRCODE = 'FL007';
+    ELSIF v_old > v_token THEN
         RAISE EXCEPTION 'fencelock: stale fencing token % for table %.%: the row carries token %',
             v_token, TG_TABLE_SCHEMA, TG_TABLE_NAME, v_old
             USING ERRCODE = 'FL004', DETAIL = pg_catalog.format('current=%s', v_old);
     END IF;
-    IF v_resource IS NOT NULL THEN
-        PERFORM fencelock.fence(v_resource, v_token);
+    IF TG_ARGV[1] <> '' THEN
+        PERFORM fencelock.fence(TG_ARGV[1], v_token); -- raises synchronous_commit too
     ELSIF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     IF TG_OP = 'DELETE' THEN
         RETURN OLD;
-    END IF;
-    IF v_new IS DISTINCT FROM v_token THEN
-        NEW := pg_catalog.jsonb_populate_record(NEW, pg_catalog.jsonb_build_object(v_col, v_token));
+    ELSIF v_new IS DISTINCT FROM v_token THEN
+        NEW := pg_catalog.jsonb_populate_record(NEW, pg_catalog.jsonb_build_object(TG_ARGV[0], v_token));
     END IF;
     RETURN NEW;
 END
-$$;
+$_$;
 
 --
 -- Name: release(text, text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
@@ -564,9 +565,11 @@ CREATE FUNCTION fencelock.release(lease_name text, lease_holder text, lease_toke
 DECLARE
     v_released boolean;
 BEGIN
-    PERFORM fencelock.check_text('lease_name', lease_name);
-    PERFORM fencelock.check_text('lease_holder', lease_holder);
-    PERFORM fencelock.check_token(lease_token);
+    IF (pg_catalog.octet_length(lease_name) BETWEEN 1 AND 1024 AND pg_catalog.octet_length(lease_holder) BETWEEN 1 AND 1024
+        AND lease_token > 0) IS NOT TRUE THEN
+        PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
+                fencelock.check_token(lease_token);
+    END IF;
     UPDATE fencelock.leases AS l
     SET expires_at = pg_catalog.clock_timestamp()
     WHERE l.name = lease_name AND l.holder = lease_holder AND l.token = lease_token
@@ -593,10 +596,12 @@ DECLARE
     v_ttl_us bigint;
     v_expires timestamptz;
 BEGIN
-    PERFORM fencelock.check_text('lease_name', lease_name);
-    PERFORM fencelock.check_text('lease_holder', lease_holder);
-    PERFORM fencelock.check_token(lease_token);
-    v_ttl_us := fencelock.ttl_us(ttl);
+    v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
+    IF (pg_catalog.octet_length(lease_name) BETWEEN 1 AND 1024 AND pg_catalog.octet_length(lease_holder) BETWEEN 1 AND 1024
+        AND lease_token > 0 AND v_ttl_us BETWEEN 10000 AND 604800000000) IS NOT TRUE THEN
+        PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
+                fencelock.check_token(lease_token), fencelock.ttl_us(ttl);
+    END IF;
     IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
@@ -1097,9 +1102,12 @@ DECLARE
     v_ttl_us bigint;
     v_token bigint;
 BEGIN
-    PERFORM fencelock.check_text('lease_name', lease_name);
-    PERFORM fencelock.check_text('lease_holder', lease_holder);
-    v_ttl_us := fencelock.ttl_us(ttl);
+    v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
+    IF (pg_catalog.octet_length(lease_name) BETWEEN 1 AND 1024 AND pg_catalog.octet_length(lease_holder) BETWEEN 1 AND 1024
+        AND v_ttl_us BETWEEN 10000 AND 604800000000) IS NOT TRUE THEN
+        PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
+                fencelock.ttl_us(ttl);
+    END IF;
     INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
     SELECT lease_name, lease_holder,
            CASE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)

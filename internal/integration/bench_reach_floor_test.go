@@ -17,7 +17,8 @@ import (
 // bench_floor_test.go): fsync on and off, 1 and 16 clients, interleaved rounds.
 
 // BenchmarkFloorFenceSQL: a fenced write, one transaction of BEGIN, the fence, a one-row
-// UPDATE and COMMIT, each client on a resource and a row of its own with a rising token.
+// UPDATE and COMMIT, each client on a resource of its own (per client count: the database is
+// shared) and a row of its own, with a rising token.
 // Rows:
 //   - update: BEGIN, the one-row UPDATE, COMMIT through pgx (the floor: no fence);
 //   - pgx: the fenced write with FenceTx on a pgx.Tx;
@@ -43,7 +44,7 @@ func BenchmarkFloorFenceSQL(b *testing.B) {
 			ctx := context.Background()
 			viaSQL := func(sqlDB *sql.DB, prefix string) func(int) (func() error, error) {
 				return func(c int) (func() error, error) {
-					resource, token := fmt.Sprintf("%s-%d", prefix, c), fencelock.Token(0)
+					resource, token := fmt.Sprintf("%s-%d-%d", prefix, clients, c), fencelock.Token(0)
 					return func() error {
 						token++
 						tx, err := sqlDB.BeginTx(ctx, nil)
@@ -71,7 +72,7 @@ func BenchmarkFloorFenceSQL(b *testing.B) {
 					}, nil
 				}},
 				{"pgx", func(c int) (func() error, error) {
-					resource, token := fmt.Sprintf("pgx-%d", c), fencelock.Token(0)
+					resource, token := fmt.Sprintf("pgx-%d-%d", clients, c), fencelock.Token(0)
 					return func() error {
 						token++
 						return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
