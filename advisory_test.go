@@ -38,7 +38,8 @@ func advisoryHolders(t *testing.T, ctx context.Context, pool *pgxpool.Pool, key 
 	t.Helper()
 	rows, err := pool.Query(ctx, `SELECT pid FROM pg_locks
 		WHERE locktype = 'advisory' AND objsubid = 1 AND granted = $2
-		  AND ((classid::bigint << 32) | objid::bigint) = $1 ORDER BY pid`, key, granted)
+		  AND ((classid::bigint << 32) | objid::bigint) = $1
+		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY pid`, key, granted)
 	require.NoError(t, err)
 	pids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
 	require.NoError(t, err)

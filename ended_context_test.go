@@ -365,7 +365,8 @@ func TestEndedContextMigrate(t *testing.T) {
 	go func() { migrated <- fencelock.Migrate(ctx, b.pool) }()
 	waitFor(t, b, "Migrate reaches migration 00005", func() bool {
 		var waiting bool
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass)`).Scan(&waiting))
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
 		return waiting
 	})
 	cancel()

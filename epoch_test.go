@@ -319,7 +319,8 @@ func TestMigrationWaitsForTokenTransactions(t *testing.T) {
 	// The migration waits for tx: its lock on fencelock.token_flushes is not granted.
 	require.Eventually(t, func() bool {
 		var waiting bool
-		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation IN ('fencelock.leases'::regclass, 'fencelock.token_flushes'::regclass))`).Scan(&waiting)
+		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation IN ('fencelock.leases'::regclass, 'fencelock.token_flushes'::regclass)
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting)
 		return err == nil && waiting
 	}, 30*time.Second, 5*time.Millisecond, "the migration did not wait for the open token transaction")
 	y, err := a.TryLockTx(b.ctx, tx, "y") // still before the migration

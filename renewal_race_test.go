@@ -63,7 +63,7 @@ func TestOverlappingRenewalsNeverMoveExpiryBack(t *testing.T) {
 	go func() { stalled <- lease.Renew(b.ctx) }()
 	require.Eventually(t, func() bool { // the stalled renewal is in its trigger
 		var n int
-		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'holder1' AND wait_event = 'PgSleep'`).Scan(&n)
+		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'holder1' AND wait_event = 'PgSleep'`).Scan(&n)
 		return err == nil && n == 1
 	}, 5*time.Second, 5*time.Millisecond)
 	// Staging: the second renewal starts 1 s after the stalled one, so its expiry is later by

@@ -239,7 +239,7 @@ phases:
 				var n int
 				require.NoError(t, db.Pool.QueryRow(ctx, `
 					SELECT count(pg_terminate_backend(pid)) FROM (
-						SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'semchild-%' ORDER BY random() LIMIT 3) AS a`).Scan(&n))
+						SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name LIKE 'semchild-%' ORDER BY random() LIMIT 3) AS a`).Scan(&n))
 				terminated += n
 			case 2: // kill a process and start another
 				children[c].kill()

@@ -216,7 +216,8 @@ func TestGooseLockerSessionLockerUnsafeBehindPgBouncer(t *testing.T) {
 	require.NoError(t, locker.SessionLock(b.ctx, conns[1]), "the second migrator was refused: the unsafe case did not show")
 	// Both hold "the" lock: the same server session, which neither client owns, holds it twice.
 	var holders []int32
-	rows, err := b.pool.Query(b.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1`, lockID)
+	rows, err := b.pool.Query(b.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, lockID)
 	require.NoError(t, err)
 	holders, err = pgx.CollectRows(rows, pgx.RowTo[int32])
 	require.NoError(t, err)

@@ -82,7 +82,8 @@ func TestMigrateLockHeldAcrossMigrationBehindPgBouncer(t *testing.T) {
 	go func() { first <- fencelock.Migrate(context.WithoutCancel(b.ctx), poolA) }()
 	require.Eventually(t, func() bool {
 		var waiting bool
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass)`).Scan(&waiting))
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the first Migrate did not reach migration 00005")
 	go func() { second <- fencelock.Migrate(context.WithoutCancel(b.ctx), poolB) }()
@@ -94,7 +95,8 @@ func TestMigrateLockHeldAcrossMigrationBehindPgBouncer(t *testing.T) {
 	case <-time.After(time.Until(locked.Add(2 * idleTimeout))):
 	}
 	var migrating int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass`).Scan(&migrating))
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&migrating))
 	require.Equal(t, 1, migrating, "both Migrate calls run migration 00005")
 	// Migrate of earlier versions (goose's session locker, pg_try_advisory_lock on the same key)
 	// is refused too: session and transaction advisory locks of one key are one lock.
