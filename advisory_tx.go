@@ -32,8 +32,10 @@ func (a *AdvisoryLocker) TryLockTx(ctx context.Context, tx pgx.Tx, name string, 
 }
 
 // LockTx is [AdvisoryLocker.TryLockTx] (same options) that waits in the server's lock queue
-// until granted or ctx ends. When ctx ends first the statement is cancelled and tx is aborted:
-// roll it back, which releases anything it held.
+// until granted or ctx ends. When ctx ends first, pgx closes tx's connection, which ends the
+// transaction and whatever it held; the call returns ctx's error (wrapped) only once the server
+// agrees: the backend no longer waits for the key nor holds it (a grant made just as ctx ended
+// included), bounded by 5 s. Roll tx back as after any error (a no-op then).
 func (a *AdvisoryLocker) LockTx(ctx context.Context, tx pgx.Tx, name string, opts ...LockOption) (Token, error) {
 	return a.lockTx(ctx, tx, name, opts, true)
 }
@@ -46,19 +48,35 @@ func (a *AdvisoryLocker) lockTx(ctx context.Context, tx pgx.Tx, name string, opt
 	if tx == nil {
 		return 0, argError("tx", "must not be nil")
 	}
-	return a.lockOnTx(ctx, tx, name, key, mode, wait)
+	var pid uint32 // the pid the connection got at startup: a pooler's own behind one
+	if c := tx.Conn(); c != nil {
+		pid = c.PgConn().PID()
+	}
+	return a.lockOnTx(ctx, tx, pid, name, key, mode, wait)
 }
 
 // lockOnTx takes the transaction lock on tx, a pgx.Tx or an adapted *sql.Tx (not nil), once
-// name and the options are checked.
-func (a *AdvisoryLocker) lockOnTx(ctx context.Context, tx db.DBTX, name string, key AdvisoryKey, mode LockMode, wait bool) (Token, error) {
+// name and the options are checked. pid is the session's backend pid (0: unknown), for a
+// lock whose ctx ends mid-flight: the call then returns only once that backend
+// neither waits for nor holds the key (advisory.EndAbandonedWait): the driver closed the
+// connection or rolled the transaction back, and the backend may still be queued, unaware, or
+// granted the lock just as the client gave up.
+func (a *AdvisoryLocker) lockOnTx(ctx context.Context, tx db.DBTX, pid uint32, name string, key AdvisoryKey, mode LockMode, wait bool) (Token, error) {
 	row, err := advisory.LockTx(ctx, tx, advisory.Request{
 		Name: name, Key: key.k, Shared: mode == Shared, Wait: wait, Tokens: a.cfg.tokens,
 	})
 	what := fmt.Sprintf("lock %s in transaction", describeLock(name, key))
 	switch {
 	case err != nil && ctx.Err() != nil:
-		return 0, fmt.Errorf("%s: %w", what, errors.Join(context.Cause(ctx), err))
+		err = fmt.Errorf("%s: %w", what, errors.Join(context.Cause(ctx), err))
+		if pid != 0 {
+			cctx, cancel := detached(ctx, cleanupTimeout)
+			if werr := advisory.EndAbandonedWait(cctx, a.pool, pid, key.k); werr != nil {
+				err = fmt.Errorf("%w (and %w)", err, werr)
+			}
+			cancel()
+		}
+		return 0, err
 	case err != nil:
 		return 0, wrapPg(what, err)
 	case row.InRecovery:

@@ -45,6 +45,31 @@ func awaitBackendExit(ctx context.Context, pool *pgxpool.Pool, pid uint32) error
 	}
 }
 
+// transactionRunningSQL tells whether the backend with pid, in this database, still runs the
+// transaction that started at $2.
+const transactionRunningSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+	WHERE pid = $1 AND datname = current_database() AND xact_start = $2)`
+
+// awaitTransactionEnd polls pool, every 2ms, until the backend with pid no longer runs the
+// transaction that started at xactStart (it exited, ended that transaction, or runs another),
+// or ctx ends. As for awaitBackendExit, there is no event to wait on.
+func awaitTransactionEnd(ctx context.Context, pool *pgxpool.Pool, pid uint32, xactStart time.Time) error {
+	for {
+		var running bool
+		if err := pool.QueryRow(ctx, transactionRunningSQL, int32(pid), xactStart).Scan(&running); err != nil {
+			return fmt.Errorf("await the end of backend %d's transaction: %w", pid, err)
+		}
+		if !running {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("await the end of backend %d's transaction: %w", pid, ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
 // detached returns a context for cleanup after ctx may have ended (a release, a close, the end
 // of a grant left behind): ctx's values without its cancellation, bounded by d.
 func detached(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {

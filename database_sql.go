@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -90,8 +91,11 @@ func (a *AdvisoryLocker) TryLockSQLTx(ctx context.Context, tx *sql.Tx, name stri
 }
 
 // LockSQLTx is [AdvisoryLocker.LockTx] inside tx, a database/sql transaction: it waits in the
-// server's lock queue until granted or ctx ends. When ctx ends first the statement is cancelled
-// and database/sql rolls tx back, which releases anything it held. Errors as LockTx.
+// server's lock queue until granted or ctx ends (one round trip more than LockTx: the session's
+// pid, for that end). When ctx ends first, database/sql rolls tx back (and the driver may close
+// the connection), which releases anything it held; the call returns ctx's error (wrapped) only
+// once the server no longer has the backend waiting for or holding the key, bounded by 5 s.
+// Errors as LockTx.
 func (a *AdvisoryLocker) LockSQLTx(ctx context.Context, tx *sql.Tx, name string, opts ...LockOption) (Token, error) {
 	return a.lockSQLTx(ctx, tx, name, opts, true)
 }
@@ -104,7 +108,17 @@ func (a *AdvisoryLocker) lockSQLTx(ctx context.Context, tx *sql.Tx, name string,
 	if tx == nil {
 		return 0, argError("tx", "must not be nil")
 	}
-	return a.lockOnTx(ctx, sqltx.Wrap(tx), name, key, mode, wait)
+	c := sqltx.Wrap(tx)
+	var pid uint32
+	if wait {
+		// database/sql gives no access to the session: ask it, for a wait that ctx may end.
+		var backend int32
+		if err := c.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
+			return 0, wrapPg(fmt.Sprintf("lock %s in transaction", describeLock(name, key)), err)
+		}
+		pid = uint32(backend)
+	}
+	return a.lockOnTx(ctx, c, pid, name, key, mode, wait)
 }
 
 // TryRunLockedSQL is [Lessor.TryRunLocked] with a database/sql transaction: it runs fn inside a
@@ -112,8 +126,17 @@ func (a *AdvisoryLocker) lockSQLTx(ctx context.Context, tx *sql.Tx, name string,
 // with a fresh fencing token, committed when fn returns nil. sqlDB must reach the database of
 // the lessor's pool (the lease row is there): one pgxpool.Pool shared through pgx's
 // stdlib.OpenDBFromPool, or a *sql.DB opened on the same database with any driver (pgx's
-// stdlib, lib/pq). The grant costs a round trip of its own after BEGIN (database/sql has no
-// batch). Errors as TryRunLocked, and an [*ArgumentError] for a nil sqlDB.
+// stdlib, lib/pq). It costs two round trips more than TryRunLocked (database/sql has no batch:
+// BEGIN, then the session's pid and the transaction's start, which let a call that gives up
+// make sure the server ended its transaction before it returns, then the grant). Errors as
+// TryRunLocked, and an [*ArgumentError] for a nil sqlDB; on a hot standby, an error wrapping
+// [ErrReadOnly] with lib/pq too (it begins READ WRITE, which a standby refuses with SQLSTATE
+// 0A000).
+//
+// When ctx ends, the call returns ctx's error (wrapped, with the driver's) only once the
+// server no longer runs the transaction: a grant still waiting on the row lock is cancelled,
+// and a transaction that holds the row is rolled back and its end awaited (database/sql rolls
+// back in a goroutine of its own; the lessor's pool watches the backend), bounded by 5 s.
 func (l *Lessor) TryRunLockedSQL(ctx context.Context, sqlDB *sql.DB, name string, fn SQLTxFunc) error {
 	if err := validateRunLockedSQL(sqlDB, name, fn); err != nil {
 		return err
@@ -146,49 +169,101 @@ type sqlGrantTx struct {
 	db *sql.DB
 	fn SQLTxFunc
 	tx *sql.Tx
+	// The backend that runs the transaction, and the transaction's start (now() in it): what
+	// identifies the transaction in pg_stat_activity when the call gives up on it. 0: not
+	// known yet.
+	pid       uint32
+	xactStart time.Time
+	settled   bool // the transaction was seen ended after ctx ended
 }
 
 func (g *sqlGrantTx) grant(ctx context.Context, p db.LeaseGrantParams) (int64, error) {
 	tx, err := g.db.BeginTx(ctx, nil)
 	if err != nil {
-		return 0, wrapPg("begin", err)
+		return 0, g.beginError(ctx, err)
 	}
 	g.tx = tx
 	c := sqltx.Wrap(tx)
-	var pid uint32
-	if !p.Nowait {
-		// A waiting grant may be abandoned while its backend waits on the row lock (ctx ends;
-		// the driver closes the connection or cancels the statement): the backend's pid lets
-		// the lessor end it. A try grant never waits on a row lock.
-		var backend int32
-		if err := c.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&backend); err != nil {
-			return 0, wrapPg("begin", err)
-		}
-		pid = uint32(backend)
+	// database/sql gives no access to the session, so ask it: a call that gives up (ctx
+	// ends) while its grant waits on the row lock, or while it holds the row, must return
+	// only once the server has ended that transaction (see settle).
+	var backend int32
+	if err := c.QueryRow(ctx, `SELECT pg_backend_pid(), now()`).Scan(&backend, &g.xactStart); err != nil {
+		return 0, g.failed(ctx, "begin", err)
 	}
+	g.pid = uint32(backend)
 	row, err := g.l.q.LeaseGrant(ctx, c, p)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return 0, err
-	case err != nil && pid != 0 && ctx.Err() != nil:
-		if cerr := g.l.endAbandonedGrant(ctx, pid); cerr != nil {
-			return 0, fmt.Errorf("grant: %w (and %w)", err, cerr)
-		}
-		return 0, wrapPg("grant", err)
 	case err != nil:
-		return 0, wrapPg("grant", err)
+		return 0, g.failed(ctx, "grant", err)
 	}
 	return row.Token, nil
+}
+
+// beginError wraps a failed BEGIN: lib/pq begins READ WRITE, which a hot standby refuses with
+// SQLSTATE 0A000 rather than 25006, so that refusal is told apart by asking the server.
+func (g *sqlGrantTx) beginError(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("begin: %w", errors.Join(context.Cause(ctx), err))
+	}
+	if sqlState(err) == "0A000" {
+		var standby bool
+		if qerr := g.db.QueryRowContext(ctx, `SELECT pg_is_in_recovery()`).Scan(&standby); qerr == nil && standby {
+			return fmt.Errorf("begin: %w: %w", ErrReadOnly, err)
+		}
+	}
+	return wrapPg("begin", err)
+}
+
+// failed wraps a statement's error; after ctx ended, it first settles the transaction, and
+// the error then wraps ctx's cause too (a driver may report the server's cancellation,
+// SQLSTATE 57014, rather than ctx's error).
+func (g *sqlGrantTx) failed(ctx context.Context, what string, err error) error {
+	if ctx.Err() == nil {
+		return wrapPg(what, err)
+	}
+	err = fmt.Errorf("%s: %w", what, errors.Join(context.Cause(ctx), err))
+	if serr := g.settle(ctx); serr != nil {
+		return fmt.Errorf("%w (and %w)", err, serr)
+	}
+	return err
+}
+
+// settle, once ctx has ended, rolls the transaction back (database/sql may already have, in
+// its own goroutine) and returns once the server no longer runs it: a grant still waiting on
+// the row lock is cancelled, and the backend is awaited until it has exited or left the
+// transaction, detached from ctx and bounded by cleanupTimeout. So a call that gave up holds
+// nothing when it returns, whatever the driver does on cancellation and whatever the latency.
+func (g *sqlGrantTx) settle(ctx context.Context) error {
+	if g.settled || g.tx == nil {
+		return nil
+	}
+	g.settled = true
+	_ = g.tx.Rollback() // sql.ErrTxDone when database/sql rolled it back already
+	if g.pid == 0 {
+		return nil
+	}
+	return g.l.endAbandonedTx(ctx, g.pid, g.xactStart)
 }
 
 func (g *sqlGrantTx) run(ctx context.Context, token Token) error { return g.fn(ctx, g.tx, token) }
 
 func (g *sqlGrantTx) commit(context.Context) error { return g.tx.Commit() }
 
-// rollback ends the transaction. database/sql rolls a transaction back by itself when its
-// context ends; Rollback after that, or after Commit, returns sql.ErrTxDone and does nothing.
-func (g *sqlGrantTx) rollback(context.Context) {
-	if g.tx != nil {
-		_ = g.tx.Rollback()
+// rollback ends the transaction: after ctx ended, by settle (an error it meets is logged: the
+// call already returns ctx's); otherwise database/sql's Rollback, which after Commit, or once
+// database/sql rolled back, returns sql.ErrTxDone and does nothing.
+func (g *sqlGrantTx) rollback(ctx context.Context) {
+	if g.tx == nil {
+		return
 	}
+	if ctx.Err() != nil {
+		if err := g.settle(ctx); err != nil {
+			g.l.cfg.common.logger.Warn("fencelock: run locked: the abandoned transaction did not end", "error", err)
+		}
+		return
+	}
+	_ = g.tx.Rollback()
 }

@@ -264,6 +264,20 @@ func (l *Lessor) endAbandonedGrant(ctx context.Context, pid uint32) error {
 	return awaitBackendExit(cctx, l.pool, pid)
 }
 
+// endAbandonedTx ends what a transaction the caller gave up on may still hold: the grant
+// statement it may still run on the backend with pid is cancelled (cancelGrantSQL), and the
+// call waits until that backend no longer runs the transaction that started at xactStart
+// (it exited, rolled back, or runs another one), for at most cleanupTimeout, detached from ctx.
+func (l *Lessor) endAbandonedTx(ctx context.Context, pid uint32, xactStart time.Time) error {
+	cctx, cancel := detached(ctx, cleanupTimeout)
+	defer cancel()
+	var cancelled int64
+	if err := l.pool.QueryRow(cctx, cancelGrantSQL, int32(pid)).Scan(&cancelled); err != nil {
+		return fmt.Errorf("cancel abandoned grant on backend %d: %w", pid, err)
+	}
+	return awaitTransactionEnd(cctx, l.pool, pid, xactStart)
+}
+
 // joinQueue puts a RunLocked that was refused in the name's queue, or refreshes its place.
 func (l *Lessor) joinQueue(ctx context.Context, name string, w *queue.Wait, live time.Duration) (attemptInfo, error) {
 	l.mu.Lock()

@@ -63,14 +63,13 @@ CREATE FUNCTION fencelock.ttl_us(ttl interval) RETURNS bigint
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 DECLARE
-    us bigint;
+    s numeric := EXTRACT(epoch FROM ttl);
 BEGIN
-    us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
-    IF us IS NULL OR us NOT BETWEEN 10000 AND 604800000000 THEN
+    IF s IS NULL OR s NOT BETWEEN 0.01 AND 604800 THEN
         RAISE EXCEPTION 'fencelock: ttl must be between 10 ms and 7 days, got %', coalesce(ttl::text, 'NULL')
             USING ERRCODE = 'FL007';
     END IF;
-    RETURN us;
+    RETURN (s * 1000000)::bigint;
 END
 $$;
 -- +goose StatementEnd
@@ -78,7 +77,8 @@ $$;
 -- +goose StatementBegin
 -- fencelock.try_acquire grants the lease lease_name to lease_holder for ttl (on the database
 -- clock) when it is free, and returns the grant's fencing token; NULL when someone holds it or
--- waits for it in its queue (it does not barge: Go's Lessor.TryAcquire). The statement is the
+-- waits for it in its queue (it does not barge: Go's Lessor.TryAcquire). It must run in a
+-- transaction of its own (autocommit), else FL007. The statement is the
 -- Go lessor's LeaseGrant (sqlc/queries/leases.sql) as a try grant: see its comment for why it is
 -- safe. Durable when the caller's transaction commits (next_token raises synchronous_commit
 -- from off to on). Raises FL007 for a bad argument; FL001-FL003 from next_token; 25006 on a hot
@@ -90,12 +90,19 @@ DECLARE
     v_ttl_us bigint;
     v_token bigint;
 BEGIN
-    v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
     IF (pg_catalog.octet_length(lease_name) BETWEEN 1 AND 1024 AND pg_catalog.octet_length(lease_holder) BETWEEN 1 AND 1024
-        AND v_ttl_us BETWEEN 10000 AND 604800000000) IS NOT TRUE THEN
+        AND EXTRACT(epoch FROM ttl) BETWEEN 0.01 AND 604800) IS NOT TRUE THEN
         PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
                 fencelock.ttl_us(ttl);
     END IF;
+    -- In a transaction of its own only: a grant left uncommitted in a longer transaction would
+    -- hold a new name's row against every other grant of it (they wait on its insert) until
+    -- that transaction ends, and its expiry would be counted from the transaction's start.
+    IF now() <> pg_catalog.statement_timestamp() THEN
+        RAISE EXCEPTION 'fencelock: call fencelock.try_acquire in a transaction of its own (autocommit), not inside a transaction block'
+            USING ERRCODE = 'FL007';
+    END IF;
+    v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
     INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
     SELECT lease_name, lease_holder,
            CASE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)
@@ -125,8 +132,10 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
--- fencelock.renew extends the grant (lease_name, lease_holder, lease_token) to now() + ttl and
--- returns its new expiry; the expiry never moves back. Raises FL005 when the grant is no longer
+-- fencelock.renew extends the grant (lease_name, lease_holder, lease_token) to the statement's
+-- start + ttl (statement_timestamp(), not the transaction's start: a renewal inside a longer
+-- transaction is counted from when it was sent) and returns its new expiry; the expiry never
+-- moves back. Raises FL005 when the grant is no longer
 -- current (expired, released, taken over: a late renewal never revives a lapsed lease), FL007
 -- for a bad argument. Raises synchronous_commit from off to on: a renewal lost in a crash would
 -- let a new holder in while the old one still trusts its renewal.
@@ -137,19 +146,19 @@ DECLARE
     v_ttl_us bigint;
     v_expires timestamptz;
 BEGIN
-    v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
     IF (pg_catalog.octet_length(lease_name) BETWEEN 1 AND 1024 AND pg_catalog.octet_length(lease_holder) BETWEEN 1 AND 1024
-        AND lease_token > 0 AND v_ttl_us BETWEEN 10000 AND 604800000000) IS NOT TRUE THEN
+        AND lease_token > 0 AND EXTRACT(epoch FROM ttl) BETWEEN 0.01 AND 604800) IS NOT TRUE THEN
         PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
                 fencelock.check_token(lease_token), fencelock.ttl_us(ttl);
     END IF;
+    v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
     IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     UPDATE fencelock.leases AS l
-    SET expires_at = greatest(l.expires_at, now() + v_ttl_us * interval '1 microsecond'),
+    SET expires_at = greatest(l.expires_at, pg_catalog.statement_timestamp() + v_ttl_us * interval '1 microsecond'),
         renewals = CASE WHEN l.renewed_token = l.token THEN l.renewals + 1 ELSE 1 END,
-        renewed_token = l.token, renewed_at = now()
+        renewed_token = l.token, renewed_at = pg_catalog.statement_timestamp()
     WHERE l.name = lease_name AND l.holder = lease_holder AND l.token = lease_token
       AND l.expires_at > pg_catalog.clock_timestamp()
     RETURNING l.expires_at INTO v_expires;
