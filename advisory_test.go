@@ -1,7 +1,6 @@
 package fencelock_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -10,51 +9,25 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // bigPool opens a pool of 40 connections on the test's database: every session lock holds a
 // connection, and the default pool (4 connections on 2 cores) is soon exhausted.
 func bigPool(t *testing.T, b *bundle) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 40
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
+	return testkit.NewPool(t, b.ctx, b.db.URL, testkit.MaxConns(40))
 }
 
-// newLocker returns an advisory locker on pool with opts, failing the test on error.
-func newLocker(t *testing.T, pool *pgxpool.Pool, opts ...fencelock.AdvisoryOption) *fencelock.AdvisoryLocker {
-	t.Helper()
-	a, err := fencelock.NewAdvisoryLocker(pool, opts...)
-	require.NoError(t, err)
-	return a
-}
-
-// advisoryHolders lists the backend pids holding (granted) or waiting for key.
-func advisoryHolders(t *testing.T, ctx context.Context, pool *pgxpool.Pool, key int64, granted bool) []uint32 {
-	t.Helper()
-	rows, err := pool.Query(ctx, `SELECT pid FROM pg_locks
-		WHERE locktype = 'advisory' AND objsubid = 1 AND granted = $2
-		  AND ((classid::bigint << 32) | objid::bigint) = $1
-		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) ORDER BY pid`, key, granted)
-	require.NoError(t, err)
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[uint32])
-	require.NoError(t, err)
-	return pids
-}
-
-// keyOf returns the int64 advisory lock key that a derives for name.
-func keyOf(t *testing.T, a *fencelock.AdvisoryLocker, name string) int64 {
-	t.Helper()
-	k, err := a.Key(name)
-	require.NoError(t, err)
-	v, ok := k.Int64()
-	require.True(t, ok)
-	return v
-}
+// newLocker returns an advisory locker on pool with opts, failing the test on error;
+// advisoryHolders lists the backend pids holding (granted) or waiting for a key; keyOf returns
+// the int64 advisory lock key that a locker derives for a name.
+var (
+	newLocker       = fencetest.NewLocker
+	advisoryHolders = testkit.AdvisoryHolders
+	keyOf           = fencetest.KeyOf
+)
 
 func TestAdvisorySessionLocks(t *testing.T) {
 	t.Parallel()

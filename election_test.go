@@ -11,44 +11,21 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // newElection returns the election name on a lessor of its own with holder id holder.
 func newElection(t *testing.T, b *bundle, holder, name string, ttl time.Duration, opts ...fencelock.LessorOption) *fencelock.Election {
 	t.Helper()
-	e, err := fencelock.NewElection(newLessor(t, b.pool, holder, opts...), name, ttl)
-	require.NoError(t, err)
-	return e
+	return fencetest.NewElection(t, b.pool, holder, name, ttl, opts...)
 }
 
-// next receives the observer's next state, failing the test after 10 s.
-func next(t *testing.T, ch <-chan fencelock.LeaderInfo) fencelock.LeaderInfo {
-	t.Helper()
-	select {
-	case info, ok := <-ch:
-		require.True(t, ok, "the observer's channel closed")
-		return info
-	case <-time.After(10 * time.Second):
-		t.Fatal("the observer delivered nothing in 10 s")
-	}
-	return fencelock.LeaderInfo{}
-}
-
-// nextWhere skips states until one satisfies cond (a state with the new leader's value may be
-// preceded by the same term before it proclaimed), checking that terms only rise.
-func nextWhere(t *testing.T, ch <-chan fencelock.LeaderInfo, last fencelock.Token, cond func(fencelock.LeaderInfo) bool) fencelock.LeaderInfo {
-	t.Helper()
-	for {
-		info := next(t, ch)
-		if info.Token != 0 {
-			require.GreaterOrEqual(t, info.Token, last, "terms delivered out of order")
-			last = info.Token
-		}
-		if cond(info) {
-			return info
-		}
-	}
-}
+// next receives the observer's next state, failing the test after 10 s; nextWhere skips
+// states until one satisfies a condition, checking that terms only rise.
+var (
+	next      = fencetest.Next
+	nextWhere = fencetest.NextWhere
+)
 
 // Campaign, Proclaim, Resign, Leader and Observe: candidates are elected in the order they
 // campaigned; a resign hands the term to the next candidate at once; the observer sees each

@@ -11,6 +11,8 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/gooselock"
+	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/job"
 )
 
@@ -22,19 +24,13 @@ import (
 
 // endedCtx returns a copy of parent that has already ended, as a caller's context has when its
 // deadline passed or its request was cancelled just before the release.
-func endedCtx(parent context.Context) context.Context {
-	ctx, cancel := context.WithCancel(parent)
-	cancel()
-	return ctx
-}
+var endedCtx = testkit.EndedContext
 
 // requireFree fails the test unless another lessor is granted name at once (TryAcquire), then
 // releases that grant.
 func requireFree(t *testing.T, b *bundle, name string) {
 	t.Helper()
-	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, name, 10*time.Second)
-	require.NoError(t, err, "lease %q is not free", name)
-	require.NoError(t, other.Release(b.ctx))
+	fencetest.RequireFree(t, b.ctx, b.pool, name)
 }
 
 // requireNoWaiters fails the test unless the queue of lease name is empty.

@@ -12,11 +12,11 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/migrations"
 )
 
@@ -74,15 +74,7 @@ func migrationSections(t *testing.T, file string) (up, down string) {
 }
 
 // gooseProvider returns a goose provider for fencelock's migrations on pool, as Migrate has it.
-func gooseProvider(t *testing.T, pool *pgxpool.Pool) *goose.Provider {
-	t.Helper()
-	db := stdlib.OpenDBFromPool(pool)
-	t.Cleanup(func() { db.Close() })
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
-		goose.WithTableName(fencelock.VersionTable), goose.WithDisableGlobalRegistry(true), goose.WithLogger(goose.NopLogger()))
-	require.NoError(t, err)
-	return p
-}
+var gooseProvider = fencetest.GooseProvider
 
 // A database migrated before epoch tokens issued plain sequence values; after migration 00003
 // every new token is larger than all of them.
@@ -173,17 +165,7 @@ func TestTokenEpochBudgetExhausted(t *testing.T) {
 
 // requireNothingHeld checks that refused grants left nothing behind: no lease row with a token
 // but those of names in granted, no flush row, no advisory lock.
-func requireNothingHeld(t *testing.T, ctx context.Context, pool *pgxpool.Pool, granted ...string) {
-	t.Helper()
-	var leases, flushes, advisory int
-	require.NoError(t, pool.QueryRow(ctx, `SELECT
-		(SELECT count(*) FROM fencelock.leases WHERE token > 0 AND name <> ALL ($1::text[]) AND expires_at > now()),
-		(SELECT count(*) FROM fencelock.token_flushes),
-		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`, granted).Scan(&leases, &flushes, &advisory))
-	require.Zero(t, leases, "a refused grant left a lease held")
-	require.Zero(t, flushes, "a refused advisory token left its flush row")
-	require.Zero(t, advisory, "a refused advisory token left its lock held")
-}
+var requireNothingHeld = testkit.RequireNothingHeld
 
 // A least-privilege role can take tokens on every path: one granted before migration 00003,
 // directly or through PUBLIC, keeps working (migrations 00003 and 00011 extend the grants), and

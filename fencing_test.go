@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 func TestFenceTx(t *testing.T) {
@@ -39,13 +40,9 @@ func TestFenceTx(t *testing.T) {
 	require.Equal(t, []int64{5, 5, 7}, writtenTokens(t, b, "r"))
 }
 
-func errorsAsStale(t *testing.T, err error) *fencelock.StaleTokenError {
-	t.Helper()
-	var stale *fencelock.StaleTokenError
-	require.ErrorAs(t, err, &stale)
-	require.ErrorIs(t, err, fencelock.ErrStaleToken)
-	return stale
-}
+// errorsAsStale returns the *fencelock.StaleTokenError in err, failing the test unless there is
+// one and err matches fencelock.ErrStaleToken.
+var errorsAsStale = fencetest.ErrorsAsStale
 
 // guards are the two calls that check a lease inside the caller's transaction and hold its row.
 var guards = []struct {

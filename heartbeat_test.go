@@ -3,7 +3,6 @@ package fencelock_test
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // doneLateness waits for lease's Done and returns how long after the end of its trust window
@@ -119,19 +119,7 @@ func TestRenewalPlanLinear(t *testing.T) {
 	err = b.pool.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
 	require.NoError(t, err)
 	require.Len(t, plan, 1)
-	worst, where := 0.0, ""
-	var walk func(node map[string]any)
-	walk = func(node map[string]any) {
-		work := node["Actual Rows"].(float64) * node["Actual Loops"].(float64)
-		if work > worst {
-			worst, where = work, fmt.Sprint(node["Node Type"], " ", node["Relation Name"], node["CTE Name"])
-		}
-		children, _ := node["Plans"].([]any)
-		for _, c := range children {
-			walk(c.(map[string]any))
-		}
-	}
-	walk(plan[0]["Plan"].(map[string]any))
+	worst, where := testkit.BusiestPlanNode(plan)
 	require.LessOrEqual(t, worst, 3.0*n, "plan node %s handles %.0f rows for %d leases: not linear\n%s", where, worst, n, mustJSON(plan))
 	t.Logf("renewal of %d leases: the busiest plan node (%s) handles %.0f rows", n, where, worst)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/migrations"
 )
 
@@ -98,12 +99,7 @@ func TestMigrateDoesNotWaitForApplicationGooseLock(t *testing.T) {
 // migrateWaiting reports whether a session of pool's database waits for Migrate's advisory lock.
 func migrateWaiting(t *testing.T, b *bundle) bool {
 	t.Helper()
-	var waiting bool
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks
-		WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
-		  AND ((classid::bigint << 32) | objid::bigint) = $1
-		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`, migrateLockKey).Scan(&waiting))
-	return waiting
+	return testkit.MigrateWaiting(t, b.ctx, b.pool)
 }
 
 // Migrate with nothing pending takes no lock: it returns at once while a session holds the

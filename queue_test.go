@@ -8,87 +8,46 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // Tests of the queue of lease waiters (migration 00004, lease_queue.go, listener.go): first
 // come, first served, a release that hands the lease to the head and wakes only it, a place
 // that a waiter leaves when it gives up, and the fallbacks to polling.
 
-// queued is one row of the view fencelock.lease_queue.
-type queued struct {
-	Holder   string
-	Position int64
-	Notify   bool
-}
+// queued is one row of the view fencelock.lease_queue; readQueue returns the live waiters of
+// a lease in order, and awaitQueue waits until they are exactly the holders given, in that
+// order (and, with notify, each of them woken by NOTIFY rather than polling), failing the
+// test after 10 s.
+type queued = testkit.Queued
 
-// readQueue returns the live waiters of name in order, as the view fencelock.lease_queue
-// shows them.
-func readQueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) []queued {
-	t.Helper()
-	rows, err := pool.Query(ctx, `SELECT holder, position, woken_by_notify FROM fencelock.lease_queue WHERE name = $1 ORDER BY position`, name)
-	require.NoError(t, err)
-	q, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (queued, error) {
-		var e queued
-		err := r.Scan(&e.Holder, &e.Position, &e.Notify)
-		return e, err
-	})
-	require.NoError(t, err)
-	return q
-}
+var (
+	readQueue  = testkit.ReadQueue
+	awaitQueue = testkit.AwaitQueue
+)
 
-// awaitQueue waits until the queue of name is exactly holders, in that order (and, with notify,
-// each of them is woken by NOTIFY rather than polling), failing the test after 10 s.
-func awaitQueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string, notify bool, holders ...string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		q := readQueue(t, ctx, pool, name)
-		got := make([]string, len(q))
-		ok := len(q) == len(holders)
-		for i, e := range q {
-			got[i] = e.Holder
-			ok = ok && e.Holder == holders[i] && e.Position == int64(i+1) && (!notify || e.Notify)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("queue of %q is %v (%+v), want %v (notify %v)", name, got, q, holders, notify)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// acquireAsync runs l.Acquire in a goroutine; the result arrives on the channel.
+// acquired is the result of an Acquire run by acquireAsync, with the time it came back.
 type acquired struct {
 	lease *fencelock.Lease
 	err   error
 	at    time.Time
 }
 
+// acquireAsync runs l.Acquire in a goroutine; the result arrives on the channel.
 func acquireAsync(ctx context.Context, l *fencelock.Lessor, name string, ttl time.Duration) <-chan acquired {
-	ch := make(chan acquired, 1)
-	go func() {
+	return testkit.Async(func() acquired {
 		lease, err := l.Acquire(ctx, name, ttl)
-		ch <- acquired{lease, err, time.Now()}
-	}()
-	return ch
+		return acquired{lease, err, time.Now()}
+	})
 }
 
 // receive waits for an acquire's result, failing the test after limit.
 func receive(t *testing.T, ch <-chan acquired, limit time.Duration) acquired {
 	t.Helper()
-	select {
-	case a := <-ch:
-		return a
-	case <-time.After(limit):
-		t.Fatalf("no grant within %v", limit)
-		return acquired{}
-	}
+	return testkit.Receive(t, ch, limit, "grant")
 }
 
 // Eight waiters that join one after the other are granted in that order, each by the release
@@ -249,7 +208,7 @@ func TestQueueWaiterCancelled(t *testing.T) {
 	awaitQueue(t, b.ctx, b.pool, "cancel", true, "quitter", "next")
 	cancel()
 	require.ErrorIs(t, receive(t, q, time.Second).err, context.Canceled)
-	require.Equal(t, []queued{{"next", 1, true}}, readQueue(t, b.ctx, b.pool, "cancel"))
+	require.Equal(t, []queued{{Holder: "next", Position: 1, Notify: true}}, readQueue(t, b.ctx, b.pool, "cancel"))
 	require.NoError(t, lh.Release(b.ctx))
 	got := receive(t, n, time.Second)
 	require.NoError(t, got.err)
@@ -286,14 +245,7 @@ func TestQueueWaiterCancelled(t *testing.T) {
 }
 
 // listeners returns the backend pids of the database's listening connections.
-func listeners(t *testing.T, ctx context.Context, pool *pgxpool.Pool) []int32 {
-	t.Helper()
-	rows, err := pool.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %' ORDER BY pid`)
-	require.NoError(t, err)
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	require.NoError(t, err)
-	return pids
-}
+var listeners = testkit.Listeners
 
 // SweepLeases deletes the places of waiters that left the queue longer ago than its grace, and
 // keeps live ones.

@@ -1,12 +1,12 @@
 package fencelock_test
 
 import (
-	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // Renewal costs O(batch), not O(table): a statement of 500 leases, in a table of 20,000 of the
@@ -38,19 +38,7 @@ func TestRenewalPlanScalesWithBatch(t *testing.T) {
 		var plan []map[string]any
 		err = conn.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
 		require.NoError(t, err)
-		worst, where := 0.0, ""
-		var walk func(node map[string]any)
-		walk = func(node map[string]any) {
-			work := node["Actual Rows"].(float64) * node["Actual Loops"].(float64)
-			if work > worst {
-				worst, where = work, fmt.Sprint(node["Node Type"], " ", node["Relation Name"], node["CTE Name"])
-			}
-			children, _ := node["Plans"].([]any)
-			for _, c := range children {
-				walk(c.(map[string]any))
-			}
-		}
-		walk(plan[0]["Plan"].(map[string]any))
+		worst, where := testkit.BusiestPlanNode(plan)
 		require.LessOrEqual(t, worst, 3.0*n, "run %d: plan node %s handles %.0f rows for %d leases in a table of %d\n%s", run, where, worst, n, table, mustJSON(plan))
 	}
 }

@@ -8,23 +8,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // The SQL API of migration 00014 (docs/SQL.md), called as a worker in another language calls
 // it: plain statements, no Go lessor on that side.
 
 // sqlState returns the SQLSTATE of err's Postgres error ("" for none).
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
+var sqlState = testkit.SQLState
 
 // sqlTryAcquire calls fencelock.try_acquire; 0 when it returned NULL (not acquired).
 func sqlTryAcquire(t *testing.T, b *bundle, name, holder string, ttl time.Duration) fencelock.Token {
@@ -119,9 +114,7 @@ func TestSQLFence(t *testing.T) {
 }
 
 // fenceOnly advances resource's fence to token through the Go API, in a transaction of its own.
-func fenceOnly(ctx context.Context, pool *pgxpool.Pool, resource string, token fencelock.Token) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return fencelock.FenceTx(ctx, tx, resource, token) })
-}
+var fenceOnly = fencetest.FenceOnly
 
 // A holder of the SQL API and a Go lessor exclude each other on one name, and fence each
 // other's stale writes.

@@ -10,21 +10,16 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // unreachablePool is a pool whose every connection attempt fails: pgxpool connects lazily, so a
 // call that returns an *ArgumentError through it provably ran no SQL.
-func unreachablePool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
+var unreachablePool = testkit.UnreachablePool
 
 // noSQLTx is a pgx.Tx that fails the test if any statement is sent through it.
 type noSQLTx struct {
@@ -47,13 +42,8 @@ func (x noSQLTx) QueryRow(context.Context, string, ...any) pgx.Row {
 	return nil
 }
 
-func requireArgError(t *testing.T, err error, arg string) {
-	t.Helper()
-	var ae *fencelock.ArgumentError
-	require.ErrorAs(t, err, &ae)
-	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	require.Equal(t, arg, ae.Arg)
-}
+// requireArgError checks that err is bad input for argument arg.
+var requireArgError = fencetest.RequireArgError
 
 func TestBadInputIsRefusedBeforeSQL(t *testing.T) {
 	t.Parallel()

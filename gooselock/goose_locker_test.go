@@ -2,114 +2,33 @@ package gooselock_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
-	"github.com/pressly/goose/v3/lock/locktesting"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/gooselock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
-// gooseMigrations is the application's migration set of the goose tests: three tables, the
-// second migration slow enough (200 ms) that concurrent migrators really overlap.
-var gooseMigrations = fstest.MapFS{
-	"00001_accounts.sql": {Data: []byte("-- +goose Up\nCREATE TABLE accounts (id bigint PRIMARY KEY);\n-- +goose Down\nDROP TABLE accounts;\n")},
-	"00002_orders.sql":   {Data: []byte("-- +goose Up\nCREATE TABLE orders (id bigint PRIMARY KEY);\nSELECT pg_sleep(0.2);\n-- +goose Down\nDROP TABLE orders;\n")},
-	"00003_items.sql":    {Data: []byte("-- +goose Up\nCREATE TABLE items (id bigint PRIMARY KEY);\n-- +goose Down\nDROP TABLE items;\n")},
-}
+// gooseMigrations are the application's migrations of the goose tests, kept in the version
+// table gooseVersionTable; newGooseProvider returns a goose provider of a migration set on a
+// pool, locked by a locker.
+var (
+	gooseMigrations  = fencetest.GooseMigrations
+	newGooseProvider = fencetest.NewGooseProvider
+)
 
-// gooseVersionTable is the goose version table of the application in these tests.
-const gooseVersionTable = "app_goose_version"
+const gooseVersionTable = fencetest.GooseVersionTable
 
-// newGooseProvider returns a goose Provider of fsys on a *sql.DB of pool (closed at test
-// cleanup), locked by locker.
-func newGooseProvider(t *testing.T, pool *pgxpool.Pool, fsys fstest.MapFS, locker lock.Locker) *goose.Provider {
-	t.Helper()
-	db := stdlib.OpenDBFromPool(pool)
-	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys,
-		goose.WithLocker(locker),
-		goose.WithDisableGlobalRegistry(true),
-		goose.WithTableName(gooseVersionTable),
-	)
-	require.NoError(t, err)
-	return p
-}
-
-// watchQueue records the longest queue of name seen in SQL, polling every 5 ms until stop is
-// called (or the test ends), which returns it.
-func watchQueue(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) (stop func() int) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	longest := 0
-	t.Cleanup(func() { cancel(); wg.Wait() }) // when the test fails before stop
-	wg.Go(func() {
-		for ctx.Err() == nil {
-			var n int
-			if err := pool.QueryRow(ctx, `SELECT count(*) FROM fencelock.lease_queue WHERE name = $1`, name).Scan(&n); err == nil {
-				longest = max(longest, n)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	})
-	return func() int {
-		cancel()
-		wg.Wait()
-		return longest
-	}
-}
-
-// providerLocking runs goose's own contract test, locktesting.TestProviderLocking: five
-// migrators, each with its own lessor (holder id), its own pool on url and its own *sql.DB,
-// run Up at once; exactly one applies the three migrations, the others wait for the lease
-// and then find nothing pending. The migrators did overlap (some waited in the lease's queue),
-// and each released its lease. To make sure they overlap, whatever the machine's load, an
-// outside holder keeps the lease until two of them wait in its queue.
+// providerLocking runs goose's own contract test, locktesting.TestProviderLocking, on
+// gooselock.Lockers, each migrator with its own pool on url (fencetest.GooseProviderLocking).
 func providerLocking(t *testing.T, b *bundle, url string) {
-	const name = "goose:app"
-	var lockers []*gooselock.Locker
-	blocker, err := newLessor(t, b.pool, "blocker").TryAcquire(b.ctx, name, 10*time.Second)
-	require.NoError(t, err)
-	go func() {
-		defer func() { _ = blocker.Release(context.WithoutCancel(b.ctx)) }()
-		for b.ctx.Err() == nil {
-			var n int
-			if err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.lease_queue WHERE name = $1`, name).Scan(&n); err != nil || n >= 2 {
-				return
-			}
-			time.Sleep(5 * time.Millisecond) // polling the queue in SQL: there is no event to await
-		}
-	}()
-	stop := watchQueue(t, b.ctx, b.pool, name)
-	locktesting.TestProviderLocking(t, func(t *testing.T) *goose.Provider {
-		pool := newPool(t, b.ctx, url)
-		l := newLessor(t, pool, fmt.Sprintf("migrator-%d", len(lockers)))
-		locker, err := gooselock.New(l, name, 10*time.Second)
-		require.NoError(t, err)
-		lockers = append(lockers, locker)
-		return newGooseProvider(t, pool, gooseMigrations, locker)
-	})
-	require.Positive(t, stop(), "no migrator waited for the lease: the test did not exercise the lock")
-	for _, g := range lockers {
-		require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
-	}
-	var applied int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM `+gooseVersionTable+` WHERE version_id > 0`).Scan(&applied))
-	require.Equal(t, 3, applied, "each migration is recorded once")
-	var tables int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_tables WHERE schemaname = 'public' AND tablename IN ('accounts', 'orders', 'items')`).Scan(&tables))
-	require.Equal(t, 3, tables)
+	fencetest.GooseProviderLocking(t, b.ctx, b.pool, func(t *testing.T) *pgxpool.Pool { return newPool(t, b.ctx, url) }, gooselock.New)
 }
 
 // goose's contract test for lockers, on direct connections: one migrator applies everything.
@@ -119,37 +38,10 @@ func TestGooseLockerProviderLocking(t *testing.T) {
 	providerLocking(t, b, b.db.URL)
 }
 
-// concurrentLocking runs goose's other contract test, locktesting.TestConcurrentLocking: five
-// gooselock.Lockers, each on a lessor of its own (its own holder id) on pool, Lock at once with a
-// context that ends after a second; one gets the lease and holds it for two seconds, then
-// calls Unlock with that same context, ended by then, which must succeed (goose's table
-// locker passes: its Unlock detaches the context); the others give up when their context ends.
-// Afterwards exactly one locker had the lease and released it, and the name is free at once:
-// another lessor is granted it, and nothing is left in its queue.
+// concurrentLocking runs goose's other contract test, locktesting.TestConcurrentLocking, on
+// gooselock.Lockers on pool (fencetest.GooseConcurrentLocking).
 func concurrentLocking(t *testing.T, b *bundle, pool *pgxpool.Pool) {
-	const name = "goose:concurrent"
-	db := stdlib.OpenDBFromPool(pool)
-	t.Cleanup(func() { require.NoError(t, db.Close()) })
-	var lockers []*gooselock.Locker
-	locktesting.TestConcurrentLocking(t, db, func(t *testing.T) lock.Locker {
-		g, err := gooselock.New(newLessor(t, pool, fmt.Sprintf("locker-%d", len(lockers))), name, 10*time.Second)
-		require.NoError(t, err)
-		lockers = append(lockers, g)
-		return g
-	}, time.Second)
-	released := 0
-	for _, g := range lockers {
-		if errors.Is(g.Err(), fencelock.ErrReleased) {
-			released++
-		} else {
-			require.ErrorIs(t, g.Err(), fencelock.ErrNotHeld, "a locker that never held the lease")
-		}
-	}
-	require.Equal(t, 1, released)
-	require.Empty(t, readQueue(t, b.ctx, b.pool, name))
-	lease, err := newLessor(t, pool, "after").TryAcquire(b.ctx, name, 10*time.Second)
-	require.NoError(t, err, "the lease is still held after Unlock")
-	require.NoError(t, lease.Release(b.ctx))
+	fencetest.GooseConcurrentLocking(t, b.ctx, b.pool, pool, gooselock.New)
 }
 
 // goose's contract test for concurrent lockers, on direct connections.
@@ -283,10 +175,7 @@ func TestGooseLockerBadInput(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g, err := gooselock.New(tt.lessor, tt.lease, tt.ttl)
 			require.Nil(t, g)
-			require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-			var ae *fencelock.ArgumentError
-			require.ErrorAs(t, err, &ae)
-			require.Equal(t, tt.arg, ae.Arg)
+			fencetest.RequireArgError(t, err, tt.arg)
 		})
 	}
 }

@@ -5,23 +5,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // unreachableLessor returns a lessor on a pool that cannot connect (nothing listens on port 1):
-// a call that ran SQL on it would fail with a connection error.
-func unreachableLessor(t *testing.T, opts ...fencelock.LessorOption) *fencelock.Lessor {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://fencelock@127.0.0.1:1/none?connect_timeout=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	l, err := fencelock.NewLessor(pool, opts...)
-	require.NoError(t, err)
-	return l
-}
+// a call that ran SQL on it would fail with a connection error, not an ArgumentError.
+var unreachableLessor = fencetest.UnreachableLessor
 
 // New refuses bad input with an ArgumentError naming it; no SQL runs.
 func TestNewRefusesBadInput(t *testing.T) {
@@ -45,10 +37,7 @@ func TestNewRefusesBadInput(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			g, err := New(tc.lessor, tc.name, tc.ttl)
 			require.Nil(t, g)
-			require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-			var ae *fencelock.ArgumentError
-			require.ErrorAs(t, err, &ae)
-			require.Equal(t, tc.arg, ae.Arg)
+			fencetest.RequireArgError(t, err, tc.arg)
 		})
 	}
 }

@@ -3,16 +3,15 @@ package ratelimit_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/pgserver"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
-// The helpers of the limiter's server tests (limiter_test.go): copies of the root package's
-// (helpers_test.go), which a test package of another directory cannot import.
+// The helpers of the limiter's server tests (limiter_test.go): the package's names for those
+// every test package shares (internal/testkit).
 
 // bundle is what a server test needs: a fresh migrated database and a context bounded so that
 // a hung test fails instead of stalling the suite.
@@ -27,28 +26,14 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := pgserver.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	t.Cleanup(cancel)
-	return &bundle{ctx: ctx, pool: db.Pool, db: db}
+	return &bundle{ctx: testkit.Context(t), pool: db.Pool, db: db}
 }
 
 // newPool returns a pool on url, closed at test cleanup.
-func newPool(t *testing.T, ctx context.Context, url string) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(ctx, url)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
+var newPool = testkit.NewPool
 
 // waitFor polls cond every 5 ms until it holds, failing the test when b's context ends first.
 func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
 	t.Helper()
-	for !cond() {
-		select {
-		case <-b.ctx.Done():
-			t.Fatalf("timed out waiting until %s", what)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	testkit.WaitFor(t, b.ctx, what, cond)
 }

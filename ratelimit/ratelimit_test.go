@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // These tests need no server. The server tests of the limiter (bursts, retries, sweeps, the
@@ -18,13 +18,7 @@ import (
 
 // unreachablePool is a pool whose every connection attempt fails: pgxpool connects lazily, so a
 // call that returns an *ArgumentError through it provably ran no SQL.
-func unreachablePool(t *testing.T) *pgxpool.Pool {
-	t.Helper()
-	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	return pool
-}
+var unreachablePool = testkit.UnreachablePool
 
 // requireArgError checks that err is bad input for arg, and that it matches package
 // fencelock's names as well as this package's.

@@ -2,15 +2,14 @@ package chaos
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // Scenario 11: a waiter killed with kill -9 at the head of a lease's queue (a child process,
@@ -99,16 +98,5 @@ func TestScenarioQueueWaiterKilled(t *testing.T) {
 // failing the test after 10 s.
 func awaitHolders(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string, holders ...string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		rows, err := pool.Query(ctx, `SELECT holder FROM fencelock.lease_queue WHERE name = $1 ORDER BY position`, name)
-		require.NoError(t, err)
-		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
-		if fmt.Sprint(got) == fmt.Sprint(holders) {
-			return
-		}
-		require.True(t, time.Now().Before(deadline), "queue of %q is %v, want %v", name, got, holders)
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.AwaitQueue(t, ctx, pool, name, false, holders...)
 }

@@ -11,21 +11,15 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // sqlState returns the SQLSTATE of err, or "" if the server did not report one.
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
+var sqlState = testkit.SQLState
 
 // Scenario 7a: idle_in_transaction_session_timeout fires on a guarded write. The database
 // default is set to 100 ms (ALTER DATABASE, then a fresh pool). A holder runs GuardTx and

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -223,15 +222,10 @@ func TestAdvisoryBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
-	cfg, err := pgxpool.ParseConfig(bouncer.URL(b.db.Name))
-	require.NoError(t, err)
-	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // PgBouncer < 1.21: no named prepared statements
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := goosePool(t, b.ctx, bouncer.URL(b.db.Name), true) // PgBouncer < 1.21: no named prepared statements
 
 	a := newLocker(t, pool, fencelock.WithFencingTokens())
-	_, err = a.TryLock(b.ctx, "job")
+	_, err := a.TryLock(b.ctx, "job")
 	var pe *fencelock.PoolerError
 	require.ErrorAs(t, err, &pe)
 	require.ErrorIs(t, err, fencelock.ErrConnectionPooler)

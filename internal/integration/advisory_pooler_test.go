@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -21,13 +20,7 @@ func TestAdvisoryBehindSessionPooler(t *testing.T) {
 	b := setup(t)
 	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "session")
 	viaBouncer := func() *pgxpool.Pool {
-		cfg, err := pgxpool.ParseConfig(bouncer.URL(b.db.Name))
-		require.NoError(t, err)
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // PgBouncer < 1.21: no named prepared statements
-		pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close)
-		return pool
+		return goosePool(t, b.ctx, bouncer.URL(b.db.Name), true) // PgBouncer < 1.21: no named prepared statements
 	}
 	poolA, poolB := viaBouncer(), viaBouncer()
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/cli"
+	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/migrations"
 )
 
@@ -43,19 +44,7 @@ func cliRun(t *testing.T, b *bundle, stdin string, args ...string) (code int, st
 // after 10 s.
 func awaitWaiters(t *testing.T, b *bundle, name string, waiters int64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int64
-		err := b.pool.QueryRow(b.ctx, `SELECT coalesce((SELECT waiters FROM fencelock.holders WHERE name = $1), -1)`, name).Scan(&n)
-		require.NoError(t, err)
-		if n == waiters {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fencelock.holders shows %d waiters for %q, want %d", n, name, waiters)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.AwaitWaiters(t, b.ctx, b.pool, name, waiters)
 }
 
 // columnGap separates the columns of the command's tables (cells hold single spaces at most).

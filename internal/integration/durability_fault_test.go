@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"fmt"
 	"testing"
 	"time"
 
@@ -13,54 +12,23 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
 // tokenPath issues one fencing token the way one API path does, and leaves nothing behind
-// that would flush the WAL (no release, no unlock).
-type tokenPath func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error)
+// that would flush the WAL (no release, no unlock); tokenPaths are the API paths that issue
+// tokens.
+type tokenPath = fencetest.TokenPath
 
 var tokenPaths = []struct {
 	desc  string
 	issue tokenPath
 }{
-	{"LeaseGrant", func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error) {
-		lease, err := newLessor(t, pool, "grant").TryAcquire(ctx, fmt.Sprintf("lease:%d", i), time.Minute)
-		if err != nil {
-			return 0, err
-		}
-		return lease.Token(), nil
-	}},
-	{"RunLocked", func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error) {
-		var token fencelock.Token
-		err := newLessor(t, pool, "tx").RunLocked(ctx, fmt.Sprintf("tx:%d", i), func(_ context.Context, _ pgx.Tx, tok fencelock.Token) error {
-			token = tok
-			return nil
-		})
-		return token, err
-	}},
-	{"AdvisorySession", func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error) {
-		a, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens())
-		require.NoError(t, err)
-		lk, err := a.TryLock(ctx, fmt.Sprintf("adv:%d", i))
-		if err != nil {
-			return 0, err
-		}
-		// Held until the crash ends its session; Unlock then hands the connection back (closed),
-		// which the pool's Close at cleanup waits for.
-		t.Cleanup(func() { _ = lk.Unlock(context.Background()) })
-		return lk.Token(), nil
-	}},
-	{"AdvisoryTransaction", func(t *testing.T, ctx context.Context, pool *pgxpool.Pool, i int) (fencelock.Token, error) {
-		a, err := fencelock.NewAdvisoryLocker(pool, fencelock.WithFencingTokens())
-		require.NoError(t, err)
-		var token fencelock.Token
-		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
-			token, err = a.TryLockTx(ctx, tx, fmt.Sprintf("advtx:%d", i))
-			return err
-		})
-		return token, err
-	}},
+	{"LeaseGrant", fencetest.LeaseGrantToken},
+	{"RunLocked", fencetest.RunLockedToken},
+	{"AdvisorySession", fencetest.AdvisorySessionToken},
+	{"AdvisoryTransaction", fencetest.AdvisoryTransactionToken},
 }
 
 // Every path that issues a token makes it durable before the grant returns, even when the

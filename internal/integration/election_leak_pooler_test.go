@@ -9,7 +9,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // An observer's goroutine and connection end when its ctx does. Not parallel: it counts
@@ -33,8 +32,7 @@ func TestElectionObserveNoLeak(t *testing.T) {
 func TestElectionObserveBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
-	pool := goosePool(t, b.ctx, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+	_, pool := viaPgBouncer(t, b, "transaction")
 	const name = "election:pooled"
 	watcher, err := fencelock.NewElection(newLessor(t, pool, "pooled-watcher"), name, time.Second)
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // metricsReader collects what a lessor or locker recorded on an SDK provider with a manual
@@ -184,13 +185,7 @@ func TestMetrics(t *testing.T) {
 // waitFor polls cond every 5 ms until it holds, failing the test when b's context ends first.
 func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
 	t.Helper()
-	for !cond() {
-		select {
-		case <-b.ctx.Done():
-			t.Fatalf("timed out waiting until %s", what)
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	testkit.WaitFor(t, b.ctx, what, cond)
 }
 
 // FenceTx and UpdateFencedTx take no lessor: their stale rejections go to the default provider

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"testing"
 	"time"
 
@@ -12,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/migrations"
+	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -116,35 +115,17 @@ func TestMigrateLockHeldAcrossMigrationBehindPgBouncer(t *testing.T) {
 }
 
 // migrateLockKey is fencelock's migrateLockID, the advisory lock key of Migrate.
-// (A copy of the root package's helpers_test.go.)
-const migrateLockKey int64 = 0x66656e63656c6f63
+const migrateLockKey = testkit.MigrateLockKey
 
 // migrateWaiting reports whether a session of pool's database waits for Migrate's advisory lock.
-// (A copy of the helper of the root package's migrate_test.go.)
 func migrateWaiting(t *testing.T, b *bundle) bool {
 	t.Helper()
-	var waiting bool
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks
-		WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
-		  AND ((classid::bigint << 32) | objid::bigint) = $1
-		  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`, migrateLockKey).Scan(&waiting))
-	return waiting
+	return testkit.MigrateWaiting(t, b.ctx, b.pool)
 }
 
 // requireEachVersionOnce fails the test unless fencelock's version table lists every migration
 // exactly once (and goose's version 0 once).
-// (A copy of the helper of the root package's helpers_test.go.)
 func requireEachVersionOnce(t *testing.T, b *bundle) {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT version_id FROM fencelock.goose_db_version WHERE is_applied ORDER BY version_id`)
-	require.NoError(t, err)
-	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	require.NoError(t, err)
-	sqlFiles, err := fs.Glob(migrations.FS, "*.sql")
-	require.NoError(t, err)
-	want := []int64{0}
-	for v := range len(sqlFiles) {
-		want = append(want, int64(v+1)) // migrations are numbered 1..n
-	}
-	require.Equal(t, want, got)
+	testkit.RequireEachVersionOnce(t, b.ctx, b.pool)
 }

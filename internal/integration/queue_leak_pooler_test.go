@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -65,14 +63,7 @@ func TestQueueBehindPgBouncer(t *testing.T) {
 	bouncer, err := pgtest.StartPgBouncer(b.ctx, b.db.Server, "transaction")
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, bouncer.Close()) })
-	cfg, err := pgxpool.ParseConfig(bouncer.URL(b.db.Name))
-	require.NoError(t, err)
-	if !bouncer.PreparedStatements() {
-		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	}
-	pooled, err := pgxpool.NewWithConfig(b.ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pooled.Close)
+	pooled := goosePool(t, b.ctx, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
 
 	holder := newLessor(t, pooled, "holder")
 	lh, err := holder.TryAcquire(b.ctx, "bounced", time.Minute)

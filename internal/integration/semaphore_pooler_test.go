@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // Behind PgBouncer in transaction mode (no LISTEN: waiters poll), permits are granted up to
@@ -16,8 +15,7 @@ import (
 func TestSemaphoreBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
-	pool := goosePool(t, b.ctx, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+	_, pool := viaPgBouncer(t, b, "transaction")
 	h, err := fencelock.NewSemaphore(newLessor(t, pool, "pooled-h"), "sem:pooled", 2)
 	require.NoError(t, err)
 	p1, err := h.TryAcquire(b.ctx, 10*time.Second)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -183,10 +184,4 @@ func TestSQLAPIPythonWorker(t *testing.T) {
 
 // errorsAsStale returns the *fencelock.StaleTokenError in err, failing the test unless there is
 // one and err matches fencelock.ErrStaleToken.
-func errorsAsStale(t *testing.T, err error) *fencelock.StaleTokenError {
-	t.Helper()
-	var stale *fencelock.StaleTokenError
-	require.ErrorAs(t, err, &stale)
-	require.ErrorIs(t, err, fencelock.ErrStaleToken)
-	return stale
-}
+var errorsAsStale = fencetest.ErrorsAsStale
