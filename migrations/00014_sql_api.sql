@@ -77,8 +77,12 @@ $$;
 -- +goose StatementBegin
 -- fencelock.try_acquire grants the lease lease_name to lease_holder for ttl (on the database
 -- clock) when it is free, and returns the grant's fencing token; NULL when someone holds it or
--- waits for it in its queue (it does not barge: Go's Lessor.TryAcquire). It must run in a
--- transaction of its own (autocommit), else FL007. The statement is the
+-- waits for it in its queue (it does not barge: Go's Lessor.TryAcquire). The TTL counts from
+-- the start of its statement (statement_timestamp(), not the transaction's start), so the
+-- holder's trust window, counted from when it sent the call, ends before the lease does. Call
+-- it in a transaction of its own (autocommit): inside a transaction block the grant is seen
+-- by others only once the block commits, and a grant of a new name holds its row against every
+-- other grant of that name (they wait on its insert) until then. The statement is the
 -- Go lessor's LeaseGrant (sqlc/queries/leases.sql) as a try grant: see its comment for why it is
 -- safe. Durable when the caller's transaction commits (next_token raises synchronous_commit
 -- from off to on). Raises FL007 for a bad argument; FL001-FL003 from next_token; 25006 on a hot
@@ -95,19 +99,12 @@ BEGIN
         PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
                 fencelock.ttl_us(ttl);
     END IF;
-    -- In a transaction of its own only: a grant left uncommitted in a longer transaction would
-    -- hold a new name's row against every other grant of it (they wait on its insert) until
-    -- that transaction ends, and its expiry would be counted from the transaction's start.
-    IF now() <> pg_catalog.statement_timestamp() THEN
-        RAISE EXCEPTION 'fencelock: call fencelock.try_acquire in a transaction of its own (autocommit), not inside a transaction block'
-            USING ERRCODE = 'FL007';
-    END IF;
     v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
     INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
     SELECT lease_name, lease_holder,
            CASE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)
                 THEN 0 ELSE fencelock.next_token(false) END,
-           now(), now() + v_ttl_us * interval '1 microsecond'
+           pg_catalog.statement_timestamp(), pg_catalog.statement_timestamp() + v_ttl_us * interval '1 microsecond'
     WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                       WHERE cur.name = lease_name AND cur.expires_at > pg_catalog.clock_timestamp())
       AND (NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)

@@ -1107,19 +1107,12 @@ BEGIN
         PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
                 fencelock.ttl_us(ttl);
     END IF;
-    -- In a transaction of its own only: a grant left uncommitted in a longer transaction would
-    -- hold a new name's row against every other grant of it (they wait on its insert) until
-    -- that transaction ends, and its expiry would be counted from the transaction's start.
-    IF now() <> pg_catalog.statement_timestamp() THEN
-        RAISE EXCEPTION 'fencelock: call fencelock.try_acquire in a transaction of its own (autocommit), not inside a transaction block'
-            USING ERRCODE = 'FL007';
-    END IF;
     v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
     INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
     SELECT lease_name, lease_holder,
            CASE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)
                 THEN 0 ELSE fencelock.next_token(false) END,
-           now(), now() + v_ttl_us * interval '1 microsecond'
+           pg_catalog.statement_timestamp(), pg_catalog.statement_timestamp() + v_ttl_us * interval '1 microsecond'
     WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                       WHERE cur.name = lease_name AND cur.expires_at > pg_catalog.clock_timestamp())
       AND (NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)

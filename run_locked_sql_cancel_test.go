@@ -1,0 +1,366 @@
+package fencelock_test
+
+import (
+	"context"
+	"database/sql"
+	"net"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// The database/sql forms (TryRunLockedSQL, RunLockedSQL, LockSQLTx) when ctx ends, beside
+// their pgx twins, over a slow link: DESIGN.md, a call that gave up returns only once nothing
+// it asked for is held on the server, whatever the latency between client and server.
+
+// latencyProxy is a TCP proxy in front of the test server that delays each direction by a
+// one-way latency the test sets while it runs: a client far from its server. It owns its
+// connections: the test's cleanup closes them and waits for its goroutines.
+type latencyProxy struct {
+	ln     net.Listener
+	target string
+	delay  atomic.Int64 // client to server (data and the close), nanoseconds
+	back   atomic.Int64 // server to client, nanoseconds
+
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// newLatencyProxy starts a proxy to the server of dbURL, with no latency yet, and returns it
+// with dbURL through it.
+func newLatencyProxy(t *testing.T, dbURL string) (*latencyProxy, string) {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &latencyProxy{ln: ln, target: u.Host}
+	t.Cleanup(p.close)
+	p.wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.wg.Go(func() { p.handle(c) })
+		}
+	})
+	u.Host = ln.Addr().String()
+	return p, u.String()
+}
+
+func (p *latencyProxy) close() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	p.closed = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func (p *latencyProxy) handle(client net.Conn) {
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		_ = client.Close()
+		return
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = client.Close()
+		_ = server.Close()
+		return
+	}
+	p.conns = append(p.conns, client, server)
+	p.mu.Unlock()
+	p.wg.Go(func() { pipeDelayed(server, client, &p.back) })
+	pipeDelayed(client, server, &p.delay)
+}
+
+// delayedChunk is what pipeDelayed read from its source (data, or the end), and when to
+// deliver it.
+type delayedChunk struct {
+	data []byte
+	at   time.Time
+	eof  bool
+}
+
+// pipeDelayed copies from src to dst, each chunk (and the end, as a close of dst) delivered
+// *delay after it was read. It returns once src ended and everything read was delivered or
+// dst failed.
+func pipeDelayed(src, dst net.Conn, delay *atomic.Int64) {
+	q := make(chan delayedChunk, 1<<14)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		for c := range q {
+			if d := time.Until(c.at); d > 0 {
+				time.Sleep(d)
+			}
+			if c.eof {
+				_ = dst.Close()
+				continue
+			}
+			if _, err := dst.Write(c.data); err != nil {
+				_ = dst.Close()
+				_ = src.Close() // the reader's next Read fails, and it closes q
+			}
+		}
+	})
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		at := time.Now().Add(time.Duration(delay.Load()))
+		if n > 0 {
+			q <- delayedChunk{data: append([]byte(nil), buf[:n]...), at: at}
+		}
+		if err != nil {
+			q <- delayedChunk{eof: true, at: at}
+			close(q)
+			return
+		}
+	}
+}
+
+// leaseRowLocked reports whether some transaction holds the lease row of name locked.
+func leaseRowLocked(t *testing.T, b *bundle, name string) bool {
+	t.Helper()
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = $1 FOR UPDATE NOWAIT`, name)
+	if err == nil {
+		return false
+	}
+	require.Equal(t, "55P03", sqlState(err), "%v", err)
+	return true
+}
+
+// requireRowFreeOnReturn fails the test when the lease row of name is still locked now, just
+// after a call that returned err at returned; the message says how much later it was free.
+func requireRowFreeOnReturn(t *testing.T, b *bundle, name string, returned time.Time, err error) {
+	t.Helper()
+	if !leaseRowLocked(t, b, name) {
+		return
+	}
+	waitFor(t, b, "the lease row is free", func() bool { return !leaseRowLocked(t, b, name) })
+	t.Fatalf("the lease row is still locked after the call returned %v (free %v later)", err, time.Since(returned))
+}
+
+// TryRunLocked's doc (and RunLockedSQL's): when ctx ends while fn runs, the transaction is
+// rolled back and the row is free when the call returns, whatever the latency. database/sql
+// rolls the transaction back in a goroutine of its own when ctx ends, so the database/sql form
+// must wait for that rollback on the server; the pgx form (control) waits for its ROLLBACK.
+func TestRunLockedSQLCancelledInFnFreesRowOnReturn(t *testing.T) {
+	t.Parallel()
+	const latency = 100 * time.Millisecond
+	for _, form := range []string{"SQL", "PgxControl"} {
+		t.Run(form, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			proxy, proxyURL := newLatencyProxy(t, b.db.URL)
+			// The row exists before the run (a first run creates it).
+			l := newLessor(t, b.pool, "a")
+			require.NoError(t, l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+
+			ctx, cancel := context.WithCancel(b.ctx)
+			defer cancel()
+			inside := make(chan struct{})
+			done := make(chan error, 1)
+			if form == "SQL" {
+				sqlDB, err := sql.Open("pgx", proxyURL)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = sqlDB.Close() })
+				go func() {
+					done <- l.TryRunLockedSQL(ctx, sqlDB, "job", func(ctx context.Context, _ *sql.Tx, _ fencelock.Token) error {
+						close(inside)
+						<-ctx.Done()
+						return ctx.Err()
+					})
+				}()
+			} else {
+				lf := newLessor(t, newPool(t, b.ctx, proxyURL), "a")
+				go func() {
+					done <- lf.TryRunLocked(ctx, "job", func(ctx context.Context, _ pgx.Tx, _ fencelock.Token) error {
+						close(inside)
+						<-ctx.Done()
+						return ctx.Err()
+					})
+				}()
+			}
+			select {
+			case <-inside:
+			case err := <-done:
+				t.Fatalf("returned before fn ran: %v", err)
+			}
+			require.True(t, leaseRowLocked(t, b, "job"), "fn runs with the row locked")
+			proxy.delay.Store(int64(latency))
+			cancel()
+			err := <-done
+			returned := time.Now()
+			require.ErrorIs(t, err, context.Canceled)
+			requireRowFreeOnReturn(t, b, "job", returned, err)
+		})
+	}
+}
+
+// LockSQLTx (docs): "When ctx ends first the statement is cancelled and database/sql rolls tx
+// back, which releases anything it held." DESIGN.md: a call that gave up returns only once
+// nothing it asked for is held on the server, for advisory locks as for leases, whatever the
+// latency. With 100 ms of one-way latency, the cancelled call returns while its backend still
+// waits in the lock's queue (pgx closes the connection and sends the cancel request
+// asynchronously); a holder that lets go just after hands the lock to that abandoned wait,
+// and a TryLockTx that follows is refused by a lock nobody alive holds. The pgx twin LockTx
+// (control, older than issue 29) does the same.
+func TestLockTxCancelledLeavesNoAbandonedWait(t *testing.T) {
+	t.Parallel()
+	for _, form := range []string{"SQL", "PgxTwin"} {
+		t.Run(form, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			proxy, proxyURL := newLatencyProxy(t, b.db.URL)
+			a, err := fencelock.NewAdvisoryLocker(b.pool)
+			require.NoError(t, err)
+			hold, err := b.pool.Begin(b.ctx)
+			require.NoError(t, err)
+			defer func() { _ = hold.Rollback(b.ctx) }()
+			_, err = a.TryLockTx(b.ctx, hold, "report")
+			require.NoError(t, err)
+
+			ctx, cancel := context.WithCancel(b.ctx)
+			defer cancel()
+			done := make(chan error, 1)
+			if form == "SQL" {
+				sqlDB, err := sql.Open("pgx", proxyURL)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = sqlDB.Close() })
+				go func() {
+					tx, err := sqlDB.BeginTx(ctx, nil)
+					if err != nil {
+						done <- err
+						return
+					}
+					defer func() { _ = tx.Rollback() }()
+					_, err = a.LockSQLTx(ctx, tx, "report")
+					done <- err
+				}()
+			} else {
+				far := newPool(t, b.ctx, proxyURL)
+				go func() {
+					tx, err := far.Begin(ctx)
+					if err != nil {
+						done <- err
+						return
+					}
+					defer func() { _ = tx.Rollback(context.Background()) }()
+					_, err = a.LockTx(ctx, tx, "report")
+					done <- err
+				}()
+			}
+			waiting := func() int {
+				var n int
+				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
+					WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()`).Scan(&n))
+				return n
+			}
+			waitFor(t, b, "the lock waiting", func() bool { return waiting() == 1 })
+			proxy.delay.Store(int64(100 * time.Millisecond))
+			cancel()
+			require.ErrorIs(t, <-done, context.Canceled)
+			stillWaiting := waiting()
+			require.NoError(t, hold.Commit(b.ctx)) // the holder lets go just after
+			err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+				_, err := a.TryLockTx(b.ctx, tx, "report")
+				return err
+			})
+			require.NoError(t, err, "the lock is held by the wait of a call that returned ctx's error before (%d waiting when it returned)", stillWaiting)
+		})
+	}
+}
+
+// TryRunLockedSQL whose ctx ends after its grant ran on the server but before the reply came
+// back (a slow link): the call gives up without running fn, and returns only once the
+// abandoned transaction no longer holds the row, as the pgx form (control) does.
+func TestTryRunLockedSQLCancelledAfterGrantFreesRowOnReturn(t *testing.T) {
+	t.Parallel()
+	const latency = 300 * time.Millisecond
+	for _, form := range []string{"SQL", "PgxControl"} {
+		t.Run(form, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			proxy, proxyURL := newLatencyProxy(t, b.db.URL)
+			l := newLessor(t, b.pool, "a")
+			require.NoError(t, l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+			ctx, cancel := context.WithCancel(b.ctx)
+			defer cancel()
+			ran := make(chan struct{}, 1)
+			fn := func() { ran <- struct{}{} }
+			done := make(chan error, 1)
+			if form == "SQL" {
+				sqlDB, err := sql.Open("pgx", proxyURL)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = sqlDB.Close() })
+				require.NoError(t, sqlDB.PingContext(b.ctx))
+				proxy.back.Store(int64(latency))
+				go func() {
+					done <- l.TryRunLockedSQL(ctx, sqlDB, "job", func(context.Context, *sql.Tx, fencelock.Token) error { fn(); return nil })
+				}()
+			} else {
+				far := newPool(t, b.ctx, proxyURL)
+				require.NoError(t, far.Ping(b.ctx))
+				lf := newLessor(t, far, "a")
+				proxy.back.Store(int64(latency))
+				go func() {
+					done <- lf.TryRunLocked(ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { fn(); return nil })
+				}()
+			}
+			waitFor(t, b, "the grant done on the server, its reply in flight", func() bool {
+				var n int
+				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND state = 'idle in transaction' AND query LIKE '-- name: LeaseGrant%'`).Scan(&n))
+				return n == 1
+			})
+			proxy.delay.Store(int64(latency))
+			cancel()
+			err := <-done
+			returned := time.Now()
+			require.ErrorIs(t, err, context.Canceled)
+			require.Empty(t, ran, "fn ran")
+			requireRowFreeOnReturn(t, b, "job", returned, err)
+		})
+	}
+}
+
+// RunLockedSQL and TryRunLockedSQL with a ctx that has already ended return ctx's error and
+// run nothing; the same lessor then runs fn with a live ctx.
+func TestRunLockedSQLEndedContextRunsNothing(t *testing.T) {
+	t.Parallel()
+	for _, w := range sqlWirings {
+		t.Run(w.desc, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			sqlDB := w.open(t, b)
+			l := newLessor(t, b.pool, "a")
+			ctx, cancel := context.WithCancel(b.ctx)
+			cancel()
+			ran := false
+			fn := func(context.Context, *sql.Tx, fencelock.Token) error { ran = true; return nil }
+			require.ErrorIs(t, l.RunLockedSQL(ctx, sqlDB, "job", fn), context.Canceled)
+			require.ErrorIs(t, l.TryRunLockedSQL(ctx, sqlDB, "job", fn), context.Canceled)
+			require.False(t, ran)
+			require.NoError(t, l.TryRunLockedSQL(b.ctx, sqlDB, "job", fn))
+			require.True(t, ran)
+		})
+	}
+}

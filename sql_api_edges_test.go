@@ -1,0 +1,274 @@
+package fencelock_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+)
+
+// The SQL API's edges (migration 00014, docs/SQL.md): arguments at the limits, try_acquire
+// inside a transaction block, renewals inside one, durability, tokens shared with the Go
+// lessor, and grants that ended. Each call is sent as a worker in another language sends it:
+// a plain statement with parameters (pgx's extended protocol, as psycopg, JDBC and lib/pq).
+
+// docs/SQL.md: a ttl outside 10 ms .. 7 days raises FL007 ("invalid argument, refused before
+// anything is read or written"), also a ttl too large for the microsecond arithmetic (which
+// would overflow bigint, SQLSTATE 22003, if converted before the check).
+func TestSQLTTLOutOfRangeRaisesInvalidArgument(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	lease, err := newLessor(t, b.pool, "h").TryAcquire(b.ctx, "n", time.Minute)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		desc string
+		stmt string
+		args []any
+	}{
+		{"try_acquire", `SELECT fencelock.try_acquire('m', 'h', '300000 years'::interval)`, nil},
+		{"renew", `SELECT fencelock.renew('n', 'h', $1, '300000 years'::interval)`, []any{int64(lease.Token())}},
+		{"try_acquire negative", `SELECT fencelock.try_acquire('m', 'h', '-300000 years'::interval)`, nil},
+	} {
+		_, err := b.pool.Exec(b.ctx, c.stmt, c.args...)
+		require.Equal(t, "FL007", sqlState(err), "%s: %v", c.desc, err)
+		require.ErrorIs(t, fencelock.WrapSQLError(err), fencelock.ErrInvalidArgument, c.desc)
+	}
+}
+
+// docs/SQL.md: try_acquire runs in a transaction of its own (autocommit), however the driver
+// sends it: in one simple Query message (psql), or in the extended protocol's Parse, Bind and
+// Execute messages (pgx, psycopg, JDBC and lib/pq with parameters), whose statement_timestamp()
+// is the receipt of the last of them and so comes after the transaction's start, now().
+func TestSQLTryAcquireGrantsInAutocommitWithAnyProtocol(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, mode := range []pgx.QueryExecMode{
+		pgx.QueryExecModeSimpleProtocol,
+		pgx.QueryExecModeCacheStatement,
+		pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec,
+		pgx.QueryExecModeExec,
+	} {
+		t.Run(mode.String(), func(t *testing.T) {
+			name := "acct:" + mode.String()
+			var tok *int64
+			err := b.pool.QueryRow(b.ctx, `SELECT fencelock.try_acquire($1, 'A', '1 minute'::interval)`, mode, name).Scan(&tok)
+			require.NoError(t, err, "try_acquire in autocommit")
+			require.NotNil(t, tok)
+			require.Equal(t, "A", readLease(t, b.ctx, b.pool, name).Holder)
+		})
+	}
+}
+
+// try_acquire counts its TTL from the start of its own statement (docs/SQL.md), not from the
+// transaction's: a grant sent inside a transaction that began earlier, longer ago than the
+// TTL, still keeps everyone else out until (send time) + TTL, so the holder's trust window,
+// counted from its send time, ends before the lease does.
+func TestSQLTryAcquireInTransactionBlockCountsFromItsStatement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = 2 * time.Second
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `SELECT pg_sleep(2.5)`) // work in the transaction before the grant, longer than the TTL
+	require.NoError(t, err)
+	sent := time.Now()
+	var tokA *int64
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT fencelock.try_acquire('acct', 'A', $1)`, ttl).Scan(&tokA))
+	require.NotNil(t, tokA)
+	require.NoError(t, tx.Commit(b.ctx))
+
+	var tokB fencelock.Token
+	for time.Since(sent) < ttl*3/4 {
+		if tokB = sqlTryAcquire(t, b, "acct", "B", ttl); tokB != 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Zero(t, tokB, "B took the lease %v after A's grant was sent (ttl %v)", time.Since(sent), ttl)
+}
+
+// renew counts its TTL from the start of its own statement (docs/SQL.md), so a renewal sent
+// inside a transaction that began earlier opens the whole trust window of its send time: no
+// one takes the lease before (send time) + TTL, even once the TTL has passed since the
+// transaction's start and since the grant.
+func TestSQLRenewInTransactionCountsFromItsStatement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const ttl = 2 * time.Second
+	tokA := sqlTryAcquire(t, b, "acct", "A", ttl)
+	require.NotZero(t, tokA)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `SELECT pg_sleep(1.5)`)
+	require.NoError(t, err)
+	sent := time.Now()
+	var expires time.Time
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT fencelock.renew('acct', 'A', $1, $2)`, int64(tokA), ttl).Scan(&expires))
+	require.NoError(t, tx.Commit(b.ctx))
+
+	// The renewal opened a trust window up to sent + ttl. Ask inside it, once its first
+	// grant's TTL (from before the renewal) has passed on the database clock.
+	var tokB fencelock.Token
+	for time.Since(sent) < ttl*3/4 {
+		if tokB = sqlTryAcquire(t, b, "acct", "B", ttl); tokB != 0 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Zero(t, tokB, "B took the lease %v after A's renewal was sent (ttl %v; the renewal said it expires at %v, %v after its send time)",
+		time.Since(sent), ttl, expires, expires.Sub(sent))
+}
+
+// Durability: with the session default synchronous_commit = off, every call that hands out a
+// token, renews or fences raises it to on for its transaction (docs/SQL.md, DESIGN.md).
+// try_acquire runs in a transaction of its own, so the setting is read in its statement (the
+// target list is evaluated left to right); the others may share the caller's transaction, and
+// it is read there after them.
+func TestSQLAPIRaisesSynchronousCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	conn := plainConn(t, b)
+	_, err := conn.Exec(b.ctx, `SET synchronous_commit = off`)
+	require.NoError(t, err)
+	tryAcquire := func(desc, name, holder string, ttl time.Duration) int64 {
+		t.Helper()
+		var tok *int64
+		var sc string
+		require.NoError(t, conn.QueryRow(b.ctx, `SELECT fencelock.try_acquire($1, $2, $3), current_setting('synchronous_commit')`,
+			name, holder, ttl).Scan(&tok, &sc), desc)
+		require.NotNil(t, tok, desc)
+		require.Equal(t, "on", sc, desc)
+		return *tok
+	}
+	inTx := func(desc, stmt string, args ...any) {
+		t.Helper()
+		tx, err := conn.Begin(b.ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(b.ctx) }()
+		_, err = tx.Exec(b.ctx, stmt, args...)
+		require.NoError(t, err, desc)
+		var sc string
+		require.NoError(t, tx.QueryRow(b.ctx, `SELECT current_setting('synchronous_commit')`).Scan(&sc))
+		require.Equal(t, "on", sc, desc)
+		require.NoError(t, tx.Commit(b.ctx), desc)
+	}
+	tok := tryAcquire("try_acquire (new row)", "n", "A", time.Minute)
+	inTx("renew", `SELECT fencelock.renew('n', 'A', $1, '1 minute'::interval)`, tok)
+	inTx("fence", `SELECT fencelock.fence('r', $1)`, tok)
+	inTx("fence_lease", `SELECT fencelock.fence_lease('n', 'A', $1, 'r')`, tok)
+	// A Go waiter queues; release hands it the lease (a new token) in the same statement.
+	w := newLessor(t, b.pool, "W")
+	got := make(chan error, 1)
+	go func() {
+		lease, err := w.Acquire(b.ctx, "n", time.Minute)
+		if err == nil && lease.Token() <= fencelock.Token(tok) {
+			err = fmt.Errorf("handed token %d not above %d", lease.Token(), tok)
+		}
+		got <- err
+	}()
+	awaitWaiters(t, b, "n", 1)
+	inTx("release with hand-off", `SELECT fencelock.release('n', 'A', $1)`, tok)
+	require.NoError(t, <-got)
+	// An expired row taken over (the ON CONFLICT path).
+	tryAcquire("try_acquire (expired row)", "e", "A", 20*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	tryAcquire("try_acquire (take over)", "e", "B", time.Minute)
+}
+
+// try_acquire never grants a lease that is held, and never goes around a Go waiter, and its
+// tokens are above every earlier token of the name, whoever granted them.
+func TestSQLAndGoGrantTokensRise(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.pool, "go")
+	var last fencelock.Token
+	for i := range 5 {
+		lease, err := l.TryAcquire(b.ctx, "n", time.Minute)
+		require.NoError(t, err)
+		require.Greater(t, lease.Token(), last, "round %d go", i)
+		last = lease.Token()
+		require.Zero(t, sqlTryAcquire(t, b, "n", "sql", time.Minute), "held by go")
+		require.Zero(t, sqlTryAcquire(t, b, "n", "go", time.Minute), "held by go, same holder id")
+		require.NoError(t, lease.Release(b.ctx))
+		tok := sqlTryAcquire(t, b, "n", "sql", time.Minute)
+		require.Greater(t, tok, last, "round %d sql", i)
+		last = tok
+		_, err = l.TryAcquire(b.ctx, "n", time.Minute)
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+		var released bool
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT fencelock.release('n', 'sql', $1)`, int64(tok)).Scan(&released))
+		require.True(t, released)
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT fencelock.release('n', 'sql', $1)`, int64(tok)).Scan(&released))
+		require.False(t, released, "second release")
+		_, err = b.pool.Exec(b.ctx, `SELECT fencelock.renew('n', 'sql', $1, '1 minute'::interval)`, int64(tok))
+		require.Equal(t, "FL005", sqlState(err), "renew after release revives nothing")
+	}
+}
+
+// guard_lease under REPEATABLE READ (docs: use READ COMMITTED) must not pass for a grant that
+// a later grant replaced: the snapshot still shows the old row.
+func TestSQLGuardLeaseRefusedUnderRepeatableReadAfterTakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tokA := sqlTryAcquire(t, b, "n", "A", time.Minute)
+	require.NotZero(t, tokA)
+	tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = tx.Exec(b.ctx, `SELECT count(*) FROM fencelock.leases`) // the snapshot
+	require.NoError(t, err)
+	var released bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT fencelock.release('n', 'A', $1)`, int64(tokA)).Scan(&released))
+	require.True(t, released)
+	tokB := sqlTryAcquire(t, b, "n", "B", time.Minute)
+	require.NotZero(t, tokB)
+	_, err = tx.Exec(b.ctx, `SELECT fencelock.guard_lease('n', 'A', $1)`, int64(tokA))
+	require.Error(t, err, "guard_lease passed for A's grant after B took the lease (token %d)", tokB)
+}
+
+// try_acquire does not barge past a Go Acquire waiting for a lease whose TTL ran out, and renew
+// never revives a grant that expired.
+func TestSQLTryAcquireDoesNotBargeAndRenewDoesNotRevive(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tokA := sqlTryAcquire(t, b, "n", "A", 300*time.Millisecond)
+	require.NotZero(t, tokA)
+	w := newLessor(t, b.pool, "W")
+	got := make(chan *fencelock.Lease, 1)
+	go func() {
+		lease, err := w.Acquire(b.ctx, "n", time.Minute)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	awaitWaiters(t, b, "n", 1)
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		require.Zero(t, sqlTryAcquire(t, b, "n", "C", time.Minute), "try_acquire went around the Go waiter")
+		time.Sleep(10 * time.Millisecond)
+	}
+	lease := <-got
+	require.NotNil(t, lease)
+	require.Greater(t, lease.Token(), tokA)
+	_, err := b.pool.Exec(b.ctx, `SELECT fencelock.renew('n', 'A', $1, '1 minute'::interval)`, int64(tokA))
+	require.Equal(t, "FL005", sqlState(err), "renew of an expired, taken-over grant")
+	var released bool
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT fencelock.release('n', 'A', $1)`, int64(tokA)).Scan(&released))
+	require.False(t, released)
+	require.Equal(t, "W", readLease(t, b.ctx, b.pool, "n").Holder)
+	require.NoError(t, lease.Err())
+
+	tokE := sqlTryAcquire(t, b, "e", "A", 20*time.Millisecond)
+	require.NotZero(t, tokE)
+	time.Sleep(40 * time.Millisecond)
+	_, err = b.pool.Exec(b.ctx, `SELECT fencelock.renew('e', 'A', $1, '1 minute'::interval)`, int64(tokE))
+	require.Equal(t, "FL005", sqlState(err), "renew of an expired grant nobody took")
+}
