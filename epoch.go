@@ -2,24 +2,28 @@ package fencelock
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
 )
 
 // RebaseTokenEpoch makes the tokens issued from now on, by the database behind pool, larger
-// than every token it, or the database it was copied from, has issued. A standby's promotion
-// and a point-in-time recovery need nothing: they start a new, higher timeline. pg_upgrade (it
+// than every token it, or the database it was copied from, has issued, and returns once every
+// standby streaming from the primary has replayed the change. A standby's promotion and a
+// point-in-time recovery need nothing: they start a new, higher timeline. pg_upgrade (it
 // starts the new cluster on timeline 1) and a logical copy (pg_dump and restore, logical
 // replication) onto another cluster take the timeline back: grants then fail with
 // [ErrTokenEpochBehind] until RebaseTokenEpoch is called on it. The database remembers the
 // highest epoch it issued tokens in, whatever transaction drew the epoch's first token and
 // however it ended (fencelock.token_epoch.last_epoch, and fencelock.token_epoch_marks for
 // tokens drawn while another transaction held that row); a logical copy that left out either
-// table cannot know: call RebaseTokenEpoch after any copy, before any grant there. Let the
-// standbys replay it (or use synchronous replication) before a failover can happen: a
-// promotion that loses it loses the raised epoch too.
+// table cannot know: call RebaseTokenEpoch after any copy, before any grant there.
 //
 // It raises fencelock.token_epoch.epoch_offset, which is added to the timeline, so that the
 // next epoch is at least atLeast and above both the highest epoch recorded (last_epoch and
@@ -27,14 +31,61 @@ import (
 // fencelock.token_flushes; it never lowers it. Pass as atLeast the source's epoch plus one (a
 // token it issued last, t.Epoch()+1) when its tokens are kept outside those tables too
 // ([UpdateFencedTx] columns, external systems), else 0. It returns the epoch of the next
-// token. It scans those three tables: run it once, not per grant. The role needs UPDATE on
-// fencelock.token_epoch and SELECT on fencelock.token_epoch_marks. Safe for concurrent use:
-// concurrent calls serialise on the offset's row, and a call waits for a transaction that
-// holds that row (a RunLocked that drew a new epoch's first token, or folded marks) to end.
+// token, 1 to 65535. It scans those three tables: run it once, not per grant. A second call is
+// safe: it raises the epoch again only above tokens issued since, and waits for the standbys
+// again.
+//
+// # The wait for the standbys
+//
+// The offset is an ordinary row: a promotion of a standby that has not replayed the rebase's
+// commit loses the raised epoch, and the promoted server then issues tokens below those the
+// old primary issued after the rebase. So, once its transaction has committed, it reads the
+// primary's WAL flush position (at or past the end of the commit record: the commit is
+// flushed, synchronous_commit off or not) and the standbys that pg_stat_replication lists at
+// that moment, and returns once each has reported a replay_lsn at or past that position.
+// There is no event for a standby's replay: it polls pg_stat_replication, every 2 ms at
+// first, backing off to every 50 ms. A standby reports its replay position when it receives
+// WAL and at its status interval (wal_receiver_status_interval, 10 s by default), so:
+//   - the rebase commits with synchronous_commit = remote_apply where
+//     synchronous_standby_names is empty (the commit then waits for the local flush alone, as
+//     with on), which asks every standby to report as soon as it has replayed the commit;
+//     where synchronous standbys are named, it keeps the session's setting (raised from off to
+//     on), whose commit waits for them as every commit there does;
+//   - while a standby has not reported the replay, it commits an empty transaction (it takes
+//     one transaction id; synchronous_commit = local) after 100 ms, then at doubling intervals
+//     up to 5 s: its WAL makes every standby report again.
+//
+// It waits for the physical standbys streaming from this server: not for a cascading standby
+// (fed by another standby, which is waited for), nor for one disconnected at that moment, nor
+// for logical replication, pg_receivewal or a base backup. A standby whose connection drops
+// during the wait is still waited for; a new connection with its application_name and
+// client_addr counts for it once that has replayed the rebase. A standby with
+// recovery_min_apply_delay keeps the call waiting that long. ctx bounds the whole call, the
+// wait included; there is no other bound. On a server without standbys it returns at once:
+// the wait is one statement after the commit, and the rebase's transaction four round trips
+// (BEGIN, the setting, the rebase, COMMIT).
+//
+// The role needs UPDATE on fencelock.token_epoch and SELECT on fencelock.token_epoch_marks
+// and, where there are standbys, the privileges of pg_read_all_stats (pg_monitor includes
+// it; a superuser has them): without them pg_stat_replication lists the WAL senders but not
+// their progress, and the grants of README.md's "Least privilege" do not give them. A role
+// that sees WAL senders listed but not their progress does not wait for what it cannot see:
+// it returns at once a [*RebaseReplayError] with [ErrReplayNotVisible], the rebase committed.
+// Safe for concurrent use: concurrent calls serialise on the offset's row, and a call waits
+// for a transaction that holds that row (a RunLocked that drew a new epoch's first token, or
+// folded marks) to end; each call then waits for the replay of its own commit.
 //
 // Errors: an [*ArgumentError] for a nil pool or atLeast > 65535 (before any SQL); an error
 // wrapping [ErrTokenBudget] if the epoch would pass 65535; an error wrapping [ErrReadOnly] on a
-// hot standby; otherwise the pgx error, wrapped.
+// hot standby; otherwise the pgx error, wrapped (when ctx ends or the connection breaks before
+// the commit's reply, whether the rebase committed is unknown: call it again). After the
+// commit, a [*RebaseReplayError] (matching [ErrRebaseNotReplayed]) when ctx ended before every
+// standby replayed the rebase (it wraps ctx's error and names those standbys), when the role
+// cannot see their progress ([ErrReplayNotVisible]), or when reading pg_stat_replication
+// failed (it wraps that error); the rebase is committed on the primary, and RebaseTokenEpoch
+// then returns its epoch together with the error. Call RebaseTokenEpoch again to wait again;
+// if a standby it names is promoted before it replays the rebase, call RebaseTokenEpoch on the
+// promoted server with atLeast = [RebaseReplayError.Epoch] + 1 before any grant there.
 func RebaseTokenEpoch(ctx context.Context, pool *pgxpool.Pool, atLeast uint32) (uint32, error) {
 	if pool == nil {
 		return 0, argError("pool", "must not be nil")
@@ -42,9 +93,306 @@ func RebaseTokenEpoch(ctx context.Context, pool *pgxpool.Pool, atLeast uint32) (
 	if atLeast > 1<<TokenEpochBits-1 {
 		return 0, argError("atLeast", "%d is past the last epoch, %d", atLeast, 1<<TokenEpochBits-1)
 	}
-	epoch, err := db.New().TokenEpochRebase(ctx, pool, int32(atLeast))
+	var epoch int32
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, rebaseCommitModeSQL); err != nil {
+			return err
+		}
+		var err error
+		epoch, err = db.New().TokenEpochRebase(ctx, tx, int32(atLeast))
+		return err
+	})
 	if err != nil {
 		return 0, wrapPg("rebase token epoch", err)
 	}
-	return uint32(epoch), nil
+	return uint32(epoch), awaitStandbyReplay(ctx, pool, uint32(epoch))
+}
+
+var (
+	// ErrRebaseNotReplayed matches every [*RebaseReplayError]: [RebaseTokenEpoch] committed
+	// its rebase on the primary but returned before it saw every standby replay it.
+	ErrRebaseNotReplayed = errors.New("fencelock: token epoch rebase committed on the primary, not confirmed replayed by every standby")
+
+	// ErrReplayNotVisible is the cause inside a [*RebaseReplayError] when the role cannot see
+	// its standbys' replay progress: pg_stat_replication shows it only to superusers and
+	// members of pg_read_all_stats (or pg_monitor, which includes it).
+	ErrReplayNotVisible = errors.New("fencelock: the role cannot see the standbys' replay progress (pg_stat_replication needs pg_read_all_stats or pg_monitor)")
+)
+
+// RebaseReplayError reports that [RebaseTokenEpoch] committed its rebase on the primary (the
+// primary's next token has epoch Epoch) but returned before every standby streaming from the
+// primary had replayed it: Standbys lists those that had not (none when pg_stat_replication
+// could not be read), and Cause says why the call stopped waiting: ctx's error, or
+// [ErrReplayNotVisible], or the error of reading pg_stat_replication. It matches
+// [ErrRebaseNotReplayed] under [errors.Is] and unwraps to Cause.
+//
+// A promotion of one of Standbys before it replays WAL position LSN loses the rebase: the
+// promoted server issues tokens of a lower epoch. Call RebaseTokenEpoch again to wait for the
+// replay (safe: it raises the epoch again only above tokens issued since), or, on a server
+// promoted without it, call RebaseTokenEpoch(ctx, pool, Epoch+1) there before any grant.
+type RebaseReplayError struct {
+	Epoch    uint32           // the epoch of the primary's next token: the rebase is committed
+	LSN      string           // the primary's WAL flush position right after the commit, as pg_lsn text
+	Standbys []PendingStandby // the standbys that had not replayed LSN
+	Cause    error
+}
+
+// PendingStandby is a standby, as pg_stat_replication shows it, that had not replayed a
+// rebase when [RebaseTokenEpoch] returned (see [RebaseReplayError]).
+type PendingStandby struct {
+	ApplicationName string // application_name: the standby's cluster_name, or the one in its primary_conninfo
+	ClientAddr      string // client_addr; "" for a Unix socket or when the role cannot see it
+	ReplayLSN       string // the last replay_lsn it reported, as pg_lsn text; "" if none or not visible
+	Disconnected    bool   // its WAL sender had gone when the call returned
+}
+
+// String describes the standby: its application_name, address and replay position.
+func (s PendingStandby) String() string {
+	addr := s.ClientAddr
+	if addr == "" {
+		addr = "address not shown"
+	}
+	var state string
+	switch {
+	case s.Disconnected:
+		state = "disconnected"
+	case s.ReplayLSN == "":
+		state = "no replay position seen"
+	default:
+		state = "replayed up to " + s.ReplayLSN
+	}
+	return fmt.Sprintf("%q (%s, %s)", s.ApplicationName, addr, state)
+}
+
+// Error describes the RebaseReplayError: the committed epoch, the standbys, the cause and what
+// to do.
+func (e *RebaseReplayError) Error() string {
+	names := make([]string, len(e.Standbys))
+	for i, s := range e.Standbys {
+		names[i] = s.String()
+	}
+	var what string
+	switch {
+	case errors.Is(e.Cause, ErrReplayNotVisible):
+		what = fmt.Sprintf("the role cannot see whether its standbys replayed it: %s", strings.Join(names, ", "))
+	case len(e.Standbys) == 0:
+		what = "its standbys' replay could not be followed"
+	default:
+		noun := "standby"
+		if len(names) > 1 {
+			noun = "standbys"
+		}
+		what = fmt.Sprintf("not replayed (WAL position %s) by %s %s", e.LSN, noun, strings.Join(names, ", "))
+	}
+	return fmt.Sprintf("fencelock: token epoch rebased to %d and committed on the primary, but %s: %v; "+
+		"a promotion of a standby that lacks it loses the rebase: call RebaseTokenEpoch again to wait for the replay, "+
+		"or on a server promoted without it call RebaseTokenEpoch with atLeast %d before any grant",
+		e.Epoch, what, e.Cause, e.Epoch+1)
+}
+
+// Is reports whether target is [ErrRebaseNotReplayed].
+func (e *RebaseReplayError) Is(target error) bool { return target == ErrRebaseNotReplayed }
+
+// Unwrap returns Cause.
+func (e *RebaseReplayError) Unwrap() error { return e.Cause }
+
+// The wait for the standbys' replay: plain SQL, not sqlc's, since sqlc's catalog has no
+// pg_stat_replication (as backend.go's reads of pg_stat_activity).
+const (
+	// rebaseCommitModeSQL runs in the rebase's transaction, before it. remote_apply sets a
+	// flag in the commit record that makes each standby's WAL receiver report its replay
+	// position as soon as it has replayed the commit; with synchronous_standby_names empty the
+	// commit itself waits for nothing but the local flush, as with on. Where synchronous
+	// standbys are named, remote_apply would make the commit wait for them to replay, which a
+	// synchronous pg_receivewal (Barman) never reports: keep the session's setting there,
+	// raised from off to on so that the commit is flushed before the flush position is read.
+	rebaseCommitModeSQL = `SELECT pg_catalog.set_config('synchronous_commit',
+		CASE WHEN pg_catalog.current_setting('synchronous_standby_names') = '' THEN 'remote_apply'
+			WHEN pg_catalog.current_setting('synchronous_commit') = 'off' THEN 'on'
+			ELSE pg_catalog.current_setting('synchronous_commit') END, true)`
+
+	// replayStateSQL lists the WAL senders of the server that feed physical standbys, with the
+	// target, $1 or (when $1 is NULL: right after the commit) the WAL flush position, which is
+	// at or past the end of the commit record since the commit was flushed. One row with a
+	// NULL pid when there are none. A logical WAL sender streams from an active logical slot.
+	// A role without pg_read_all_stats sees other roles' senders listed, but every column
+	// except pid and application_name NULL (state is NULL only then).
+	replayStateSQL = `WITH target AS (SELECT coalesce($1::text::pg_lsn, pg_catalog.pg_current_wal_flush_lsn()) AS lsn)
+		SELECT t.lsn::text, r.pid, coalesce(r.application_name, ''), coalesce(pg_catalog.host(r.client_addr), ''),
+			r.state IS NOT NULL, coalesce(r.state, ''), r.reply_time IS NOT NULL,
+			coalesce(r.replay_lsn::text, ''), coalesce(r.replay_lsn >= t.lsn, false)
+		FROM target AS t LEFT JOIN pg_catalog.pg_stat_replication AS r
+			ON NOT EXISTS (SELECT FROM pg_catalog.pg_replication_slots AS s
+				WHERE s.active_pid = r.pid AND s.slot_type = 'logical')`
+
+	// replayNudgeSQL commits a transaction that writes nothing but its commit record (it takes
+	// a transaction id), flushed locally without waiting for any standby. The new WAL makes
+	// each standby's WAL receiver send a status message, which carries its replay position.
+	replayNudgeSQL = `SELECT pg_catalog.set_config('synchronous_commit', 'local', true), pg_catalog.pg_current_xact_id()`
+)
+
+// The polling of pg_stat_replication (see RebaseTokenEpoch).
+const (
+	replayPollFirst  = 2 * time.Millisecond
+	replayPollMax    = 50 * time.Millisecond
+	replayNudgeFirst = 100 * time.Millisecond
+	replayNudgeMax   = 5 * time.Second
+	// replaySnapshotTimeout bounds the one read of the standbys made after ctx has ended, so
+	// that the error can still name them.
+	replaySnapshotTimeout = 5 * time.Second
+)
+
+// replayRow is a row of replayStateSQL.
+type replayRow struct {
+	pid      int32
+	standby  PendingStandby
+	visible  bool // the role may see its progress
+	state    string
+	replied  bool // it has sent a status message
+	replayed bool // replay_lsn >= the target
+}
+
+// isStandby reports whether the WAL sender feeds something that replays WAL: not a base
+// backup's sender, nor a receiver that reports no replay position (pg_receivewal,
+// pg_basebackup's WAL stream) once it has sent a status message.
+func (r replayRow) isStandby() bool {
+	return !r.visible || (r.state != "backup" && (!r.replied || r.standby.ReplayLSN != ""))
+}
+
+// readReplayState runs replayStateSQL with target ("" for the flush position) and returns the
+// target and the rows of the physical WAL senders.
+func readReplayState(ctx context.Context, pool *pgxpool.Pool, target string) (string, []replayRow, error) {
+	var arg *string
+	if target != "" {
+		arg = &target
+	}
+	rows, err := pool.Query(ctx, replayStateSQL, arg)
+	if err != nil {
+		return "", nil, err
+	}
+	var out []replayRow
+	for rows.Next() {
+		var r replayRow
+		var pid *int32
+		if err := rows.Scan(&target, &pid, &r.standby.ApplicationName, &r.standby.ClientAddr, &r.visible,
+			&r.state, &r.replied, &r.standby.ReplayLSN, &r.replayed); err != nil {
+			rows.Close()
+			return "", nil, err
+		}
+		if pid != nil {
+			r.pid = *pid
+			out = append(out, r)
+		}
+	}
+	return target, out, rows.Err()
+}
+
+// awaitStandbyReplay waits until every physical standby streaming from the server behind pool
+// right after the rebase's commit has replayed that commit, or ctx ends (see
+// RebaseTokenEpoch). epoch is the rebase's, for the error.
+func awaitStandbyReplay(ctx context.Context, pool *pgxpool.Pool, epoch uint32) error {
+	fail := func(target string, pending []*replayRow, cause error) error {
+		e := &RebaseReplayError{Epoch: epoch, LSN: target, Cause: cause}
+		for _, p := range pending {
+			e.Standbys = append(e.Standbys, p.standby)
+		}
+		return e
+	}
+	target, rows, err := readReplayState(ctx, pool, "")
+	if err != nil && ctx.Err() != nil {
+		// ctx ended as the rebase committed: still read whom it should have waited for,
+		// within a bound of its own, so that the error names them (or there are none).
+		sctx, cancel := detached(ctx, replaySnapshotTimeout)
+		target, rows, err = readReplayState(sctx, pool, "")
+		cancel()
+	}
+	if err != nil {
+		return fail("", nil, fmt.Errorf("read pg_stat_replication: %w", err))
+	}
+	// The standbys to wait for, by WAL sender pid; all the snapshot's senders, for telling a
+	// reconnected standby's new sender from an old one.
+	var pending []*replayRow
+	known := make(map[int32]bool, len(rows))
+	for i := range rows {
+		known[rows[i].pid] = true
+		if rows[i].isStandby() {
+			pending = append(pending, &rows[i])
+		}
+	}
+	start := time.Now()
+	poll, nudgeEvery := replayPollFirst, replayNudgeFirst
+	nudgeAt := start.Add(nudgeEvery)
+	for {
+		pending = pendingStandbys(pending, rows, known)
+		if len(pending) == 0 {
+			return nil
+		}
+		for _, p := range pending {
+			if !p.visible {
+				return fail(target, pending, ErrReplayNotVisible)
+			}
+		}
+		if ctx.Err() != nil {
+			return fail(target, pending, ctx.Err())
+		}
+		if now := time.Now(); !now.Before(nudgeAt) {
+			// Best effort: if it fails, the standbys still report at their next status
+			// message, and the next read of pg_stat_replication says what is wrong.
+			_, _ = pool.Exec(ctx, replayNudgeSQL)
+			nudgeEvery = min(2*nudgeEvery, replayNudgeMax)
+			nudgeAt = now.Add(nudgeEvery)
+		}
+		timer := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return fail(target, pending, ctx.Err())
+		case <-timer.C:
+		}
+		poll = min(2*poll, replayPollMax)
+		if _, rows, err = readReplayState(ctx, pool, target); err != nil {
+			if ctx.Err() != nil {
+				return fail(target, pending, ctx.Err())
+			}
+			return fail(target, pending, fmt.Errorf("read pg_stat_replication: %w", err))
+		}
+	}
+}
+
+// pendingStandbys returns those of pending that rows (the WAL senders now) do not show as
+// having replayed the target, with their last replay position. A standby whose sender is gone
+// has replayed once a new sender (a pid not in known) of the same application_name and
+// client_addr has, each new sender vouching for one standby. A sender that turned out to
+// report no replay position is dropped.
+func pendingStandbys(pending []*replayRow, rows []replayRow, known map[int32]bool) []*replayRow {
+	byPID := make(map[int32]*replayRow, len(rows))
+	for i := range rows {
+		byPID[rows[i].pid] = &rows[i]
+	}
+	claimed := make(map[int32]bool)
+	var out []*replayRow
+	for _, p := range pending {
+		if r, ok := byPID[p.pid]; ok {
+			if r.replayed || !r.isStandby() {
+				continue
+			}
+			*p = *r
+			out = append(out, p)
+			continue
+		}
+		reconnected := false
+		for i := range rows {
+			r := &rows[i]
+			if !known[r.pid] && !claimed[r.pid] && r.replayed &&
+				r.standby.ApplicationName == p.standby.ApplicationName && r.standby.ClientAddr == p.standby.ClientAddr {
+				claimed[r.pid], reconnected = true, true
+				break
+			}
+		}
+		if !reconnected {
+			p.standby.Disconnected = true
+			out = append(out, p)
+		}
+	}
+	return out
 }

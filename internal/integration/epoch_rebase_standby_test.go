@@ -1,0 +1,340 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/pgtest"
+)
+
+// rebaseApplyDelay holds back the standbys' replay of each commit in
+// TestRebaseTokenEpochWaitsForStandbys (recovery_min_apply_delay, which a primary ignores and
+// its standbys inherit): a rebase that returned without waiting for the replay would find the
+// standbys without it.
+const rebaseApplyDelay = 500 * time.Millisecond
+
+// rebaseStandbySettings are the settings of the primaries of these tests, which their
+// standbys inherit. A standby's WAL receiver then reports its replay position only when it
+// receives WAL, or when it replays a commit that asks for a report (synchronous_commit =
+// remote_apply): never on its own timer, so a wait that ends has been told.
+var rebaseStandbySettings = []pgtest.Option{
+	pgtest.Crashable(),
+	pgtest.WithSetting("wal_receiver_status_interval", "1h"),
+}
+
+// epochOffset reads fencelock.token_epoch.epoch_offset on pool's server (a standby too).
+func epochOffset(t *testing.T, ctx context.Context, pool *pgxpool.Pool) uint32 {
+	t.Helper()
+	var off int32
+	require.NoError(t, pool.QueryRow(ctx, `SELECT epoch_offset FROM fencelock.token_epoch`).Scan(&off))
+	return uint32(off)
+}
+
+// walSenderNames returns application_name and client_addr of the WAL senders of pool's
+// server, as its superuser sees them in pg_stat_replication.
+func walSenderNames(t *testing.T, ctx context.Context, pool *pgxpool.Pool) []fencelock.PendingStandby {
+	t.Helper()
+	rows, err := pool.Query(ctx, `SELECT application_name, host(client_addr) FROM pg_stat_replication ORDER BY pid`)
+	require.NoError(t, err)
+	var out []fencelock.PendingStandby
+	for rows.Next() {
+		var s fencelock.PendingStandby
+		require.NoError(t, rows.Scan(&s.ApplicationName, &s.ClientAddr))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// RebaseTokenEpoch returns only once every standby streaming from the primary has replayed
+// the rebase: read on each standby right after the call returns, the offset is the new one,
+// although each standby applies commits only 500 ms after they were made. Then a standby is
+// promoted after a crash of the primary, and its tokens are above the rebased epoch (and
+// above a token the old primary issued in it): tokens never go backwards. The promoted
+// server has no standby, and a rebase there returns at once. Run with the server's default
+// synchronous_commit (on), with off (where the rebase's commit must still be flushed before
+// the position it waits for is read), and with a synchronous standby (where the commit does
+// not ask the standbys for a report when they replay it, and the call commits empty
+// transactions until they report it).
+func TestRebaseTokenEpochWaitsForStandbys(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		opts []pgtest.Option
+		sync string // synchronous_standby_names
+	}{
+		{"Async", nil, ""},
+		{"AsyncCommitOff", []pgtest.Option{pgtest.AsyncCommit()}, ""},
+		{"SyncStandby", nil, "*"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			delay := pgtest.WithSetting("recovery_min_apply_delay", fmt.Sprintf("%dms", rebaseApplyDelay.Milliseconds()))
+			primary := pgtest.NewServer(t, slices.Concat(rebaseStandbySettings, tc.opts, []pgtest.Option{delay})...)
+			db := primary.NewDB(t)
+			standbys := []*pgtest.Server{primary.NewStandby(t), primary.NewStandby(t)}
+			var standbyPools []*pgxpool.Pool
+			for _, s := range standbys {
+				require.NoError(t, primary.WaitReplay(ctx, s)) // streaming: replayed what it was sent
+				standbyPools = append(standbyPools, newPool(t, ctx, s.URL(db.Name)))
+			}
+			require.Len(t, walSenderNames(t, ctx, db.Pool), 2, "both standbys stream from the primary")
+			if tc.sync != "" {
+				require.NoError(t, primary.SetSynchronousStandbys(ctx, tc.sync))
+			}
+			before, err := tokenPaths[0].issue(t, ctx, db.Pool, 0)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, before.Epoch())
+
+			// The rebase's own bound: a wait that is never told of the replay fails here
+			// (the primary's WAL senders ask for a report only every 30 s).
+			rctx, rcancel := context.WithTimeout(ctx, 20*time.Second)
+			start := time.Now()
+			epoch, err := fencelock.RebaseTokenEpoch(rctx, db.Pool, 10)
+			elapsed := time.Since(start)
+			rcancel()
+			require.NoError(t, err)
+			require.EqualValues(t, 10, epoch)
+			for i, p := range standbyPools {
+				require.EqualValues(t, epoch-1, epochOffset(t, ctx, p), "standby %d has not replayed the rebase when the call returns", i)
+			}
+			require.GreaterOrEqual(t, elapsed, rebaseApplyDelay, "the standbys apply the commit that late")
+			t.Logf("rebase returned after %v (standbys apply commits %v late)", elapsed.Round(time.Millisecond), rebaseApplyDelay)
+
+			after, err := tokenPaths[0].issue(t, ctx, db.Pool, 1)
+			require.NoError(t, err)
+			require.Equal(t, epoch, after.Epoch())
+
+			require.NoError(t, primary.Crash(ctx))
+			require.NoError(t, standbys[0].Promote(ctx))
+			promoted := standbyPools[0]
+			for i, tp := range tokenPaths {
+				token, err := tp.issue(t, ctx, promoted, 100+i)
+				require.NoError(t, err, tp.desc)
+				require.GreaterOrEqual(t, token.Epoch(), epoch, "%s: a token after the promotion is below the rebased epoch", tp.desc)
+				require.Equal(t, epoch+1, token.Epoch(), "%s: timeline 2 plus the offset", tp.desc)
+				require.Greater(t, token, after, "%s: a token went backwards across the promotion", tp.desc)
+			}
+			again, err := fencelock.RebaseTokenEpoch(ctx, promoted, 0)
+			require.NoError(t, err, "no standby: nothing to wait for")
+			require.Equal(t, epoch+2, again, "above the tokens of epoch %d just issued", epoch+1)
+		})
+	}
+}
+
+// A rebase whose standby does not receive it (the primary's WAL sender is stopped): the call
+// gives up when its ctx ends, with an error that wraps context.DeadlineExceeded, names the
+// standby and says that the rebase is committed on the primary, where the next token indeed
+// has the new epoch. That standby is then promoted after a crash of the primary: the case
+// the error warns about. The promoted server lacks the rebase, and its tokens fall below the
+// token the old primary issued after it (tokens went backwards); the rebase the error asks
+// for on the promoted server (atLeast = Epoch + 1) puts them above it again.
+func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	primary := pgtest.NewServer(t, rebaseStandbySettings...)
+	db := primary.NewDB(t)
+	standby := primary.NewStandby(t)
+	require.NoError(t, primary.WaitReplay(ctx, standby))
+	senders := walSenderNames(t, ctx, db.Pool)
+	require.Len(t, senders, 1)
+	before, err := tokenPaths[0].issue(t, ctx, db.Pool, 0)
+	require.NoError(t, err)
+	require.NoError(t, primary.WaitReplay(ctx, standby))
+	n, err := primary.PauseWALSenders(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+
+	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+	epoch, err := fencelock.RebaseTokenEpoch(rctx, db.Pool, 10)
+	rcancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, fencelock.ErrRebaseNotReplayed)
+	var rerr *fencelock.RebaseReplayError
+	require.ErrorAs(t, err, &rerr)
+	require.EqualValues(t, 10, epoch, "the committed epoch comes with the error")
+	require.EqualValues(t, 10, rerr.Epoch)
+	require.NotEmpty(t, rerr.LSN)
+	require.Len(t, rerr.Standbys, 1)
+	got := rerr.Standbys[0]
+	require.Equal(t, senders[0].ApplicationName, got.ApplicationName)
+	require.Equal(t, "127.0.0.1", got.ClientAddr)
+	require.False(t, got.Disconnected)
+	require.NotEmpty(t, got.ReplayLSN)
+	var behind bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT $1::pg_lsn < $2::pg_lsn`, got.ReplayLSN, rerr.LSN).Scan(&behind))
+	require.True(t, behind, "replayed up to %s, the rebase is at %s", got.ReplayLSN, rerr.LSN)
+	for _, want := range []string{"committed on the primary", got.ApplicationName, "127.0.0.1", rerr.LSN, "context deadline exceeded", "atLeast 11"} {
+		require.ErrorContains(t, err, want)
+	}
+	t.Log(err)
+
+	// Committed on the primary: its next token has the new epoch. This grant is lost with the
+	// failover too.
+	lost, err := tokenPaths[0].issue(t, ctx, db.Pool, 1)
+	require.NoError(t, err)
+	require.Equal(t, epoch, lost.Epoch())
+
+	require.NoError(t, primary.Crash(ctx))
+	require.NoError(t, standby.Promote(ctx))
+	promoted := newPool(t, ctx, standby.URL(db.Name))
+	require.Zero(t, epochOffset(t, ctx, promoted), "the promotion lost the rebase")
+	token, err := tokenPaths[0].issue(t, ctx, promoted, 2)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, token.Epoch(), "timeline 2, no offset")
+	require.Greater(t, token, before, "above every token the standby received")
+	require.Less(t, token, lost, "the case the error warns about: below a token the old primary issued after the rebase")
+
+	fixed, err := fencelock.RebaseTokenEpoch(ctx, promoted, rerr.Epoch+1)
+	require.NoError(t, err)
+	require.Equal(t, rerr.Epoch+1, fixed)
+	token, err = tokenPaths[0].issue(t, ctx, promoted, 3)
+	require.NoError(t, err)
+	require.Greater(t, token, lost, "after the rebase the error asks for")
+}
+
+// A standby that received the rebase but has not replayed it (pg_wal_replay_pause) keeps the
+// call waiting until its ctx ends, and the error names it. Called again (the remedy the
+// error gives), the call waits for the same standby, also across a reconnection: its WAL
+// sender is terminated while the call waits, and a new one of the same standby reports the
+// replay once it resumes. Until then the call has not returned; after, the standby has the
+// rebase.
+func TestRebaseTokenEpochReplayPaused(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	primary := pgtest.NewServer(t, rebaseStandbySettings...)
+	db := primary.NewDB(t)
+	standby := primary.NewStandby(t)
+	require.NoError(t, primary.WaitReplay(ctx, standby))
+	standbyPool := newPool(t, ctx, standby.URL(db.Name))
+	_, err := standbyPool.Exec(ctx, `SELECT pg_wal_replay_pause()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var state string
+		return standbyPool.QueryRow(ctx, `SELECT pg_get_wal_replay_pause_state()`).Scan(&state) == nil && state == "paused"
+	}, 30*time.Second, 5*time.Millisecond)
+
+	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
+	epoch, err := fencelock.RebaseTokenEpoch(rctx, db.Pool, 10)
+	rcancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var rerr *fencelock.RebaseReplayError
+	require.ErrorAs(t, err, &rerr)
+	require.EqualValues(t, 10, epoch)
+	require.Len(t, rerr.Standbys, 1)
+	require.Equal(t, "127.0.0.1", rerr.Standbys[0].ClientAddr)
+	require.Zero(t, epochOffset(t, ctx, standbyPool), "replay is paused")
+
+	// Again, from a pool whose sessions are told apart by their application_name.
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = "rebase-again"
+	again, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(again.Close)
+	type result struct {
+		epoch uint32
+		err   error
+	}
+	done := make(chan result, 1)
+	go func() {
+		e, err := fencelock.RebaseTokenEpoch(ctx, again, 10)
+		done <- result{e, err}
+	}()
+	// The call is waiting, its list of standbys read, once one of its sessions has sent the
+	// empty commit that it sends while a standby has not reported the replay (a read of
+	// pg_stat_replication shows in pg_stat_activity before it runs: pgx prepares it first).
+	// Then the standby's WAL sender is ended.
+	var sender int32
+	require.Eventually(t, func() bool {
+		var waiting bool
+		return db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity
+			WHERE application_name = 'rebase-again' AND query LIKE '%pg_current_xact_id%')`).Scan(&waiting) == nil && waiting
+	}, 30*time.Second, 2*time.Millisecond, "the second call waits for the standby")
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_replication`).Scan(&sender))
+	var terminated bool
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_terminate_backend($1, 10000)`, sender).Scan(&terminated))
+	require.True(t, terminated)
+	select {
+	case r := <-done:
+		t.Fatalf("the call returned (%d, %v) while the standby's replay is paused", r.epoch, r.err)
+	default:
+	}
+
+	_, err = standbyPool.Exec(ctx, `SELECT pg_wal_replay_resume()`)
+	require.NoError(t, err)
+	r := <-done
+	require.NoError(t, r.err)
+	require.EqualValues(t, 10, r.epoch)
+	require.EqualValues(t, 9, epochOffset(t, ctx, standbyPool), "the standby has replayed the rebase when the call returns")
+	var newSender int32
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pid FROM pg_stat_replication`).Scan(&newSender))
+	require.NotEqual(t, sender, newSender, "the standby reconnected")
+}
+
+// A role with only README.md's least-privilege grants sees the primary's WAL senders listed
+// but not their progress: the rebase commits, and the call returns at once with an error
+// wrapping ErrReplayNotVisible that names the standby (application_name only: its address is
+// hidden too) instead of waiting for what it cannot see. Granted pg_monitor, the role's
+// rebase waits for the standby like the superuser's.
+func TestRebaseTokenEpochReplayNotVisible(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	primary := pgtest.NewServer(t, rebaseStandbySettings...)
+	db := primary.NewDB(t)
+	standby := primary.NewStandby(t)
+	require.NoError(t, primary.WaitReplay(ctx, standby))
+	senders := walSenderNames(t, ctx, db.Pool)
+	require.Len(t, senders, 1)
+
+	// The role and grants of privilege_test.go's newLeastPrivilegeRole (the role is dropped
+	// with the server).
+	const role, password = "app_rebase", "app-rebase-pw"
+	ident, dbIdent := pgx.Identifier{role}.Sanitize(), pgx.Identifier{db.Name}.Sanitize()
+	_, err := db.Pool.Exec(ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN PASSWORD '%[3]s';
+		GRANT CONNECT ON DATABASE %[2]s TO %[1]s;
+		GRANT USAGE ON SCHEMA fencelock TO %[1]s;
+		GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA fencelock TO %[1]s;
+		GRANT USAGE ON ALL SEQUENCES IN SCHEMA fencelock TO %[1]s`, ident, dbIdent, password))
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, password
+	app, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(app.Close)
+
+	epoch, err := fencelock.RebaseTokenEpoch(ctx, app, 10)
+	require.ErrorIs(t, err, fencelock.ErrReplayNotVisible)
+	require.ErrorIs(t, err, fencelock.ErrRebaseNotReplayed)
+	require.False(t, errors.Is(err, context.DeadlineExceeded), "it did not wait")
+	var rerr *fencelock.RebaseReplayError
+	require.ErrorAs(t, err, &rerr)
+	require.EqualValues(t, 10, epoch)
+	require.Len(t, rerr.Standbys, 1)
+	require.Equal(t, fencelock.PendingStandby{ApplicationName: senders[0].ApplicationName}, rerr.Standbys[0])
+	require.ErrorContains(t, err, "pg_read_all_stats")
+	t.Log(err)
+	require.EqualValues(t, 9, epochOffset(t, ctx, db.Pool), "the rebase is committed on the primary")
+
+	_, err = db.Pool.Exec(ctx, fmt.Sprintf(`GRANT pg_monitor TO %s`, ident))
+	require.NoError(t, err)
+	epoch, err = fencelock.RebaseTokenEpoch(ctx, app, 20)
+	require.NoError(t, err)
+	require.EqualValues(t, 20, epoch)
+	require.EqualValues(t, 19, epochOffset(t, ctx, newPool(t, ctx, standby.URL(db.Name))), "replayed when the call returns")
+}
