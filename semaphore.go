@@ -26,15 +26,16 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 // GuardTx, FenceTx and Release as for any lease.
 //
 // Never more than the limit of permits are unexpired at once on the database clock, whatever
-// the faults: permit i is the lease row of slot i < limit, granted only while it is expired,
-// so the limit holds by construction; after a lower limit, grants count the permits until
-// those above it have ended (migrations/00012_semaphore_handoff.sql). A permit whose holder
-// died, paused or lost its connection counts until its TTL ends, and its renewal can no
-// longer revive it; it is reclaimed by the first grant attempt after it expired, at most about
-// a second later while permits are short. The limit is stored in the database (table
-// fencelock.semaphores): the first acquire of a semaphore creates it with the limit given to
-// NewSemaphore, and [Semaphore.SetLimit] changes it at run time for everyone. A lower limit
-// ends no permit: nothing is granted until the count falls below it.
+// the faults: permit i is the lease row of slot i < limit, granted only while it is expired, so
+// the limit holds by construction; after a lower limit, grants count the permits until those
+// above it have ended, one counting attempt at a time (migrations/00012_semaphore_handoff.sql,
+// 00015_semaphore_no_lock_waits.sql). A permit whose holder died, paused or lost its connection
+// counts until its TTL ends, and its renewal can no longer revive it; it is reclaimed by the
+// first grant attempt after it expired, at most about a second later while permits are short.
+// The limit is stored in the database (table fencelock.semaphores): the first acquire of a
+// semaphore creates it with the limit given to NewSemaphore, and [Semaphore.SetLimit] changes
+// it at run time for everyone. A lower limit ends no permit: nothing is granted until the count
+// falls below it.
 //
 // Permit i of semaphore S is the lease named "S#i" (0 <= i < limit): fencelock.holders and
 // `fencelock locks` show permits as leases of those names; `fencelock release --force` ends
@@ -46,13 +47,19 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 // grant of that permit, with a fresh token) and tells that waiter alone, by NOTIFY on its
 // pool's listening connection; the waiter takes it without a statement of its own. A waiter
 // whose place is being refreshed at that instant (every third of its liveness) is passed over
-// for the next. No waiter's statement waits for another's: waiters run no statement between
-// refreshes, and a grant never waits for another grant. A permit lost by its TTL, or ended by
-// `fencelock release --force`, goes to the waiters when it is reclaimed: the head of the queue
-// tries again when the next reclaim is due. Behind a pooler (PgBouncer in transaction mode)
-// waiters poll with the lessor's [Backoff] and find the permit given to them. Each Acquire has
-// a place of its own, so one lessor may hold and wait for several permits of a semaphore at
-// once.
+// for the next. No grant attempt waits for another's lock: waiters run no statement between
+// refreshes, a grant never waits for another grant, and an attempt that cannot decide at once
+// (another transaction is creating the semaphore's row, for its first acquires, or counting its
+// permits, after a lower limit) changes nothing, and looks again after the lessor's first
+// [Backoff] pause (at most 20 ms), instead of queueing in the database behind that transaction.
+// A grant attempt still waits for a SetLimit that is running (it holds the semaphore's row
+// meanwhile), for a page added to the permits' table, and, when its grant wakes waiters, for
+// PostgreSQL's lock on notifying commits (docs/PERFORMANCE.md, issue 30). A permit lost by its
+// TTL, or ended by `fencelock release --force`, goes to the waiters when it is reclaimed: the
+// head of the queue tries again when the next reclaim is due. Behind a pooler (PgBouncer in
+// transaction mode) waiters poll with the lessor's [Backoff] and find the permit given to them.
+// Each Acquire has a place of its own, so one lessor may hold and wait for several permits of a
+// semaphore at once.
 //
 // A Semaphore is safe for concurrent use. The idea is Dijkstra's semaphore with the leased
 // permits of Curator's InterProcessSemaphoreV2 and Redisson's RPermitExpirableSemaphore.

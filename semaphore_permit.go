@@ -2,6 +2,7 @@ package fencelock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -20,17 +21,23 @@ import (
 // statement. ttl is a time.Duration between [MinTTL] and [MaxTTL] on the database clock. The
 // permit is a lease renewed by the lessor's heartbeat until released or lost.
 //
-// Errors: [ErrNotAcquired] when the limit is reached or anyone waits; an [*ArgumentError]
-// before any SQL; an error wrapping [ErrReadOnly] on a hot standby, or a token error as for
-// [Lessor.TryAcquire]; otherwise the pgx error, wrapped. If ctx ends while the grant is in
-// flight, any permit it may have granted is ended before TryAcquire returns.
+// The statement waits for no other grant attempt's lock. When it cannot decide at once (another
+// transaction is creating the semaphore's row, or is counting its permits after a lowered
+// limit: see [Semaphore]), TryAcquire tries again after a pause (the first of the lessor's
+// [Backoff], at most 20 ms), for at most a second in all.
+//
+// Errors: [ErrNotAcquired] when the limit is reached or anyone waits, or when it still could
+// not decide within that second; an [*ArgumentError] before any SQL; ctx's error (wrapped) when
+// ctx ends during a pause; an error wrapping [ErrReadOnly] on a hot standby, or a token error
+// as for [Lessor.TryAcquire]; otherwise the pgx error, wrapped. If ctx ends while the grant is
+// in flight, any permit it may have granted is ended before TryAcquire returns.
 func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, error) {
 	lt, err := s.l.cfg.times(ttl)
 	if err != nil {
 		return nil, err
 	}
 	start := time.Now()
-	lease, _, err := s.attempt(ctx, lt, queue.NewWaitID(), false, "", 0, nil)
+	lease, err := s.try(ctx, lt, start)
 	err = notAcquired(err)
 	m := s.l.cfg.common.metrics
 	m.acquired(ctx, mSemaphoreTry, start, err)
@@ -38,6 +45,42 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 		m.contention(mSemaphoreTry)
 	}
 	return lease, err
+}
+
+// semBusyFor bounds how long [Semaphore.TryAcquire] keeps trying while its attempts
+// cannot decide at once: while another transaction creates the semaphore's row (for the
+// length of one first acquire's transaction), or counts its permits after a lowered limit
+// (one grant's transaction at a time).
+const semBusyFor = time.Second
+
+// try runs a try's attempts (no place in the queue) until one decides (granted, refused, or
+// an error), or busy attempts have run for semBusyFor since start: errRefused then.
+// A busy attempt (ahead -1) changed nothing on the server.
+func (s *Semaphore) try(ctx context.Context, lt leaseTimes, start time.Time) (*Lease, error) {
+	id := queue.NewWaitID()
+	var t *time.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		lease, info, err := s.attempt(ctx, lt, id, false, "", 0, nil)
+		if !errors.Is(err, errRefused) || info.ahead >= 0 || time.Since(start) >= semBusyFor {
+			return lease, err
+		}
+		d := min(s.l.cfg.backoff(0), joinRecheck)
+		if t == nil {
+			t = time.NewTimer(d)
+		} else {
+			t.Reset(d)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("acquire semaphore %q: %w", s.name, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
 }
 
 // semStatement is when a wait's statement was sent (local clock) and the database clock

@@ -274,7 +274,8 @@ func TestReviewSemNoWaiterWaitsForAnother(t *testing.T) {
 	b := setup(t)
 	const sem = "rvw"
 	pool := rvPool(t, b, 40)
-	// The semaphore's row first: concurrent first acquires wait once for its creation.
+	// The semaphore's row first (concurrent first acquires would be busy, and look again,
+	// while one of them creates it: TestSemaphoreNoAttemptWaitsOnFirstAcquires).
 	rvExec(t, b.ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rvw', 2)`)
 	deadline := time.Now().Add(6 * time.Second)
 	var wg sync.WaitGroup

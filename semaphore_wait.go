@@ -27,7 +27,11 @@ import (
 // the wait takes it at once, its trust window mapped onto the local clock through its last
 // statement, as for a lease handed over by [Lessor.Acquire]. At the head, the wait also tries
 // again when the next reclaim of lost permits is due. Not listening (behind a pooler such as
-// PgBouncer in transaction mode), it polls with the lessor's [Backoff].
+// PgBouncer in transaction mode), it polls with the lessor's [Backoff]. Its statements wait for
+// no other grant attempt: one that cannot decide at once (another transaction is creating the
+// semaphore's row, or counting its permits after a lower limit) changes nothing, not even the
+// wait's place, and the wait looks again after the first pause of the lessor's Backoff (at
+// most 20 ms).
 //
 // Errors: ctx's error (wrapped) when ctx ends first, with nothing held and no place left in
 // the queue (behind a pooler, where the end of an abandoned statement cannot be awaited, both
@@ -109,10 +113,15 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 		d := timing.QueueWait(info.listening, info.ahead, info.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
 		if info.ahead == 0 && n == 0 || info.ahead < 0 {
 			// Joined at the head: a release that ran while this attempt did saw no waiter and
-			// freed its permit instead of giving it. Or (ahead -1) a release was giving this
-			// wait a permit as the attempt ran, maybe to a channel it did not know yet. Look
-			// again soon.
+			// freed its permit instead of giving it. Or (ahead -1) nothing was decided: a
+			// release was giving this wait a permit as the attempt ran, maybe to a channel it
+			// did not know yet, or another attempt was creating the semaphore's row or
+			// counting its permits (for one transaction's time; this attempt did not wait for
+			// it). Look again soon.
 			d = min(d, joinRecheck)
+		}
+		if info.ahead < 0 {
+			d = min(d, l.cfg.backoff(0)) // the first retry's pause, not the n-th's
 		}
 		if t == nil {
 			t = time.NewTimer(d)

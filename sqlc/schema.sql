@@ -645,6 +645,7 @@ DECLARE
     exp timestamptz;
     granted boolean := false;
     reclaimed boolean := false;
+    busy boolean := false;
 BEGIN
     IF queue THEN
         SELECT w.seq, w.expires_at INTO myseq, exp FROM fencelock.semaphore_waiters AS w
@@ -679,22 +680,36 @@ BEGIN
         SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
         FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
         IF NOT FOUND THEN
-            INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, default_limit, default_limit)
-            ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
-            IF FOUND THEN
-                INSERT INTO fencelock.semaphore_free (semaphore, slot)
-                SELECT sem, g2.i FROM pg_catalog.generate_series(0, default_limit - 1) AS g2(i)
-                ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+            -- The first acquire creates the row and its free permits, under the semaphore's
+            -- creation key: another transaction that holds the key is creating the row right
+            -- now, and this attempt is busy instead of waiting for that insert.
+            IF pg_catalog.pg_try_advisory_xact_lock(fencelock.semaphore_creation_key(sem)) THEN
+                INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, default_limit, default_limit)
+                ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
+                IF FOUND THEN
+                    INSERT INTO fencelock.semaphore_free (semaphore, slot)
+                    SELECT sem, g2.i FROM pg_catalog.generate_series(0, default_limit - 1) AS g2(i)
+                    ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+                END IF;
+                SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
+                FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+            ELSE
+                busy := true;
             END IF;
-            SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
-            FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
         END IF;
-        IF hw > lim THEN
-            -- After a lower limit: count, one counting grant at a time.
-            PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR NO KEY UPDATE;
-            SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem;
-            counting := hw > lim;
+        IF NOT busy AND hw > lim THEN
+            -- After a lower limit: count, one counting grant at a time. An attempt that cannot
+            -- lock the row at once (another is counting) is busy instead of waiting for it.
+            PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR NO KEY UPDATE SKIP LOCKED;
+            IF FOUND THEN
+                SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem;
+                counting := hw > lim;
+            ELSE
+                busy := true;
+            END IF;
         END IF;
+    END IF;
+    IF n_ahead = 0 AND NOT busy THEN
         t := pg_catalog.clock_timestamp(); -- after the locks: a statement that waited decides now
         IF counting THEN
             WITH rd AS MATERIALIZED (
@@ -785,6 +800,15 @@ BEGIN
             RETURN QUERY SELECT 1, sem || '#' || i, tok, exp, pg_catalog.clock_timestamp(), 0::bigint, 0::bigint, lim;
             RETURN;
         END IF;
+    ELSIF busy THEN
+        -- Nothing decided and nothing changed (ahead -1): look again at once. A wait keeps
+        -- its place, if it has one, and does not take one: once the other transaction has
+        -- ended, waits that found the semaphore busy come back as arrivals, and take the free
+        -- permits side by side rather than one behind the other in queue order.
+        PERFORM pg_catalog.set_config('synchronous_commit', 'off', true);
+        RETURN QUERY SELECT 4, NULL::text, 0::bigint, NULL::timestamptz, pg_catalog.clock_timestamp(),
+            -1::bigint, 0::bigint, coalesce(lim, 0);
+        RETURN;
     ELSIF queue AND EXISTS (SELECT 1 FROM fencelock.semaphore_free AS f WHERE f.semaphore = sem) THEN
         -- Someone is ahead, yet a permit is free (the head is taking it, or is about to be
         -- woken for it): look again soon rather than at the next refresh.
@@ -807,6 +831,14 @@ BEGIN
         lim;
 END
 $$;
+
+--
+-- Name: semaphore_creation_key(text); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_creation_key(sem text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 0) $$;
 
 --
 -- Name: semaphore_dispatch(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
@@ -1010,6 +1042,9 @@ DECLARE
 BEGIN
     SELECT s.permit_limit, s.slots INTO prev, hw FROM fencelock.semaphores AS s WHERE s.name = sem FOR UPDATE;
     IF NOT FOUND THEN
+        -- Created under the creation key, as a first acquire does: a first acquire meanwhile is
+        -- busy instead of waiting for this insert (this waits for one's creation to end).
+        PERFORM pg_catalog.pg_advisory_xact_lock(fencelock.semaphore_creation_key(sem));
         INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, n, n)
         ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
         IF FOUND THEN

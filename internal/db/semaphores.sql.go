@@ -41,9 +41,11 @@ type SemaphoreAcquireRow struct {
 	PermitLimit int32
 }
 
-// One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migration 00012).
-// Outcome 1: granted (name is the permit's lease name); 3: a release gave this wait a permit
-// (name); 4: refused (queued when @queue).
+// One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migrations 00012,
+// 00015). Outcome 1: granted (name is the permit's lease name); 3: a release gave this wait a
+// permit (name); 4: refused (queued when @queue). Refused with ahead -1: nothing decided, look
+// again at once (a release is giving this wait a permit, or another attempt is creating the
+// semaphore's row or counting its permits: this one waits for no other's lock).
 func (q *Queries) SemaphoreAcquire(ctx context.Context, db DBTX, arg SemaphoreAcquireParams) (SemaphoreAcquireRow, error) {
 	row := db.QueryRow(ctx, semaphoreAcquire,
 		arg.Sem,

@@ -59,31 +59,30 @@ func BenchmarkSemaphore(b *testing.B) {
 // second; the wait per grant (p50, p99); the hand-off time, from the start of a Release to the
 // return of the Acquire that got the same permit next (p50, p99: how long a freed permit
 // takes to reach the head of the queue); the permits' use (time held over k x the wall
-// time); and the most backends seen waiting for a lock at once (pg_stat_activity, sampled
-// every 5 ms: a waiter's statement waiting behind another's shows there, and the statements
-// that block it are logged; FENCELOCK_BENCH_LOCK_LOG=dir logs each wait with its PL/pgSQL line).
+// time); and the backends seen waiting for a lock (lockSampler: a waiter's statement waiting
+// behind another's shows there, and the statements that block it are logged;
+// FENCELOCK_BENCH_LOCK_LOG=dir logs each wait with its PL/pgSQL line).
 func BenchmarkSemaphoreWaiters(b *testing.B) {
 	for _, k := range []int{1, 7, 100} {
 		for _, n := range []int{16, 200} {
-			b.Run(fmt.Sprintf("Limit%d/Waiters%d", k, n), func(b *testing.B) { benchSemaphoreWaiters(b, k, n) })
+			b.Run(fmt.Sprintf("Limit%d/Waiters%d", k, n), func(b *testing.B) { benchSemaphoreWaiters(b, k, n, false) })
 		}
 	}
 }
 
-func benchSemaphoreWaiters(b *testing.B, limit, waiters int) {
-	e := benchSetup(b)
-	pools := make([]*pgxpool.Pool, 3)
-	for i := range pools {
-		cfg, err := pgxpool.ParseConfig(e.url)
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg.MaxConns = 40
-		if pools[i], err = pgxpool.NewWithConfig(e.ctx, cfg); err != nil {
-			b.Fatal(err)
-		}
-		defer pools[i].Close()
+// BenchmarkSemaphoreWaitersLoweredLimit: as BenchmarkSemaphoreWaiters, on a semaphore whose
+// limit SetLimit lowered from 16 to 8 while a permit above the new limit (slot 15) stays held
+// by another lessor for the whole run, so that every grant counts the permits (issue 30):
+// 7 permits for the waiters (64, then 200).
+func BenchmarkSemaphoreWaitersLoweredLimit(b *testing.B) {
+	for _, n := range []int{64, 200} {
+		b.Run(fmt.Sprintf("Limit8/Waiters%d", n), func(b *testing.B) { benchSemaphoreWaiters(b, 8, n, true) })
 	}
+}
+
+func benchSemaphoreWaiters(b *testing.B, limit, waiters int, lowered bool) {
+	e := benchSetup(b)
+	pools := benchPools(b, e, 3, 40)
 	sems := make([]*fencelock.Semaphore, waiters)
 	for i := range sems {
 		l, err := fencelock.NewLessor(pools[i%len(pools)])
@@ -94,7 +93,45 @@ func benchSemaphoreWaiters(b *testing.B, limit, waiters int) {
 			b.Fatal(err)
 		}
 	}
-	if _, err := sems[0].SetLimit(e.ctx, limit); err != nil { // the semaphore's row, before the timing
+	usable := limit
+	if lowered {
+		// Slots 0 .. 2*limit-1 granted to a filler, the limit lowered to limit, and every
+		// permit of the filler released but the top one: grants count until it ends.
+		filler, err := fencelock.NewLessor(e.pool, fencelock.WithHolder("filler"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		fs, err := fencelock.NewSemaphore(filler, "waiters", 2*limit)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := fs.SetLimit(e.ctx, 2*limit); err != nil {
+			b.Fatal(err)
+		}
+		var top *fencelock.Lease
+		var low []*fencelock.Lease
+		for range 2 * limit {
+			p, err := fs.TryAcquire(e.ctx, time.Hour)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if p.Name() == fmt.Sprintf("waiters#%d", 2*limit-1) {
+				top = p
+			} else {
+				low = append(low, p)
+			}
+		}
+		if _, err := fs.SetLimit(e.ctx, limit); err != nil {
+			b.Fatal(err)
+		}
+		for _, p := range low {
+			if err := p.Release(e.ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		defer func() { _ = top.Release(e.ctx) }()
+		usable = limit - 1
+	} else if _, err := sems[0].SetLimit(e.ctx, limit); err != nil { // the semaphore's row, before the timing
 		b.Fatal(err)
 	}
 	var mu sync.Mutex
@@ -103,26 +140,7 @@ func benchSemaphoreWaiters(b *testing.B, limit, waiters int) {
 	var held time.Duration
 	var left atomic.Int64
 	left.Store(int64(b.N))
-	stop := make(chan struct{})
-	var maxLockWaits atomic.Int64
-	var sampler sync.WaitGroup
-	sampler.Go(func() {
-		t := time.NewTicker(5 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			var n int64
-			var what string
-			if err := e.pool.QueryRow(e.ctx, `SELECT count(*), coalesce(string_agg(coalesce((SELECT string_agg(DISTINCT substring(b.query from '-- name: (\w+)') || '/' || b.state, ',') FROM pg_stat_activity AS b WHERE b.pid = ANY (pg_blocking_pids(a.pid))), '?'), ' | '), '') FROM pg_stat_activity AS a WHERE a.wait_event_type = 'Lock' AND a.datname = current_database()`).Scan(&n, &what); err == nil && n > maxLockWaits.Load() {
-				maxLockWaits.Store(n)
-				b.Logf("%d statements waiting for a lock at once, blocked by: %s", n, what)
-			}
-		}
-	})
+	locks := sampleLockWaits(b, e)
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -161,8 +179,7 @@ func benchSemaphoreWaiters(b *testing.B, limit, waiters int) {
 	wg.Wait()
 	wall := time.Since(start)
 	b.StopTimer()
-	close(stop)
-	sampler.Wait()
+	locks.report(b)
 	if len(waits) == 0 || len(handoffs) == 0 {
 		return
 	}
@@ -173,6 +190,168 @@ func benchSemaphoreWaiters(b *testing.B, limit, waiters int) {
 	b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds()), "wait-p99-us")
 	b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds()), "handoff-p50-us")
 	b.ReportMetric(float64(handoffs[len(handoffs)*99/100].Microseconds()), "handoff-p99-us")
-	b.ReportMetric(float64(held)/float64(time.Duration(limit)*wall), "permit-use")
-	b.ReportMetric(float64(maxLockWaits.Load()), "max-lock-waits")
+	b.ReportMetric(float64(held)/float64(time.Duration(usable)*wall), "permit-use")
+}
+
+// BenchmarkSemaphoreFirstAcquires: b.N rounds; in each, 64 lessors spread over three pools of
+// 40 connections make the first acquires of a brand-new semaphore of limit k (4, then 64) at
+// the same instant (Acquire, hold a uniform random time in [0, 1 ms), Release), so that its
+// row is created while the others look for it (issue 30). Reports rounds per second, the time
+// to the round's last grant (p50, p99), and the backends seen waiting for a lock (lockSampler).
+func BenchmarkSemaphoreFirstAcquires(b *testing.B) {
+	for _, k := range []int{4, 64} {
+		b.Run(fmt.Sprintf("Limit%d/Goroutines64", k), func(b *testing.B) { benchSemaphoreFirstAcquires(b, k, 64) })
+	}
+}
+
+func benchSemaphoreFirstAcquires(b *testing.B, limit, goroutines int) {
+	e := benchSetup(b)
+	pools := benchPools(b, e, 3, 40)
+	lessors := make([]*fencelock.Lessor, goroutines)
+	for i := range lessors {
+		var err error
+		if lessors[i], err = fencelock.NewLessor(pools[i%len(pools)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var rounds []time.Duration
+	locks := sampleLockWaits(b, e)
+	b.ResetTimer()
+	start := time.Now()
+	for round := range b.N {
+		name := fmt.Sprintf("first-%d", round)
+		sems := make([]*fencelock.Semaphore, goroutines)
+		for i, l := range lessors {
+			var err error
+			if sems[i], err = fencelock.NewSemaphore(l, name, limit); err != nil {
+				b.Fatal(err)
+			}
+		}
+		ready := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, s := range sems {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(round)))
+				<-ready
+				p, err := s.Acquire(e.ctx, time.Minute)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				time.Sleep(time.Duration(rng.Int64N(int64(time.Millisecond))))
+				if err := p.Release(e.ctx); err != nil {
+					b.Error(err)
+				}
+			})
+		}
+		t0 := time.Now()
+		close(ready)
+		wg.Wait()
+		rounds = append(rounds, time.Since(t0))
+	}
+	wall := time.Since(start)
+	b.StopTimer()
+	locks.report(b)
+	slices.Sort(rounds)
+	b.ReportMetric(float64(len(rounds))/wall.Seconds(), "rounds/s")
+	b.ReportMetric(float64(rounds[len(rounds)/2].Microseconds()), "round-p50-us")
+	b.ReportMetric(float64(rounds[len(rounds)*99/100].Microseconds()), "round-p99-us")
+}
+
+// benchPools returns n pools of conns connections each on e's database (n processes' worth),
+// closed at the end of the benchmark.
+func benchPools(b *testing.B, e *benchEnv, n int, conns int32) []*pgxpool.Pool {
+	b.Helper()
+	pools := make([]*pgxpool.Pool, n)
+	for i := range pools {
+		cfg, err := pgxpool.ParseConfig(e.url)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg.MaxConns = conns
+		if pools[i], err = pgxpool.NewWithConfig(e.ctx, cfg); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(pools[i].Close)
+	}
+	return pools
+}
+
+// lockSampler samples, every 5 ms, the backends of the benchmark's database (datname =
+// current_database(): never another database of the server) that wait for a lock
+// (pg_stat_activity.wait_event_type = 'Lock'), each with the statements that block it
+// (pg_blocking_pids), named by their sqlc name. A grant attempt (SemaphoreAcquire: a waiter's
+// statement, or a try's) waiting for another's row lock or insert (wait events tuple and
+// transactionid) is counted apart: the promise is that none does. So is one waiting, at its
+// commit, for PostgreSQL's lock on notifying commits (wait event object), which a
+// transaction that NOTIFYs holds from its commit's start to its end.
+type lockSampler struct {
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	samples int64 // samples taken
+	sum     int64 // backends waiting for a lock, over all samples
+	max     int64 // the most seen waiting at once
+	behind  int64 // sampled waits of a SemaphoreAcquire for another's row lock or insert
+	notify  int64 // sampled waits of a SemaphoreAcquire for the lock on notifying commits
+	errs    int64 // samples that failed (counted, not fatal: the pool may be busy)
+}
+
+func sampleLockWaits(b *testing.B, e *benchEnv) *lockSampler {
+	s := &lockSampler{stop: make(chan struct{})}
+	s.wg.Go(func() {
+		t := time.NewTicker(5 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+			}
+			var n, behind, notify int64
+			var what string
+			err := e.pool.QueryRow(e.ctx, `WITH w AS (
+					SELECT a.pid, a.wait_event, coalesce(substring(a.query from '-- name: (\w+)'), left(a.query, 40)) AS stmt,
+					       (SELECT string_agg(DISTINCT coalesce(substring(bl.query from '-- name: (\w+)'), left(bl.query, 40)) || '/' || bl.state, ',')
+					        FROM pg_stat_activity AS bl WHERE bl.pid = ANY (pg_blocking_pids(a.pid))) AS blockers
+					FROM pg_stat_activity AS a
+					WHERE a.wait_event_type = 'Lock' AND a.datname = current_database())
+				SELECT count(*),
+				       count(*) FILTER (WHERE stmt = 'SemaphoreAcquire' AND blockers LIKE '%SemaphoreAcquire/%' AND wait_event IN ('tuple', 'transactionid')),
+				       count(*) FILTER (WHERE stmt = 'SemaphoreAcquire' AND wait_event = 'object'),
+				       coalesce(string_agg(stmt || ' <- ' || coalesce(blockers, '?') || ' (' || wait_event || ')', ' | '), '')
+				FROM w`).Scan(&n, &behind, &notify, &what)
+			if err != nil {
+				s.errs++
+				continue
+			}
+			s.samples++
+			s.sum += n
+			s.behind += behind
+			s.notify += notify
+			if n > s.max {
+				s.max = n
+				b.Logf("%d statements waiting for a lock at once: %s", n, what)
+			}
+		}
+	})
+	return s
+}
+
+// report stops the sampler and reports: the most backends seen waiting for a lock at once
+// (max-lock-waits), their mean over the samples (mean-lock-waits), the samples taken
+// (lock-samples), the sampled waits of a grant attempt for another's row lock or insert
+// (acquire-behind-acquire), and for the lock on notifying commits (acquire-notify-waits).
+func (s *lockSampler) report(b *testing.B) {
+	close(s.stop)
+	s.wg.Wait()
+	b.ReportMetric(float64(s.max), "max-lock-waits")
+	if s.samples > 0 {
+		b.ReportMetric(float64(s.sum)/float64(s.samples), "mean-lock-waits")
+	}
+	b.ReportMetric(float64(s.samples), "lock-samples")
+	b.ReportMetric(float64(s.behind), "acquire-behind-acquire")
+	b.ReportMetric(float64(s.notify), "acquire-notify-waits")
+	if s.errs > 0 {
+		b.Logf("%d samples failed", s.errs)
+	}
 }

@@ -1,7 +1,9 @@
 -- name: SemaphoreAcquire :one
--- One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migration 00012).
--- Outcome 1: granted (name is the permit's lease name); 3: a release gave this wait a permit
--- (name); 4: refused (queued when @queue).
+-- One attempt at a permit of @sem for @holder: fencelock.semaphore_acquire (migrations 00012,
+-- 00015). Outcome 1: granted (name is the permit's lease name); 3: a release gave this wait a
+-- permit (name); 4: refused (queued when @queue). Refused with ahead -1: nothing decided, look
+-- again at once (a release is giving this wait a permit, or another attempt is creating the
+-- semaphore's row or counting its permits: this one waits for no other's lock).
 SELECT s.outcome::integer AS outcome, coalesce(s.name, '')::text AS name, s.token::bigint AS token,
        coalesce(s.expires_at, s.server_now)::timestamptz AS expires_at, s.server_now::timestamptz AS server_now,
        s.ahead::bigint AS ahead, s.remaining_us::bigint AS remaining_us, s.permit_limit::integer AS permit_limit
