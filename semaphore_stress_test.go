@@ -93,7 +93,7 @@ func rvPool(t *testing.T, b *bundle, conns int32) *pgxpool.Pool {
 // permits unexpired at once (from a log of every version of the permit rows), tokens of each
 // permit rising, and no permit trusted by its client while the server no longer has it
 // (force-released ones aside).
-func TestReviewSemStress(t *testing.T) {
+func TestSemaphoreStress(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const sem = "rvs"
@@ -253,8 +253,8 @@ func TestReviewSemStress(t *testing.T) {
 	require.NoError(t, rows.Err())
 }
 
-// The log check of TestReviewSemStress catches a grant over the limit.
-func TestReviewSemStressCheckerCatches(t *testing.T) {
+// The log check of TestSemaphoreStress catches a grant over the limit.
+func TestSemaphoreStressCheckerCatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rvInstallLog(t, b, "rvk")
@@ -269,7 +269,7 @@ func TestReviewSemStressCheckerCatches(t *testing.T) {
 // Promise 5: no waiter's statement waits for a lock behind another waiter's. 32 waits on a
 // semaphore of 2 (short liveness, so they refresh often) while a sampler looks for semaphore
 // statements waiting for a lock, and what blocks them.
-func TestReviewSemNoWaiterWaitsForAnother(t *testing.T) {
+func TestSemaphoreNoWaiterWaitsForAnother(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const sem = "rvw"

@@ -18,7 +18,7 @@ import (
 
 // Migration 00012 down and up again with a semaphore in use (permits held above a lowered
 // limit, a waiter queued): both directions apply, and the semaphore works on each side.
-func TestReviewSemMigrationDownUp(t *testing.T) {
+func TestSemaphoreMigrationDownUp(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
@@ -58,7 +58,7 @@ func TestReviewSemMigrationDownUp(t *testing.T) {
 // (semaphore_acquire dispatches only when not counting; 00008 woke the next waiter when
 // permits were left): three permits released at once wake the head only, which takes one;
 // the waiter behind it waits for its next refresh with two permits free.
-func TestReviewSemCountingGrantLeavesRoomUntold(t *testing.T) {
+func TestSemaphoreCountingGrantLeavesRoomUntold(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
@@ -100,7 +100,7 @@ func TestReviewSemCountingGrantLeavesRoomUntold(t *testing.T) {
 // commits synchronously for its token) meanwhile sees a release free a permit after t, pops
 // it, and throws it away: the try is refused with a permit free and nobody waiting, and so is
 // every attempt until next_reclaim (up to a second later).
-func TestReviewSemStaleClockDropsFreePermit(t *testing.T) {
+func TestSemaphoreStaleClockDropsFreePermit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
@@ -138,10 +138,10 @@ func TestReviewSemStaleClockDropsFreePermit(t *testing.T) {
 // the permits left free to the waiters behind it (semaphore_dispatch, in the head's
 // transaction), locking and deleting their queue rows; a waiter refreshing its place at that
 // moment (INSERT ... ON CONFLICT on its row) waits until the head's transaction ends, its
-// synchronous commit and the NOTIFY queue's lock included. (TestReviewSemNoWaiterWaitsForAnother
+// synchronous commit and the NOTIFY queue's lock included. (TestSemaphoreNoWaiterWaitsForAnother
 // sees it under load: up to 141 samples, 2 ms apart, of one SemaphoreAcquire waiting on
 // another's transaction.)
-func TestReviewSemRefreshWaitsForHeadsGrant(t *testing.T) {
+func TestSemaphoreRefreshWaitsForHeadsGrant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
@@ -188,7 +188,7 @@ func TestReviewSemRefreshWaitsForHeadsGrant(t *testing.T) {
 // grant reads all permits under the semaphore's row FOR NO KEY UPDATE (one at a time). Logs a
 // grant + release at a limit of 10,000 with all but one held, before and after lowering the
 // limit by one while the top permit stays held.
-func TestReviewSemCostAfterLowerLimit(t *testing.T) {
+func TestSemaphoreCostAfterLowerLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
@@ -224,7 +224,7 @@ func TestReviewSemCostAfterLowerLimit(t *testing.T) {
 // Cost while an expired permit's row is locked (its old holder's guarded transaction still
 // open): semaphore_reclaim returns t ("reclaim again soon"), so every attempt that finds no
 // free permit reads all permits again: O(limit) per refused try, not once a second.
-func TestReviewSemCostReclaimWhileGuarded(t *testing.T) {
+func TestSemaphoreCostReclaimWhileGuarded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx

@@ -144,7 +144,7 @@ func rvOn(ns []*pgconn.Notification, channel string) []string {
 // other; the NOTIFY finds the wait gone and is dropped). Here: W waits at the head; SetLimit
 // raises the limit and, in its transaction, hands a new permit to W (dispatch); W's next
 // attempt, started meanwhile, blocks on the semaphore's row, then pops a second free permit.
-func TestReviewSemGrantedAndHandedSameWaitSQL(t *testing.T) {
+func TestSemaphoreGrantedAndHandedSameWaitSQL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
@@ -179,7 +179,7 @@ func TestReviewSemGrantedAndHandedSameWaitSQL(t *testing.T) {
 // A1, end to end: a waiting Acquire returns one permit while the server has given its wait
 // two; the other is held by nobody for its whole TTL, and a try is refused meanwhile though
 // only 2 of 3 permits are in use.
-func TestReviewSemGrantedAndHandedPermitLost(t *testing.T) {
+func TestSemaphoreGrantedAndHandedPermitLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	h := newSemaphore(t, b, "rv-a", "rv1g", 1)
@@ -218,7 +218,7 @@ func TestReviewSemGrantedAndHandedPermitLost(t *testing.T) {
 // A2. After a lowered limit, the release of a permit at or above the new limit is the one that
 // lets a counting grant in, yet it wakes nobody (semaphore_release returns 1 before any wake):
 // the head waiter finds the room only at its next refresh (a third of its liveness).
-func TestReviewSemReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
+func TestSemaphoreReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	h := newSemaphore(t, b, "rv2-h", "rv2", 2)
@@ -248,7 +248,7 @@ func TestReviewSemReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
 // A3. A larger limit gives its new permits to the waiters (semaphore_dispatch), but stops at
 // the first waiter whose row is locked (a waiter refreshing its place) and wakes nobody: the
 // permit stays free while that waiter waits for its next refresh (1.67 s at a 5 s liveness).
-func TestReviewSemDispatchSkipsRefreshingWaiter(t *testing.T) {
+func TestSemaphoreDispatchSkipsRefreshingWaiter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
@@ -279,7 +279,7 @@ func TestReviewSemDispatchSkipsRefreshingWaiter(t *testing.T) {
 // "the head", W1, which is being given the other permit. W2, which its refresh told someone is
 // ahead, is not told, and waits for its next refresh with the permit free. (00008 woke the
 // first two waiters for this reason.)
-func TestReviewSemTwoReleasesLoseWake(t *testing.T) {
+func TestSemaphoreTwoReleasesLoseWake(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
@@ -316,7 +316,7 @@ func TestReviewSemTwoReleasesLoseWake(t *testing.T) {
 // between leaves the new grant with a token smaller than the one force_release recorded: the
 // permit's tokens go backwards, and the new holder's fenced writes are refused. The trigger
 // only widens the window between next_token and the insert (a slow or preempted backend).
-func TestReviewSemGiveTokenGoesBackwards(t *testing.T) {
+func TestSemaphoreGiveTokenGoesBackwards(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.ctx
