@@ -142,7 +142,22 @@ func TestElectionRun(t *testing.T) {
 					n := len(led)
 					mu.Unlock()
 					if n >= 4 {
-						cancel() // enough terms: stop the candidates
+						// Enough terms: stop the candidates once run-a's observer has delivered a
+						// leader (Observe runs on a goroutine of its own, which a loaded machine
+						// may not have run yet: the 4 terms can take less than a second).
+						for tctx.Err() == nil {
+							mu.Lock()
+							observed := len(seen) > 0
+							mu.Unlock()
+							if observed {
+								break
+							}
+							select {
+							case <-tctx.Done():
+							case <-time.After(5 * time.Millisecond):
+							}
+						}
+						cancel()
 						return
 					}
 					// The leader's work lasts until the other candidate waits in the queue: the
