@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/fencelock/fencelock/internal/db"
 )
 
 // Server sessions a grant may have been left on: a statement the client abandoned mid-flight
@@ -29,20 +31,7 @@ const (
 // awaitBackendExit polls pool, every 2ms, until no backend with pid is left in this database,
 // or ctx ends. There is no event to wait on: Postgres does not notify a backend's exit.
 func awaitBackendExit(ctx context.Context, pool *pgxpool.Pool, pid uint32) error {
-	for {
-		var alive bool
-		if err := pool.QueryRow(ctx, backendAliveSQL, int32(pid)).Scan(&alive); err != nil {
-			return fmt.Errorf("await exit of backend %d: %w", pid, err)
-		}
-		if !alive {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("await exit of backend %d: %w", pid, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	return db.AwaitFalse(ctx, pool, fmt.Sprintf("await exit of backend %d", pid), backendAliveSQL, int32(pid))
 }
 
 // transactionRunningSQL tells whether the backend with pid, in this database, still runs the
@@ -54,20 +43,7 @@ const transactionRunningSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
 // transaction that started at xactStart (it exited, ended that transaction, or runs another),
 // or ctx ends. As for awaitBackendExit, there is no event to wait on.
 func awaitTransactionEnd(ctx context.Context, pool *pgxpool.Pool, pid uint32, xactStart time.Time) error {
-	for {
-		var running bool
-		if err := pool.QueryRow(ctx, transactionRunningSQL, int32(pid), xactStart).Scan(&running); err != nil {
-			return fmt.Errorf("await the end of backend %d's transaction: %w", pid, err)
-		}
-		if !running {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("await the end of backend %d's transaction: %w", pid, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	return db.AwaitFalse(ctx, pool, fmt.Sprintf("await the end of backend %d's transaction", pid), transactionRunningSQL, int32(pid), xactStart)
 }
 
 // detached returns a context for cleanup after ctx may have ended (a release, a close, the end

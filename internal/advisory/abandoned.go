@@ -3,7 +3,6 @@ package advisory
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/fencelock/fencelock/internal/db"
 )
@@ -38,18 +37,5 @@ func EndAbandonedWait(ctx context.Context, conn db.DBTX, pid uint32, key Key) er
 	if err := conn.QueryRow(ctx, cancelWaitSQL, args...).Scan(&cancelled); err != nil {
 		return fmt.Errorf("cancel the abandoned lock wait of backend %d: %w", pid, err)
 	}
-	for {
-		var held bool
-		if err := conn.QueryRow(ctx, keyHeldSQL, args...).Scan(&held); err != nil {
-			return fmt.Errorf("await the end of backend %d's lock on %v: %w", pid, key, err)
-		}
-		if !held {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("await the end of backend %d's lock on %v: %w", pid, key, ctx.Err())
-		case <-time.After(2 * time.Millisecond):
-		}
-	}
+	return db.AwaitFalse(ctx, conn, fmt.Sprintf("await the end of backend %d's lock on %v", pid, key), keyHeldSQL, args...)
 }
