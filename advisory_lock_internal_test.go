@@ -30,46 +30,46 @@ func execOnSession(ctx context.Context, lk *AdvisoryLock, sql string) error {
 func TestAdvisoryUnlockFailureDestroysConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a, err := NewAdvisoryLocker(b.pool)
+	a, err := NewAdvisoryLocker(b.Pool)
 	require.NoError(t, err)
 
 	sessionAlive := func(pid uint32) bool {
 		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n))
 		return n == 1
 	}
 
 	// The session no longer holds the lock (released behind the locker's back): Unlock says so
 	// and closes the session rather than pooling a connection in an unknown state.
-	lk, err := a.TryLock(b.ctx, "job")
+	lk, err := a.TryLock(b.Ctx, "job")
 	require.NoError(t, err)
-	require.NoError(t, execOnSession(b.ctx, lk, `SELECT pg_advisory_unlock_all()`))
-	require.ErrorIs(t, lk.Unlock(b.ctx), ErrNotHeld)
+	require.NoError(t, execOnSession(b.Ctx, lk, `SELECT pg_advisory_unlock_all()`))
+	require.ErrorIs(t, lk.Unlock(b.Ctx), ErrNotHeld)
 	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
 
 	// The unlock statement fails (the session is in an aborted transaction: "current
 	// transaction is aborted"): the session is closed, which releases the lock. (An ended ctx
 	// no longer makes it fail: Unlock detaches from it; TestEndedContextAdvisoryUnlock.)
-	lk, err = a.TryLock(b.ctx, "job")
+	lk, err = a.TryLock(b.Ctx, "job")
 	require.NoError(t, err)
-	require.Error(t, execOnSession(b.ctx, lk, `BEGIN; SELECT 1/0`))
+	require.Error(t, execOnSession(b.Ctx, lk, `BEGIN; SELECT 1/0`))
 	var pgErr *pgconn.PgError
-	require.ErrorAs(t, lk.Unlock(b.ctx), &pgErr)
+	require.ErrorAs(t, lk.Unlock(b.Ctx), &pgErr)
 	require.Equal(t, "25P02", pgErr.Code, "the unlock failed in the aborted transaction")
 	require.Eventually(t, func() bool { return !sessionAlive(lk.BackendPID()) }, 5*time.Second, 5*time.Millisecond)
-	otherLocker, err := NewAdvisoryLocker(b.pool)
+	otherLocker, err := NewAdvisoryLocker(b.Pool)
 	require.NoError(t, err)
-	other, err := otherLocker.TryLock(b.ctx, "job")
+	other, err := otherLocker.TryLock(b.Ctx, "job")
 	require.NoError(t, err, "closing the session released the lock")
-	require.NoError(t, other.Unlock(b.ctx))
+	require.NoError(t, other.Unlock(b.Ctx))
 
 	// A clean unlock pools the connection, and it holds nothing.
-	lk, err = a.TryLock(b.ctx, "other")
+	lk, err = a.TryLock(b.Ctx, "other")
 	require.NoError(t, err)
-	require.NoError(t, lk.Unlock(b.ctx))
+	require.NoError(t, lk.Unlock(b.Ctx))
 	require.True(t, sessionAlive(lk.BackendPID()))
 	var held int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1`, lk.BackendPID()).Scan(&held))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = $1`, lk.BackendPID()).Scan(&held))
 	require.Zero(t, held)
 }
 
@@ -101,7 +101,7 @@ func TestAdvisoryUnlockBoundedWhenTheServerIsSilent(t *testing.T) {
 		mu    sync.Mutex
 		conns []net.Conn // to unblock a failed test's Unlock, so that its cleanup does not hang
 	)
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	dialer := &net.Dialer{}
 	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -114,12 +114,12 @@ func TestAdvisoryUnlockBoundedWhenTheServerIsSilent(t *testing.T) {
 		mu.Unlock()
 		return droppingConn{Conn: c, drop: &drop}, nil
 	}
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	a, err := NewAdvisoryLocker(pool)
 	require.NoError(t, err)
-	lk, err := a.TryLock(b.ctx, "silent")
+	lk, err := a.TryLock(b.Ctx, "silent")
 	require.NoError(t, err)
 
 	drop.Store(true)
@@ -147,14 +147,14 @@ func TestAdvisoryUnlockBoundedWhenTheServerIsSilent(t *testing.T) {
 
 	// pgx closes the connection: the server ends the session, and with it the lock.
 	drop.Store(false)
-	other, err := NewAdvisoryLocker(b.pool)
+	other, err := NewAdvisoryLocker(b.Pool)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		olk, err := other.TryLock(b.ctx, "silent")
+		olk, err := other.TryLock(b.Ctx, "silent")
 		if err != nil {
 			return false
 		}
-		require.NoError(t, olk.Unlock(b.ctx))
+		require.NoError(t, olk.Unlock(b.Ctx))
 		return true
 	}, 20*time.Second, 10*time.Millisecond, "the silent session still holds the lock")
 }

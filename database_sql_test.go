@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // sqlWirings are the two ways a service wires database/sql beside its pgx pool: one pool
@@ -23,12 +23,12 @@ var sqlWirings = []struct {
 	open func(t *testing.T, b *bundle) *sql.DB
 }{
 	{"SharedPool", func(t *testing.T, b *bundle) *sql.DB {
-		sqlDB := stdlib.OpenDBFromPool(b.pool)
+		sqlDB := stdlib.OpenDBFromPool(b.Pool)
 		t.Cleanup(func() { _ = sqlDB.Close() })
 		return sqlDB
 	}},
 	{"OwnDB", func(t *testing.T, b *bundle) *sql.DB {
-		sqlDB, err := sql.Open("pgx", b.db.URL)
+		sqlDB, err := sql.Open("pgx", b.DB.URL)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = sqlDB.Close() })
 		return sqlDB
@@ -63,11 +63,11 @@ func TestFenceSQLTx(t *testing.T) {
 			createWrites(t, b)
 			sqlDB := w.open(t, b)
 			write := func(token fencelock.Token) (string, error) {
-				return inSQLTx(t, b.ctx, sqlDB, func(tx *sql.Tx) error {
-					if err := fencelock.FenceSQLTx(b.ctx, tx, "r", token); err != nil {
+				return inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error {
+					if err := fencelock.FenceSQLTx(b.Ctx, tx, "r", token); err != nil {
 						return err
 					}
-					_, err := tx.ExecContext(b.ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, "r", int64(token))
+					_, err := tx.ExecContext(b.Ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, "r", int64(token))
 					return err
 				})
 			}
@@ -81,8 +81,8 @@ func TestFenceSQLTx(t *testing.T) {
 			require.Equal(t, []int64{5, 5, 7}, writtenTokens(t, b, "r"))
 
 			var argErr *fencelock.ArgumentError
-			require.ErrorAs(t, fencelock.FenceSQLTx(b.ctx, nil, "r", 1), &argErr)
-			_, err = inSQLTx(t, b.ctx, sqlDB, func(tx *sql.Tx) error { return fencelock.FenceSQLTx(b.ctx, tx, "r", 0) })
+			require.ErrorAs(t, fencelock.FenceSQLTx(b.Ctx, nil, "r", 1), &argErr)
+			_, err = inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error { return fencelock.FenceSQLTx(b.Ctx, tx, "r", 0) })
 			require.ErrorAs(t, err, &argErr)
 		})
 	}
@@ -94,15 +94,15 @@ func TestUpdateFencedSQLTx(t *testing.T) {
 		t.Run(w.desc, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			_, err := b.pool.Exec(b.ctx, `CREATE TABLE "Stock Items" (sku text PRIMARY KEY, stock int NOT NULL, "fence token" bigint);
+			_, err := b.Pool.Exec(b.Ctx, `CREATE TABLE "Stock Items" (sku text PRIMARY KEY, stock int NOT NULL, "fence token" bigint);
 				INSERT INTO "Stock Items" VALUES ('A-1', 10, NULL)`)
 			require.NoError(t, err)
 			sqlDB := w.open(t, b)
 			update := func(sku string, token fencelock.Token, stock int) (int64, string, error) {
 				var n int64
-				sync, err := inSQLTx(t, b.ctx, sqlDB, func(tx *sql.Tx) error {
+				sync, err := inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error {
 					var err error
-					n, err = fencelock.UpdateFencedSQLTx(b.ctx, tx, pgx.Identifier{"Stock Items"}, "fence token", token,
+					n, err = fencelock.UpdateFencedSQLTx(b.Ctx, tx, pgx.Identifier{"Stock Items"}, "fence token", token,
 						[]fencelock.Column{{Name: "stock", Value: stock}}, []fencelock.Column{{Name: "sku", Value: sku}})
 					return err
 				})
@@ -117,7 +117,7 @@ func TestUpdateFencedSQLTx(t *testing.T) {
 			_, _, err = update("B-2", 5, 1)
 			require.ErrorIs(t, err, fencelock.ErrNoRow)
 			var stock int
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT stock FROM "Stock Items" WHERE sku = 'A-1'`).Scan(&stock))
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT stock FROM "Stock Items" WHERE sku = 'A-1'`).Scan(&stock))
 			require.Equal(t, 9, stock)
 		})
 	}
@@ -142,21 +142,21 @@ func TestLeaseSQLTx(t *testing.T) {
 				t.Parallel()
 				b := setup(t)
 				sqlDB := w.open(t, b)
-				l := newLessor(t, b.pool, "a")
-				lease, err := l.TryAcquire(b.ctx, "job", time.Minute)
+				l := newLessor(t, b.Pool, "a")
+				lease, err := l.TryAcquire(b.Ctx, "job", time.Minute)
 				require.NoError(t, err)
-				sync, err := inSQLTx(t, b.ctx, sqlDB, func(tx *sql.Tx) error { return form.guard(b.ctx, lease, tx) })
+				sync, err := inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error { return form.guard(b.Ctx, lease, tx) })
 				require.NoError(t, err)
 				if form.desc == "FenceSQLTx" {
 					require.Equal(t, "on", sync)
 					var mark int64
-					require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT token FROM fencelock.fences WHERE resource = 'r'`).Scan(&mark))
+					require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT token FROM fencelock.fences WHERE resource = 'r'`).Scan(&mark))
 					require.Equal(t, int64(lease.Token()), mark)
 				}
 
-				_, err = b.pool.Exec(b.ctx, `SELECT fencelock.force_release('job', ARRAY[]::text[])`)
+				_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.force_release('job', ARRAY[]::text[])`)
 				require.NoError(t, err)
-				_, err = inSQLTx(t, b.ctx, sqlDB, func(tx *sql.Tx) error { return form.guard(b.ctx, lease, tx) })
+				_, err = inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error { return form.guard(b.Ctx, lease, tx) })
 				var lost *fencelock.LeaseLostError
 				require.ErrorAs(t, err, &lost)
 				require.Equal(t, "job", lost.Name)
@@ -165,7 +165,7 @@ func TestLeaseSQLTx(t *testing.T) {
 				default:
 					t.Fatal("Done is still open after the guard found the lease gone")
 				}
-				require.ErrorAs(t, form.guard(b.ctx, lease, nil), new(*fencelock.ArgumentError))
+				require.ErrorAs(t, form.guard(b.Ctx, lease, nil), new(*fencelock.ArgumentError))
 			})
 		}
 	}
@@ -174,23 +174,23 @@ func TestLeaseSQLTx(t *testing.T) {
 func TestLeaseSetAndTermSQLTx(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	sqlDB := stdlib.OpenDBFromPool(b.pool)
+	sqlDB := stdlib.OpenDBFromPool(b.Pool)
 	t.Cleanup(func() { _ = sqlDB.Close() })
-	l := newLessor(t, b.pool, "a")
-	set, err := l.TryAcquireAll(b.ctx, []string{"x", "y"}, time.Minute)
+	l := newLessor(t, b.Pool, "a")
+	set, err := l.TryAcquireAll(b.Ctx, []string{"x", "y"}, time.Minute)
 	require.NoError(t, err)
-	_, err = inSQLTx(t, b.ctx, sqlDB, func(tx *sql.Tx) error { return set.GuardSQLTx(b.ctx, tx) })
+	_, err = inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error { return set.GuardSQLTx(b.Ctx, tx) })
 	require.NoError(t, err)
 
 	e := newElection(t, b, "a", "leader", time.Minute)
-	term, err := e.Campaign(b.ctx, "a")
+	term, err := e.Campaign(b.Ctx, "a")
 	require.NoError(t, err)
-	_, err = inSQLTx(t, b.ctx, sqlDB, func(tx *sql.Tx) error { return term.FenceSQLTx(b.ctx, tx, "leader-writes") })
+	_, err = inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error { return term.FenceSQLTx(b.Ctx, tx, "leader-writes") })
 	require.NoError(t, err)
 
-	_, err = b.pool.Exec(b.ctx, `SELECT fencelock.force_release('y', ARRAY[]::text[])`)
+	_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.force_release('y', ARRAY[]::text[])`)
 	require.NoError(t, err)
-	_, err = inSQLTx(t, b.ctx, sqlDB, func(tx *sql.Tx) error { return set.GuardSQLTx(b.ctx, tx) })
+	_, err = inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error { return set.GuardSQLTx(b.Ctx, tx) })
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
 }
 
@@ -201,32 +201,32 @@ func TestAdvisoryLockSQLTx(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			sqlDB := w.open(t, b)
-			a, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithFencingTokens())
+			a, err := fencelock.NewAdvisoryLocker(b.Pool, fencelock.WithFencingTokens())
 			require.NoError(t, err)
-			t1, err := sqlDB.BeginTx(b.ctx, nil)
+			t1, err := sqlDB.BeginTx(b.Ctx, nil)
 			require.NoError(t, err)
 			defer func() { _ = t1.Rollback() }()
-			tok, err := a.TryLockSQLTx(b.ctx, t1, "report")
+			tok, err := a.TryLockSQLTx(b.Ctx, t1, "report")
 			require.NoError(t, err)
 			require.Greater(t, tok, fencelock.Token(0))
 
-			t2, err := sqlDB.BeginTx(b.ctx, nil)
+			t2, err := sqlDB.BeginTx(b.Ctx, nil)
 			require.NoError(t, err)
 			defer func() { _ = t2.Rollback() }()
-			_, err = a.TryLockSQLTx(b.ctx, t2, "report")
+			_, err = a.TryLockSQLTx(b.Ctx, t2, "report")
 			require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 			require.NoError(t, t2.Rollback())
 
 			// LockSQLTx waits in the server's queue until t1 ends.
 			got := make(chan error, 1)
 			go func() {
-				t3, err := sqlDB.BeginTx(b.ctx, nil)
+				t3, err := sqlDB.BeginTx(b.Ctx, nil)
 				if err != nil {
 					got <- err
 					return
 				}
 				defer func() { _ = t3.Rollback() }()
-				tok3, err := a.LockSQLTx(b.ctx, t3, "report")
+				tok3, err := a.LockSQLTx(b.Ctx, t3, "report")
 				if err == nil && tok3 <= tok {
 					err = errors.New("the later grant's token is not larger")
 				}
@@ -234,14 +234,14 @@ func TestAdvisoryLockSQLTx(t *testing.T) {
 			}()
 			waitFor(t, b, "LockSQLTx waiting on the advisory lock", func() bool {
 				var n int
-				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
+				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
 					WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()`).Scan(&n))
 				return n == 1
 			})
 			require.NoError(t, t1.Commit())
 			require.NoError(t, <-got)
 
-			_, err = a.TryLockSQLTx(b.ctx, nil, "report")
+			_, err = a.TryLockSQLTx(b.Ctx, nil, "report")
 			require.ErrorAs(t, err, new(*fencelock.ArgumentError))
 		})
 	}
@@ -255,9 +255,9 @@ func TestRunLockedSQL(t *testing.T) {
 			b := setup(t)
 			createWrites(t, b)
 			sqlDB := w.open(t, b)
-			l := newLessor(t, b.pool, "a", fastBackoff)
-			holder := newLessor(t, b.pool, "h")
-			lease, err := holder.TryAcquire(b.ctx, "job", time.Minute)
+			l := newLessor(t, b.Pool, "a", fastBackoff)
+			holder := newLessor(t, b.Pool, "h")
+			lease, err := holder.TryAcquire(b.Ctx, "job", time.Minute)
 			require.NoError(t, err)
 
 			write := func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
@@ -270,12 +270,12 @@ func TestRunLockedSQL(t *testing.T) {
 				_, err := tx.ExecContext(ctx, `INSERT INTO writes (resource, token) VALUES ('job', $1)`, int64(token))
 				return err
 			}
-			require.ErrorIs(t, l.TryRunLockedSQL(b.ctx, sqlDB, "job", write), fencelock.ErrNotAcquired)
+			require.ErrorIs(t, l.TryRunLockedSQL(b.Ctx, sqlDB, "job", write), fencelock.ErrNotAcquired)
 
 			done := make(chan error, 1)
-			go func() { done <- l.RunLockedSQL(b.ctx, sqlDB, "job", write) }()
+			go func() { done <- l.RunLockedSQL(b.Ctx, sqlDB, "job", write) }()
 			awaitWaiters(t, b, "job", 1)
-			require.NoError(t, lease.Release(b.ctx))
+			require.NoError(t, lease.Release(b.Ctx))
 			require.NoError(t, <-done)
 			got := writtenTokens(t, b, "job")
 			require.Len(t, got, 1)
@@ -283,7 +283,7 @@ func TestRunLockedSQL(t *testing.T) {
 
 			// fn's error rolls back, and is returned as is.
 			errFn := errors.New("fn failed")
-			require.Equal(t, errFn, l.TryRunLockedSQL(b.ctx, sqlDB, "job", func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
+			require.Equal(t, errFn, l.TryRunLockedSQL(b.Ctx, sqlDB, "job", func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
 				if err := write(ctx, tx, token); err != nil {
 					return err
 				}
@@ -291,9 +291,9 @@ func TestRunLockedSQL(t *testing.T) {
 			}))
 			require.Len(t, writtenTokens(t, b, "job"), 1)
 
-			require.ErrorAs(t, l.TryRunLockedSQL(b.ctx, nil, "job", write), new(*fencelock.ArgumentError))
-			require.ErrorAs(t, l.RunLockedSQL(b.ctx, sqlDB, "job", nil), new(*fencelock.ArgumentError))
-			require.ErrorAs(t, l.RunLockedSQL(b.ctx, sqlDB, "", write), new(*fencelock.ArgumentError))
+			require.ErrorAs(t, l.TryRunLockedSQL(b.Ctx, nil, "job", write), new(*fencelock.ArgumentError))
+			require.ErrorAs(t, l.RunLockedSQL(b.Ctx, sqlDB, "job", nil), new(*fencelock.ArgumentError))
+			require.ErrorAs(t, l.RunLockedSQL(b.Ctx, sqlDB, "", write), new(*fencelock.ArgumentError))
 		})
 	}
 }
@@ -307,45 +307,9 @@ func TestRunLockedSQLCancelledOnRowLock(t *testing.T) {
 		t.Run(w.desc, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			sqlDB := w.open(t, b)
-			l := newLessor(t, b.pool, "a")
-			inside, leave := make(chan struct{}), make(chan struct{})
-			var leaveOnce sync.Once
-			letGo := func() { leaveOnce.Do(func() { close(leave) }) }
-			defer letGo() // also when an assertion below fails: the holder's transaction ends
-			held := make(chan error, 1)
-			go func() {
-				held <- l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error {
-					close(inside)
-					<-leave
-					return nil
-				})
-			}()
-			<-inside
-
-			ctx, cancel := context.WithCancel(b.ctx)
-			waited := make(chan error, 1)
-			w2 := newLessor(t, b.pool, "w")
-			go func() {
-				waited <- w2.RunLockedSQL(ctx, sqlDB, "job", func(context.Context, *sql.Tx, fencelock.Token) error {
-					return errors.New("granted after cancellation")
-				})
-			}()
-			waitFor(t, b, "the grant waiting on the row lock", func() bool {
-				var n int
-				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
-					WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%LeaseGrant%'`).Scan(&n))
-				return n == 1
-			})
-			cancel()
-			require.ErrorIs(t, <-waited, context.Canceled)
-			var waiting int
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND query LIKE '%LeaseGrant%' AND state = 'active' AND pid <> pg_backend_pid()`).Scan(&waiting))
-			require.Zero(t, waiting, "a backend still runs the abandoned grant after RunLockedSQL returned")
-			letGo()
-			require.NoError(t, <-held)
-			require.NoError(t, l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+			_, err := fencetest.CancelRunLockedSQLOnRowLock(t, b.Ctx, b.Pool, w.open(t, b))
+			require.ErrorIs(t, err, context.Canceled)
+			requireFree(t, b, "job")
 		})
 	}
 }

@@ -20,17 +20,17 @@ import (
 func TestObserveWithSaturatedPool(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.MaxConns = 1
-	small, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	small, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(small.Close)
 
 	const name = "election:saturated"
 	watcher, err := fencelock.NewElection(newLessor(t, small, "sat-watcher"), name, 5*time.Second)
 	require.NoError(t, err)
-	octx, stop := context.WithCancel(b.ctx)
+	octx, stop := context.WithCancel(b.Ctx)
 	defer stop()
 	states := watcher.Observe(octx)
 	// The first state means the observer has read once, on its own session (hijacked: the
@@ -40,13 +40,13 @@ func TestObserveWithSaturatedPool(t *testing.T) {
 
 	// The application takes the small pool's only connection (a listening connection is
 	// hijacked too and does not count).
-	conn, err := small.Acquire(b.ctx)
+	conn, err := small.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 
-	cand, err := fencelock.NewElection(newLessor(t, b.pool, "sat-cand"), name, 5*time.Second)
+	cand, err := fencelock.NewElection(newLessor(t, b.Pool, "sat-cand"), name, 5*time.Second)
 	require.NoError(t, err)
-	term, err := cand.Campaign(b.ctx, "v1")
+	term, err := cand.Campaign(b.Ctx, "v1")
 	require.NoError(t, err)
 	defer func() { _ = term.Resign(context.Background()) }()
 

@@ -17,7 +17,7 @@ import (
 // newElection returns the election name on a lessor of its own with holder id holder.
 func newElection(t *testing.T, b *bundle, holder, name string, ttl time.Duration, opts ...fencelock.LessorOption) *fencelock.Election {
 	t.Helper()
-	return fencetest.NewElection(t, b.pool, holder, name, ttl, opts...)
+	return fencetest.NewElection(t, b.Pool, holder, name, ttl, opts...)
 }
 
 // next receives the observer's next state, failing the test after 10 s; nextWhere skips
@@ -38,29 +38,29 @@ func TestElection(t *testing.T) {
 	c := newElection(t, b, "cand-b", name, 5*time.Second)
 	watcher := newElection(t, b, "watcher", name, 5*time.Second)
 
-	octx, stop := context.WithCancel(b.ctx)
+	octx, stop := context.WithCancel(b.Ctx)
 	defer stop()
 	states := watcher.Observe(octx)
 	require.Equal(t, fencelock.LeaderInfo{}, next(t, states), "nobody leads yet")
-	_, err := watcher.Leader(b.ctx)
+	_, err := watcher.Leader(b.Ctx)
 	require.ErrorIs(t, err, fencelock.ErrNoLeader)
 
-	ta, err := a.Campaign(b.ctx, "10.0.0.1:8080")
+	ta, err := a.Campaign(b.Ctx, "10.0.0.1:8080")
 	require.NoError(t, err)
 	got := nextWhere(t, states, 0, func(i fencelock.LeaderInfo) bool { return i.Value == "10.0.0.1:8080" })
 	require.Equal(t, "cand-a", got.Holder)
 	require.Equal(t, ta.Token(), got.Token)
-	leader, err := watcher.Leader(b.ctx)
+	leader, err := watcher.Leader(b.Ctx)
 	require.NoError(t, err)
 	require.Equal(t, got.Token, leader.Token)
 	require.Equal(t, "10.0.0.1:8080", leader.Value)
 
-	require.NoError(t, ta.Proclaim(b.ctx, "10.0.0.1:9090"))
+	require.NoError(t, ta.Proclaim(b.Ctx, "10.0.0.1:9090"))
 	require.Equal(t, "10.0.0.1:9090", nextWhere(t, states, ta.Token(), func(i fencelock.LeaderInfo) bool { return i.Value == "10.0.0.1:9090" }).Value)
 
 	elected := make(chan *fencelock.Term, 1)
 	go func() {
-		tc, err := c.Campaign(b.ctx, "10.0.0.2:8080")
+		tc, err := c.Campaign(b.Ctx, "10.0.0.2:8080")
 		if err != nil {
 			t.Error(err)
 		}
@@ -68,7 +68,7 @@ func TestElection(t *testing.T) {
 	}()
 	awaitWaiters(t, b, name, 1)
 	resigned := time.Now()
-	require.NoError(t, ta.Resign(b.ctx))
+	require.NoError(t, ta.Resign(b.Ctx))
 	tc := <-elected
 	t.Logf("new leader %v after the resign", time.Since(resigned).Round(time.Microsecond))
 	require.NotNil(t, tc)
@@ -78,11 +78,11 @@ func TestElection(t *testing.T) {
 	require.ErrorIs(t, ta.Err(), fencelock.ErrReleased)
 
 	// The old leader's fenced write is rejected once the new term has written.
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return tc.FenceTx(b.ctx, tx, name) }))
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, name, ta.Token()) })
+	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return tc.FenceTx(b.Ctx, tx, name) }))
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, name, ta.Token()) })
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
 
-	require.NoError(t, tc.Resign(b.ctx))
+	require.NoError(t, tc.Resign(b.Ctx))
 	require.Equal(t, fencelock.LeaderInfo{}, nextWhere(t, states, tc.Token(), func(i fencelock.LeaderInfo) bool { return i.Token == 0 }))
 	stop()
 	for range states { // closed once ctx ended
@@ -99,21 +99,21 @@ func TestElectionLeaderDies(t *testing.T) {
 	const ttl = time.Second
 	dead := newElection(t, b, "dead", name, ttl, fencelock.WithoutHeartbeat())
 	heir := newElection(t, b, "heir", name, ttl)
-	td, err := dead.Campaign(b.ctx, "dead")
+	td, err := dead.Campaign(b.Ctx, "dead")
 	require.NoError(t, err)
-	states := heir.Observe(b.ctx)
+	states := heir.Observe(b.Ctx)
 	require.Equal(t, "dead", nextWhere(t, states, 0, func(i fencelock.LeaderInfo) bool { return i.Value == "dead" }).Holder)
-	th, err := heir.Campaign(b.ctx, "heir")
+	th, err := heir.Campaign(b.Ctx, "heir")
 	require.NoError(t, err)
 	after := time.Since(td.Lease().ExpiresAt()) // ExpiresAt is on the database clock; same host here
 	t.Logf("heir elected %v after the dead leader's term expired", after.Round(time.Millisecond))
 	require.Less(t, after, 500*time.Millisecond, "elected long after the term lapsed")
 	require.Greater(t, th.Token(), td.Token())
 	require.Equal(t, "heir", nextWhere(t, states, td.Token(), func(i fencelock.LeaderInfo) bool { return i.Value == "heir" }).Holder)
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return th.FenceTx(b.ctx, tx, name) }))
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return td.FenceTx(b.ctx, tx, name) })
+	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return th.FenceTx(b.Ctx, tx, name) }))
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return td.FenceTx(b.Ctx, tx, name) })
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
-	require.NoError(t, th.Resign(b.ctx))
+	require.NoError(t, th.Resign(b.Ctx))
 }
 
 // Run: two candidates; each term's OnStartedLeading runs until its work is done, then the term
@@ -123,7 +123,7 @@ func TestElectionRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const name = "election:run"
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	defer cancel()
 	var mu sync.Mutex
 	var led []string
@@ -165,7 +165,7 @@ func TestElectionRun(t *testing.T) {
 					// enough for the other's Campaign to join the queue on a loaded machine.)
 					for tctx.Err() == nil {
 						var waiting int
-						if err := b.pool.QueryRow(tctx, `SELECT count(*) FROM fencelock.lease_waiters
+						if err := b.Pool.QueryRow(tctx, `SELECT count(*) FROM fencelock.lease_waiters
 							WHERE name = $1 AND holder <> $2 AND granted_token = 0 AND expires_at > clock_timestamp()`, name, id).Scan(&waiting); err == nil && waiting > 0 {
 							return
 						}
@@ -208,7 +208,7 @@ func TestElectionRun(t *testing.T) {
 func TestElectionBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "bad")
+	l := newLessor(t, b.Pool, "bad")
 	_, err := fencelock.NewElection(nil, "x", time.Second)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	_, err = fencelock.NewElection(l, "", time.Second)
@@ -218,12 +218,12 @@ func TestElectionBadInput(t *testing.T) {
 	e, err := fencelock.NewElection(l, "x", time.Second)
 	require.NoError(t, err)
 	for _, v := range []string{string(make([]byte, fencelock.MaxLeaderValue+1)), "a\x00b", "\xff"} {
-		_, err = e.Campaign(b.ctx, v)
+		_, err = e.Campaign(b.Ctx, v)
 		require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-		require.ErrorIs(t, e.Run(b.ctx, v, fencelock.ElectionCallbacks{}), fencelock.ErrInvalidArgument)
+		require.ErrorIs(t, e.Run(b.Ctx, v, fencelock.ElectionCallbacks{}), fencelock.ErrInvalidArgument)
 	}
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE name = 'x'`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.leases WHERE name = 'x'`).Scan(&n))
 	require.Zero(t, n, "no term was taken for a bad value")
 }
 
@@ -235,13 +235,13 @@ func TestElectionRunPanic(t *testing.T) {
 	stopped := false
 	func() {
 		defer func() { require.Equal(t, "boom", recover()) }()
-		_ = e.Run(b.ctx, "v", fencelock.ElectionCallbacks{
+		_ = e.Run(b.Ctx, "v", fencelock.ElectionCallbacks{
 			OnStartedLeading: func(context.Context, *fencelock.Term) { panic("boom") },
 			OnStoppedLeading: func(_ *fencelock.Term, err error) { stopped = errors.Is(err, fencelock.ErrReleased) },
 		})
 	}()
 	require.True(t, stopped, "OnStoppedLeading after the resign")
-	_, err := e.Leader(b.ctx)
+	_, err := e.Leader(b.Ctx)
 	require.ErrorIs(t, err, fencelock.ErrNoLeader, "the term was resigned")
 }
 
@@ -253,14 +253,14 @@ func TestElectionObserveUnannouncedTerm(t *testing.T) {
 	const name = "election:quiet"
 	const ttl = time.Second
 	watcher := newElection(t, b, "quiet-watcher", name, ttl)
-	states := watcher.Observe(b.ctx)
+	states := watcher.Observe(b.Ctx)
 	require.Equal(t, fencelock.LeaderInfo{}, next(t, states))
-	lease, err := newLessor(t, b.pool, "quiet-holder").TryAcquire(b.ctx, name, 5*time.Second)
+	lease, err := newLessor(t, b.Pool, "quiet-holder").TryAcquire(b.Ctx, name, 5*time.Second)
 	require.NoError(t, err)
 	took := time.Now()
 	got := next(t, states)
 	require.Equal(t, "quiet-holder", got.Holder)
 	require.Equal(t, lease.Token(), got.Token)
 	require.Less(t, time.Since(took), ttl+500*time.Millisecond, "not read within a TTL")
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 }

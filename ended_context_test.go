@@ -30,13 +30,13 @@ var endedCtx = testkit.EndedContext
 // releases that grant.
 func requireFree(t *testing.T, b *bundle, name string) {
 	t.Helper()
-	fencetest.RequireFree(t, b.ctx, b.pool, name)
+	fencetest.RequireFree(t, b.Ctx, b.Pool, name)
 }
 
 // requireNoWaiters fails the test unless the queue of lease name is empty.
 func requireNoWaiters(t *testing.T, b *bundle, name string) {
 	t.Helper()
-	require.Empty(t, readQueue(t, b.ctx, b.pool, name), "places left in the queue of %q", name)
+	require.Empty(t, readQueue(t, b.Ctx, b.Pool, name), "places left in the queue of %q", name)
 }
 
 // Lease.Release with an ended ctx ends the grant on the server: the name is free at once; with
@@ -47,9 +47,9 @@ func TestEndedContextLeaseRelease(t *testing.T) {
 	t.Run("Plain", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		lease, err := newLessor(t, b.pool, "holder").TryAcquire(b.ctx, "ended:plain", 10*time.Second)
+		lease, err := newLessor(t, b.Pool, "holder").TryAcquire(b.Ctx, "ended:plain", 10*time.Second)
 		require.NoError(t, err)
-		require.NoError(t, lease.Release(endedCtx(b.ctx)))
+		require.NoError(t, lease.Release(endedCtx(b.Ctx)))
 		require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
 		requireFree(t, b, "ended:plain")
 	})
@@ -57,17 +57,17 @@ func TestEndedContextLeaseRelease(t *testing.T) {
 	t.Run("HandsOffToWaiter", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		lease, err := newLessor(t, b.pool, "holder").TryAcquire(b.ctx, "ended:handoff", time.Minute)
+		lease, err := newLessor(t, b.Pool, "holder").TryAcquire(b.Ctx, "ended:handoff", time.Minute)
 		require.NoError(t, err)
-		waiting := acquireAsync(b.ctx, newLessor(t, b.pool, "waiter"), "ended:handoff", time.Minute)
-		awaitQueue(t, b.ctx, b.pool, "ended:handoff", true, "waiter")
-		require.NoError(t, lease.Release(endedCtx(b.ctx)))
+		waiting := acquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter"), "ended:handoff", time.Minute)
+		awaitQueue(t, b.Ctx, b.Pool, "ended:handoff", true, "waiter")
+		require.NoError(t, lease.Release(endedCtx(b.Ctx)))
 		got := receive(t, waiting, 5*time.Second) // the TTL is a minute: only a hand-off is this fast
 		require.NoError(t, got.err)
 		require.Greater(t, got.lease.Token(), lease.Token())
-		require.Equal(t, leaseRow{Holder: "waiter", Token: int64(got.lease.Token())}, readLease(t, b.ctx, b.pool, "ended:handoff"))
+		require.Equal(t, leaseRow{Holder: "waiter", Token: int64(got.lease.Token())}, readLease(t, b.Ctx, b.Pool, "ended:handoff"))
 		requireNoWaiters(t, b, "ended:handoff")
-		require.NoError(t, got.lease.Release(b.ctx))
+		require.NoError(t, got.lease.Release(b.Ctx))
 	})
 }
 
@@ -76,26 +76,26 @@ func TestEndedContextLeaseRelease(t *testing.T) {
 func TestEndedContextAdvisoryUnlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
 	a, err := fencelock.NewAdvisoryLocker(pool)
 	require.NoError(t, err)
-	lk, err := a.TryLock(b.ctx, "ended:advisory")
+	lk, err := a.TryLock(b.Ctx, "ended:advisory")
 	require.NoError(t, err)
 	pid := lk.BackendPID()
 
-	require.NoError(t, lk.Unlock(endedCtx(b.ctx)))
+	require.NoError(t, lk.Unlock(endedCtx(b.Ctx)))
 	require.ErrorIs(t, lk.Err(), fencelock.ErrUnlocked)
-	other, err := fencelock.NewAdvisoryLocker(b.pool)
+	other, err := fencelock.NewAdvisoryLocker(b.Pool)
 	require.NoError(t, err)
-	lk2, err := other.TryLock(b.ctx, "ended:advisory")
+	lk2, err := other.TryLock(b.Ctx, "ended:advisory")
 	require.NoError(t, err, "the key is still held")
-	require.NoError(t, lk2.Unlock(b.ctx))
-	conn, err := pool.Acquire(b.ctx)
+	require.NoError(t, lk2.Unlock(b.Ctx))
+	conn, err := pool.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	require.Equal(t, pid, conn.Conn().PgConn().PID(), "the session was closed instead of going back to the pool")
@@ -106,11 +106,11 @@ func TestEndedContextAdvisoryUnlock(t *testing.T) {
 func TestEndedContextTermResign(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e, err := fencelock.NewElection(newLessor(t, b.pool, "leader"), "election/ended", 30*time.Second)
+	e, err := fencelock.NewElection(newLessor(t, b.Pool, "leader"), "election/ended", 30*time.Second)
 	require.NoError(t, err)
-	term, err := e.Campaign(b.ctx, "leader:1")
+	term, err := e.Campaign(b.Ctx, "leader:1")
 	require.NoError(t, err)
-	octx, stop := context.WithCancel(b.ctx)
+	octx, stop := context.WithCancel(b.Ctx)
 	defer stop()
 	seen := e.Observe(octx)
 	select {
@@ -120,7 +120,7 @@ func TestEndedContextTermResign(t *testing.T) {
 		t.Fatal("the observer saw no state within 10 s")
 	}
 
-	require.NoError(t, term.Resign(endedCtx(b.ctx)))
+	require.NoError(t, term.Resign(endedCtx(b.Ctx)))
 	require.ErrorIs(t, term.Err(), fencelock.ErrReleased)
 	select {
 	case info := <-seen:
@@ -128,7 +128,7 @@ func TestEndedContextTermResign(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the observer was not woken by the resign")
 	}
-	_, err = e.Leader(b.ctx)
+	_, err = e.Leader(b.Ctx)
 	require.ErrorIs(t, err, fencelock.ErrNoLeader)
 	requireFree(t, b, "election/ended")
 }
@@ -138,9 +138,9 @@ func TestEndedContextTermResign(t *testing.T) {
 func TestEndedContextElectionRunExit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e, err := fencelock.NewElection(newLessor(t, b.pool, "leader"), "election/run", 30*time.Second)
+	e, err := fencelock.NewElection(newLessor(t, b.Pool, "leader"), "election/run", 30*time.Second)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	var stopped error
 	err = e.Run(ctx, "leader:1", fencelock.ElectionCallbacks{
 		OnStartedLeading: func(context.Context, *fencelock.Term) { cancel() },
@@ -155,23 +155,23 @@ func TestEndedContextElectionRunExit(t *testing.T) {
 func TestEndedContextCampaignExit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e, err := fencelock.NewElection(newLessor(t, b.pool, "leader"), "election/wait", 30*time.Second)
+	e, err := fencelock.NewElection(newLessor(t, b.Pool, "leader"), "election/wait", 30*time.Second)
 	require.NoError(t, err)
-	term, err := e.Campaign(b.ctx, "leader")
+	term, err := e.Campaign(b.Ctx, "leader")
 	require.NoError(t, err)
-	ec, err := fencelock.NewElection(newLessor(t, b.pool, "candidate"), "election/wait", 30*time.Second)
+	ec, err := fencelock.NewElection(newLessor(t, b.Pool, "candidate"), "election/wait", 30*time.Second)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	campaigned := make(chan error, 1)
 	go func() {
 		_, err := ec.Campaign(ctx, "candidate")
 		campaigned <- err
 	}()
-	awaitQueue(t, b.ctx, b.pool, "election/wait", false, "candidate")
+	awaitQueue(t, b.Ctx, b.Pool, "election/wait", false, "candidate")
 	cancel()
 	require.ErrorIs(t, <-campaigned, context.Canceled)
 	requireNoWaiters(t, b, "election/wait")
-	require.NoError(t, term.Resign(b.ctx))
+	require.NoError(t, term.Resign(b.Ctx))
 	requireFree(t, b, "election/wait")
 }
 
@@ -180,13 +180,13 @@ func TestEndedContextLeaseSetRelease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	names := []string{"set:a", "set:b", "set:c"}
-	set, err := newLessor(t, b.pool, "holder").TryAcquireAll(b.ctx, names, 10*time.Second)
+	set, err := newLessor(t, b.Pool, "holder").TryAcquireAll(b.Ctx, names, 10*time.Second)
 	require.NoError(t, err)
-	require.NoError(t, set.Release(endedCtx(b.ctx)))
+	require.NoError(t, set.Release(endedCtx(b.Ctx)))
 	require.ErrorIs(t, set.Err(), fencelock.ErrReleased)
-	other, err := newLessor(t, b.pool, "other").TryAcquireAll(b.ctx, names, 10*time.Second)
+	other, err := newLessor(t, b.Pool, "other").TryAcquireAll(b.Ctx, names, 10*time.Second)
 	require.NoError(t, err, "members are still held")
-	require.NoError(t, other.Release(b.ctx))
+	require.NoError(t, other.Release(b.Ctx))
 }
 
 // A semaphore permit's Release with an ended ctx ends the permit: another lessor gets it at
@@ -194,38 +194,38 @@ func TestEndedContextLeaseSetRelease(t *testing.T) {
 func TestEndedContextPermitRelease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	s, err := fencelock.NewSemaphore(newLessor(t, b.pool, "holder"), "sem:ended", 1)
+	s, err := fencelock.NewSemaphore(newLessor(t, b.Pool, "holder"), "sem:ended", 1)
 	require.NoError(t, err)
-	permit, err := s.TryAcquire(b.ctx, time.Minute)
+	permit, err := s.TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, permit.Release(endedCtx(b.ctx)))
+	require.NoError(t, permit.Release(endedCtx(b.Ctx)))
 	require.ErrorIs(t, permit.Err(), fencelock.ErrReleased)
 
-	s2, err := fencelock.NewSemaphore(newLessor(t, b.pool, "other"), "sem:ended", 1)
+	s2, err := fencelock.NewSemaphore(newLessor(t, b.Pool, "other"), "sem:ended", 1)
 	require.NoError(t, err)
-	permit2, err := s2.TryAcquire(b.ctx, time.Minute)
+	permit2, err := s2.TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err, "the permit is still held")
 
 	// A waiter: the release with an ended ctx lets it in, well before the permit's TTL.
-	s3, err := fencelock.NewSemaphore(newLessor(t, b.pool, "waiter"), "sem:ended", 1)
+	s3, err := fencelock.NewSemaphore(newLessor(t, b.Pool, "waiter"), "sem:ended", 1)
 	require.NoError(t, err)
 	waiting := make(chan acquired, 1)
 	go func() {
-		p, err := s3.Acquire(b.ctx, time.Minute)
+		p, err := s3.Acquire(b.Ctx, time.Minute)
 		waiting <- acquired{p, err, time.Now()}
 	}()
 	waitFor(t, b, "the waiter queues", func() bool {
-		st, err := s.State(b.ctx)
+		st, err := s.State(b.Ctx)
 		require.NoError(t, err)
 		return st.Waiting == 1
 	})
-	require.NoError(t, permit2.Release(endedCtx(b.ctx)))
+	require.NoError(t, permit2.Release(endedCtx(b.Ctx)))
 	got := receive(t, waiting, 10*time.Second)
 	require.NoError(t, got.err)
-	st, err := s.State(b.ctx)
+	st, err := s.State(b.Ctx)
 	require.NoError(t, err)
 	require.Equal(t, fencelock.SemaphoreState{Limit: 1, Held: 1, Waiting: 0}, st)
-	require.NoError(t, got.lease.Release(b.ctx))
+	require.NoError(t, got.lease.Release(b.Ctx))
 }
 
 // gooselock.Locker.Unlock with an ended ctx (goose's locktesting does this: it unlocks with the
@@ -233,9 +233,9 @@ func TestEndedContextPermitRelease(t *testing.T) {
 func TestEndedContextGooseUnlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	g, err := gooselock.New(newLessor(t, b.pool, "migrator"), "goose:ended", 10*time.Second)
+	g, err := gooselock.New(newLessor(t, b.Pool, "migrator"), "goose:ended", 10*time.Second)
 	require.NoError(t, err)
-	ctx, cancel := context.WithDeadline(b.ctx, time.Now().Add(time.Minute))
+	ctx, cancel := context.WithDeadline(b.Ctx, time.Now().Add(time.Minute))
 	require.NoError(t, g.Lock(ctx, nil))
 	cancel()
 	require.NoError(t, g.Unlock(ctx, nil))
@@ -247,23 +247,23 @@ func TestEndedContextGooseUnlock(t *testing.T) {
 func TestEndedContextLeaveQueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder, err := newLessor(t, b.pool, "holder").TryAcquire(b.ctx, "ended:queue", time.Minute)
+	holder, err := newLessor(t, b.Pool, "holder").TryAcquire(b.Ctx, "ended:queue", time.Minute)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(b.ctx)
-	waiting := acquireAsync(ctx, newLessor(t, b.pool, "waiter"), "ended:queue", time.Minute)
-	awaitQueue(t, b.ctx, b.pool, "ended:queue", false, "waiter")
+	ctx, cancel := context.WithCancel(b.Ctx)
+	waiting := acquireAsync(ctx, newLessor(t, b.Pool, "waiter"), "ended:queue", time.Minute)
+	awaitQueue(t, b.Ctx, b.Pool, "ended:queue", false, "waiter")
 	cancel()
 	require.ErrorIs(t, receive(t, waiting, 10*time.Second).err, context.Canceled)
 	requireNoWaiters(t, b, "ended:queue")
-	require.NoError(t, holder.Release(b.ctx))
+	require.NoError(t, holder.Release(b.Ctx))
 }
 
 // RunLeased whose ctx ends during fn releases the lease before it returns.
 func TestEndedContextRunLeased(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx, cancel := context.WithCancel(b.ctx)
-	err := newLessor(t, b.pool, "runner").RunLeased(ctx, "ended:run", 10*time.Second, func(ctx context.Context, _ *fencelock.Lease) error {
+	ctx, cancel := context.WithCancel(b.Ctx)
+	err := newLessor(t, b.Pool, "runner").RunLeased(ctx, "ended:run", 10*time.Second, func(ctx context.Context, _ *fencelock.Lease) error {
 		cancel()
 		<-ctx.Done()
 		return ctx.Err()
@@ -291,13 +291,13 @@ func TestEndedContextRunLocked(t *testing.T) {
 			createWrites(t, b)
 			const name = "ended:locked"
 			// A TTL holder first, so that RunLocked waits in the queue before it gets the row.
-			holder, err := newLessor(t, b.pool, "holder").TryAcquire(b.ctx, name, time.Minute)
+			holder, err := newLessor(t, b.Pool, "holder").TryAcquire(b.Ctx, name, time.Minute)
 			require.NoError(t, err)
-			ctx, cancel := context.WithCancel(b.ctx)
+			ctx, cancel := context.WithCancel(b.Ctx)
 			defer cancel()
 			var pid uint32
 			ran := make(chan error, 1)
-			runner := newLessor(t, b.pool, "runner")
+			runner := newLessor(t, b.Pool, "runner")
 			go func() {
 				ran <- runner.RunLocked(ctx, name, func(ctx context.Context, tx pgx.Tx, token fencelock.Token) error {
 					pid = tx.Conn().PgConn().PID()
@@ -311,8 +311,8 @@ func TestEndedContextRunLocked(t *testing.T) {
 					return nil
 				})
 			}()
-			awaitQueue(t, b.ctx, b.pool, name, false, "runner")
-			require.NoError(t, holder.Release(b.ctx))
+			awaitQueue(t, b.Ctx, b.Pool, name, false, "runner")
+			require.NoError(t, holder.Release(b.Ctx))
 			select {
 			case err = <-ran:
 			case <-time.After(10 * time.Second):
@@ -323,7 +323,7 @@ func TestEndedContextRunLocked(t *testing.T) {
 			requireNoWaiters(t, b, name)
 			requireFree(t, b, name)
 			var alive bool
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, int32(pid)).Scan(&alive))
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)`, int32(pid)).Scan(&alive))
 			require.True(t, alive, "the session was closed to end the transaction")
 		})
 	}
@@ -333,9 +333,9 @@ func TestEndedContextRunLocked(t *testing.T) {
 func TestEndedContextJob(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	j, err := job.New(newLessor(t, b.pool, "replica"), "job:ended", 10*time.Second)
+	j, err := job.New(newLessor(t, b.Pool, "replica"), "job:ended", 10*time.Second)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	err = j.RunSlot(ctx, time.Now(), func(ctx context.Context, _ *job.Run) error {
 		cancel()
 		return ctx.Err()
@@ -348,28 +348,28 @@ func TestEndedContextJob(t *testing.T) {
 func TestEndedContextMigrate(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := gooseProvider(t, b.pool).DownTo(b.ctx, 4)
+	_, err := gooseProvider(t, b.Pool).DownTo(b.Ctx, 4)
 	require.NoError(t, err)
 	// Migration 00005 waits for this transaction's lock on fencelock.leases.
-	hold, err := b.pool.Begin(b.ctx)
+	hold, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer hold.Rollback(context.Background())
-	_, err = hold.Exec(b.ctx, `LOCK TABLE fencelock.leases IN ACCESS SHARE MODE`)
+	_, err = hold.Exec(b.Ctx, `LOCK TABLE fencelock.leases IN ACCESS SHARE MODE`)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	migrated := make(chan error, 1)
-	go func() { migrated <- fencelock.Migrate(ctx, b.pool) }()
+	go func() { migrated <- fencelock.Migrate(ctx, b.Pool) }()
 	waitFor(t, b, "Migrate reaches migration 00005", func() bool {
 		var waiting bool
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
 		return waiting
 	})
 	cancel()
 	require.ErrorIs(t, <-migrated, context.Canceled)
 	var took bool
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_try_advisory_xact_lock($1)`, migrateLockKey).Scan(&took))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT pg_try_advisory_xact_lock($1)`, migrateLockKey).Scan(&took))
 	require.True(t, took, "Migrate's lock is still held after it returned")
-	require.NoError(t, hold.Rollback(b.ctx))
-	require.NoError(t, fencelock.Migrate(b.ctx, b.pool), "a later Migrate finishes the run")
+	require.NoError(t, hold.Rollback(b.Ctx))
+	require.NoError(t, fencelock.Migrate(b.Ctx, b.Pool), "a later Migrate finishes the run")
 }

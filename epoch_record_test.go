@@ -19,7 +19,7 @@ import (
 // plus the offset.
 func setEpochOffset(t *testing.T, b *bundle, offset int32) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET epoch_offset = $1`, offset)
+	_, err := b.Pool.Exec(b.Ctx, `UPDATE fencelock.token_epoch SET epoch_offset = $1`, offset)
 	require.NoError(t, err)
 }
 
@@ -27,7 +27,7 @@ func setEpochOffset(t *testing.T, b *bundle, offset int32) {
 // fencelock.token_epoch_marks (migration 00011), in order.
 func epochRecord(t *testing.T, b *bundle) (last int32, marks []int32) {
 	t.Helper()
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT e.last_epoch,
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT e.last_epoch,
 			coalesce((SELECT array_agg(m.epoch ORDER BY m.epoch) FROM fencelock.token_epoch_marks AS m), '{}')
 		FROM fencelock.token_epoch AS e`).Scan(&last, &marks))
 	return last, marks
@@ -75,9 +75,9 @@ func runLockedBlocked(t *testing.T, ctx context.Context, l *fencelock.Lessor, na
 // row locked (FOR UPDATE SKIP LOCKED finds no row to lock).
 func requireEpochRowLocked(t *testing.T, b *bundle) {
 	t.Helper()
-	err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
 		var n int
-		if err := tx.QueryRow(b.ctx, `SELECT count(*) FROM (SELECT FROM fencelock.token_epoch FOR UPDATE SKIP LOCKED) AS k`).Scan(&n); err != nil {
+		if err := tx.QueryRow(b.Ctx, `SELECT count(*) FROM (SELECT FROM fencelock.token_epoch FOR UPDATE SKIP LOCKED) AS k`).Scan(&n); err != nil {
 			return err
 		}
 		require.Zero(t, n, "nobody holds fencelock.token_epoch's row")
@@ -98,33 +98,33 @@ func requireEpochRowLocked(t *testing.T, b *bundle) {
 func TestTokenEpochRecordedWhenFirstDrawRollsBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "epoch")
-	tli := timelineOf(t, b.ctx, b.pool)
-	old, err := l.TryAcquire(b.ctx, "old", time.Minute)
+	l := newLessor(t, b.Pool, "epoch")
+	tli := timelineOf(t, b.Ctx, b.Pool)
+	old, err := l.TryAcquire(b.Ctx, "old", time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, tli, old.Token().Epoch())
-	require.NoError(t, old.Release(b.ctx))
+	require.NoError(t, old.Release(b.Ctx))
 
 	setEpochOffset(t, b, 1) // a promotion: epoch tli + 1
-	first, finish := runLockedBlocked(t, b.ctx, l, "first")
+	first, finish := runLockedBlocked(t, b.Ctx, l, "first")
 	require.Equal(t, tli+1, first.Epoch(), "the RunLocked drew the new epoch's first token")
 	requireEpochRowLocked(t, b)
-	lease, err := l.TryAcquire(b.ctx, "concurrent", time.Minute)
+	lease, err := l.TryAcquire(b.Ctx, "concurrent", time.Minute)
 	require.NoError(t, err, "a grant does not wait for the RunLocked's transaction")
 	require.Equal(t, tli+1, lease.Token().Epoch())
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 	errRollback := errors.New("roll back")
 	require.ErrorIs(t, finish(errRollback), errRollback)
 
 	setEpochOffset(t, b, 0) // the copy, on a server back on timeline tli
-	_, err = l.TryAcquire(b.ctx, "after-copy", time.Minute)
+	_, err = l.TryAcquire(b.Ctx, "after-copy", time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, "epoch %d issued %v (committed) but was not recorded", tli+1, lease.Token())
-	requireNothingHeld(t, b.ctx, b.pool)
+	requireNothingHeld(t, b.Ctx, b.Pool)
 
-	epoch, err := fencelock.RebaseTokenEpoch(b.ctx, b.pool, 0)
+	epoch, err := fencelock.RebaseTokenEpoch(b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	require.Equal(t, tli+2, epoch, "above the recorded epoch %d", tli+1)
-	after, err := l.TryAcquire(b.ctx, "after-copy", time.Minute)
+	after, err := l.TryAcquire(b.Ctx, "after-copy", time.Minute)
 	require.NoError(t, err)
 	require.Greater(t, after.Token(), lease.Token())
 	last, marks := epochRecord(t, b)
@@ -139,17 +139,17 @@ func TestTokenEpochRecordedWhenFirstDrawRollsBack(t *testing.T) {
 func TestTokenEpochMarksFolded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "epoch")
-	tli := timelineOf(t, b.ctx, b.pool)
-	old, err := l.TryAcquire(b.ctx, "old", time.Minute)
+	l := newLessor(t, b.Pool, "epoch")
+	tli := timelineOf(t, b.Ctx, b.Pool)
+	old, err := l.TryAcquire(b.Ctx, "old", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, old.Release(b.ctx))
+	require.NoError(t, old.Release(b.Ctx))
 	setEpochOffset(t, b, 1)
-	_, finish := runLockedBlocked(t, b.ctx, l, "first")
+	_, finish := runLockedBlocked(t, b.Ctx, l, "first")
 	for i := range 3 {
-		lease, err := l.TryAcquire(b.ctx, fmt.Sprintf("concurrent:%d", i), time.Minute)
+		lease, err := l.TryAcquire(b.Ctx, fmt.Sprintf("concurrent:%d", i), time.Minute)
 		require.NoError(t, err)
-		require.NoError(t, lease.Release(b.ctx))
+		require.NoError(t, lease.Release(b.Ctx))
 	}
 	last, marks := epochRecord(t, b)
 	require.EqualValues(t, tli, last)
@@ -159,9 +159,9 @@ func TestTokenEpochMarksFolded(t *testing.T) {
 	require.EqualValues(t, tli+1, last, "the RunLocked committed the record")
 	require.Equal(t, []int32{int32(tli + 1)}, marks, "the mark of a transaction it could not see is left")
 
-	lease, err := l.TryAcquire(b.ctx, "fold", time.Minute)
+	lease, err := l.TryAcquire(b.Ctx, "fold", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 	last, marks = epochRecord(t, b)
 	require.EqualValues(t, tli+1, last)
 	require.Empty(t, marks, "the next token folded the mark away")
@@ -173,32 +173,32 @@ func TestTokenEpochMarksFolded(t *testing.T) {
 func TestMigrationEpochRecordDownFoldsMarks(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "epoch")
-	tli := timelineOf(t, b.ctx, b.pool)
+	l := newLessor(t, b.Pool, "epoch")
+	tli := timelineOf(t, b.Ctx, b.Pool)
 	setEpochOffset(t, b, 1)
-	holder, err := b.pool.Begin(b.ctx)
+	holder, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer holder.Rollback(context.Background())
-	_, err = holder.Exec(b.ctx, `SELECT FROM fencelock.token_epoch FOR UPDATE`)
+	_, err = holder.Exec(b.Ctx, `SELECT FROM fencelock.token_epoch FOR UPDATE`)
 	require.NoError(t, err)
-	lease, err := l.TryAcquire(b.ctx, "marked", time.Minute)
+	lease, err := l.TryAcquire(b.Ctx, "marked", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, lease.Release(b.ctx))
-	require.NoError(t, holder.Rollback(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
+	require.NoError(t, holder.Rollback(b.Ctx))
 	last, marks := epochRecord(t, b)
 	require.Less(t, last, int32(tli+1))
 	require.Equal(t, []int32{int32(tli + 1)}, marks)
 
-	_, err = gooseProvider(t, b.pool).DownTo(b.ctx, 10)
+	_, err = gooseProvider(t, b.Pool).DownTo(b.Ctx, 10)
 	require.NoError(t, err)
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
 	require.EqualValues(t, tli+1, last, "the mark was folded into last_epoch")
 	setEpochOffset(t, b, 0)
-	_, err = l.TryAcquire(b.ctx, "after-copy", time.Minute)
+	_, err = l.TryAcquire(b.Ctx, "after-copy", time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind)
 
-	require.NoError(t, fencelock.Migrate(b.ctx, b.pool))
-	_, err = l.TryAcquire(b.ctx, "after-copy", time.Minute)
+	require.NoError(t, fencelock.Migrate(b.Ctx, b.Pool))
+	_, err = l.TryAcquire(b.Ctx, "after-copy", time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind)
 }
 
@@ -209,29 +209,29 @@ func TestMigrationEpochRecordDownFoldsMarks(t *testing.T) {
 func TestTokenEpochRecordUnderRepeatableRead(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "epoch")
-	a, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithFencingTokens())
+	l := newLessor(t, b.Pool, "epoch")
+	a, err := fencelock.NewAdvisoryLocker(b.Pool, fencelock.WithFencingTokens())
 	require.NoError(t, err)
-	tli := timelineOf(t, b.ctx, b.pool)
+	tli := timelineOf(t, b.Ctx, b.Pool)
 	grant := func(name string) {
 		t.Helper()
-		lease, err := l.TryAcquire(b.ctx, name, time.Minute)
+		lease, err := l.TryAcquire(b.Ctx, name, time.Minute)
 		require.NoError(t, err)
-		require.NoError(t, lease.Release(b.ctx))
+		require.NoError(t, lease.Release(b.Ctx))
 	}
 	// snapshotThen begins a REPEATABLE READ transaction, takes its snapshot, runs meanwhile in
 	// other transactions, and then draws a token in it.
 	snapshotThen := func(name string, meanwhile func()) fencelock.Token {
 		t.Helper()
-		tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+		tx, err := b.Pool.BeginTx(b.Ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		require.NoError(t, err)
 		defer tx.Rollback(context.Background())
-		_, err = tx.Exec(b.ctx, `SELECT count(*) FROM fencelock.token_epoch_marks`)
+		_, err = tx.Exec(b.Ctx, `SELECT count(*) FROM fencelock.token_epoch_marks`)
 		require.NoError(t, err)
 		meanwhile()
-		token, err := a.TryLockTx(b.ctx, tx, name)
+		token, err := a.TryLockTx(b.Ctx, tx, name)
 		require.NoError(t, err)
-		require.NoError(t, tx.Commit(b.ctx))
+		require.NoError(t, tx.Commit(b.Ctx))
 		return token
 	}
 	grant("old")

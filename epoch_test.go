@@ -52,9 +52,9 @@ func timelineOf(t *testing.T, ctx context.Context, pool *pgxpool.Pool) uint32 {
 func TestTokensCarryTheTimeline(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	tli := timelineOf(t, b.ctx, b.pool)
+	tli := timelineOf(t, b.Ctx, b.Pool)
 	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.ctx, b.pool, i)
+		token, err := tc.issue(t, b.Ctx, b.Pool, i)
 		require.NoError(t, err, tc.desc)
 		require.Equal(t, tli, token.Epoch(), tc.desc)
 		require.Positive(t, token.Sequence(), tc.desc)
@@ -81,32 +81,32 @@ var gooseProvider = fencetest.GooseProvider
 func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p := gooseProvider(t, b.pool)
-	_, err := p.DownTo(b.ctx, 2)
+	p := gooseProvider(t, b.Pool)
+	_, err := p.DownTo(b.Ctx, 2)
 	require.NoError(t, err)
 	// Today's TryAcquire needs the queue of waiters (migration 00004), which is independent of
 	// the tokens: put it in place by hand for the grants at version 2, and take it out again
 	// before migrating.
 	up, down := migrationSections(t, "00004_lease_queue.sql")
-	_, err = b.pool.Exec(b.ctx, up)
+	_, err = b.Pool.Exec(b.Ctx, up)
 	require.NoError(t, err)
 	var before []fencelock.Token
 	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.ctx, b.pool, i)
+		token, err := tc.issue(t, b.Ctx, b.Pool, i)
 		require.NoError(t, err, tc.desc)
 		require.Zero(t, token.Epoch(), "%s: before migration 00003, a plain sequence value", tc.desc)
 		before = append(before, token)
 	}
-	_, err = b.pool.Exec(b.ctx, down)
+	_, err = b.Pool.Exec(b.Ctx, down)
 	require.NoError(t, err)
-	require.NoError(t, fencelock.Migrate(b.ctx, b.pool))
+	require.NoError(t, fencelock.Migrate(b.Ctx, b.Pool))
 	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.ctx, b.pool, 100+i)
+		token, err := tc.issue(t, b.Ctx, b.Pool, 100+i)
 		require.NoError(t, err, tc.desc)
 		for _, old := range before {
 			require.Greater(t, token, old, tc.desc)
 		}
-		require.Equal(t, timelineOf(t, b.ctx, b.pool), token.Epoch(), tc.desc)
+		require.Equal(t, timelineOf(t, b.Ctx, b.Pool), token.Epoch(), tc.desc)
 	}
 }
 
@@ -115,14 +115,14 @@ func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
 func TestMigrationRefusesSequencePastBudget(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p := gooseProvider(t, b.pool)
-	_, err := p.DownTo(b.ctx, 2)
+	p := gooseProvider(t, b.Pool)
+	_, err := p.DownTo(b.Ctx, 2)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `SELECT setval('fencelock.leases_token_seq', $1::bigint)`, int64(1)<<47)
+	_, err = b.Pool.Exec(b.Ctx, `SELECT setval('fencelock.leases_token_seq', $1::bigint)`, int64(1)<<47)
 	require.NoError(t, err)
-	err = fencelock.Migrate(b.ctx, b.pool)
+	err = fencelock.Migrate(b.Ctx, b.Pool)
 	require.ErrorIs(t, err, fencelock.ErrTokenBudget)
-	v, err := p.GetDBVersion(b.ctx)
+	v, err := p.GetDBVersion(b.Ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, v)
 }
@@ -131,16 +131,16 @@ func TestMigrationRefusesSequencePastBudget(t *testing.T) {
 func TestTokenBudgetExhausted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `SELECT setval('fencelock.leases_token_seq', $1::bigint)`, int64(1)<<47-2)
+	_, err := b.Pool.Exec(b.Ctx, `SELECT setval('fencelock.leases_token_seq', $1::bigint)`, int64(1)<<47-2)
 	require.NoError(t, err)
-	last, err := tokenPaths[0].issue(t, b.ctx, b.pool, 0)
+	last, err := tokenPaths[0].issue(t, b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	require.Equal(t, int64(1)<<47-1, last.Sequence(), "the last sequence value is still issued")
 	for i, tc := range tokenPaths {
-		_, err := tc.issue(t, b.ctx, b.pool, 10+i)
+		_, err := tc.issue(t, b.Ctx, b.Pool, 10+i)
 		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.desc)
 	}
-	requireNothingHeld(t, b.ctx, b.pool, "lease:0")
+	requireNothingHeld(t, b.Ctx, b.Pool, "lease:0")
 }
 
 // Past the last epoch (65,535: timeline plus offset), every path refuses with ErrTokenBudget
@@ -148,18 +148,18 @@ func TestTokenBudgetExhausted(t *testing.T) {
 func TestTokenEpochBudgetExhausted(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	tli := timelineOf(t, b.ctx, b.pool)
-	_, err := b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET epoch_offset = $1`, int32(65536-tli))
+	tli := timelineOf(t, b.Ctx, b.Pool)
+	_, err := b.Pool.Exec(b.Ctx, `UPDATE fencelock.token_epoch SET epoch_offset = $1`, int32(65536-tli))
 	require.NoError(t, err)
 	for i, tc := range tokenPaths {
-		_, err := tc.issue(t, b.ctx, b.pool, i)
+		_, err := tc.issue(t, b.Ctx, b.Pool, i)
 		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.desc)
 	}
-	requireNothingHeld(t, b.ctx, b.pool)
+	requireNothingHeld(t, b.Ctx, b.Pool)
 
-	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET epoch_offset = 0, last_epoch = 65535`)
+	_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.token_epoch SET epoch_offset = 0, last_epoch = 65535`)
 	require.NoError(t, err)
-	_, err = fencelock.RebaseTokenEpoch(b.ctx, b.pool, 0)
+	_, err = fencelock.RebaseTokenEpoch(b.Ctx, b.Pool, 0)
 	require.ErrorIs(t, err, fencelock.ErrTokenBudget, "the next epoch would be 65,536")
 }
 
@@ -192,51 +192,51 @@ func TestTokenPathsForUnprivilegedRole(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			if tc.before {
-				_, err := gooseProvider(t, b.pool).DownTo(b.ctx, 2)
+				_, err := gooseProvider(t, b.Pool).DownTo(b.Ctx, 2)
 				require.NoError(t, err)
 			}
-			role := "app_" + strings.TrimPrefix(b.db.Name, "t_")
-			_, err := b.pool.Exec(b.ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN; `+tc.grants, role))
+			role := "app_" + strings.TrimPrefix(b.DB.Name, "t_")
+			_, err := b.Pool.Exec(b.Ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN; `+tc.grants, role))
 			require.NoError(t, err)
 			t.Cleanup(func() {
-				_, err := b.pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
+				_, err := b.Pool.Exec(context.Background(), fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, role))
 				require.NoError(t, err)
 			})
 			if tc.before {
-				require.NoError(t, fencelock.Migrate(b.ctx, b.pool))
+				require.NoError(t, fencelock.Migrate(b.Ctx, b.Pool))
 			}
-			u, err := url.Parse(b.db.URL)
+			u, err := url.Parse(b.DB.URL)
 			require.NoError(t, err)
 			u.User = url.User(role)
-			pool, err := pgxpool.New(b.ctx, u.String())
+			pool, err := pgxpool.New(b.Ctx, u.String())
 			require.NoError(t, err)
 			t.Cleanup(pool.Close)
 			var super bool
-			require.NoError(t, pool.QueryRow(b.ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super))
+			require.NoError(t, pool.QueryRow(b.Ctx, `SELECT rolsuper FROM pg_roles WHERE rolname = current_user`).Scan(&super))
 			require.False(t, super)
 			// The first token of the epoch records it: start from 0. While another transaction
 			// holds fencelock.token_epoch's row, the role's tokens mark the epoch
 			// (fencelock.token_epoch_marks, migration 00011); once it is free, the next token
 			// records it in the row (UPDATE of last_epoch) and folds the mark (DELETE).
-			_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET last_epoch = 0`)
+			_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.token_epoch SET last_epoch = 0`)
 			require.NoError(t, err)
-			holder, err := b.pool.Begin(b.ctx)
+			holder, err := b.Pool.Begin(b.Ctx)
 			require.NoError(t, err)
 			defer holder.Rollback(context.Background())
-			_, err = holder.Exec(b.ctx, `SELECT FROM fencelock.token_epoch FOR UPDATE`)
+			_, err = holder.Exec(b.Ctx, `SELECT FROM fencelock.token_epoch FOR UPDATE`)
 			require.NoError(t, err)
 			for i, path := range tokenPaths {
-				token, err := path.issue(t, b.ctx, pool, i)
+				token, err := path.issue(t, b.Ctx, pool, i)
 				require.NoError(t, err, path.desc)
 				require.Positive(t, token.Epoch(), path.desc)
 			}
-			tli := timelineOf(t, b.ctx, b.pool)
+			tli := timelineOf(t, b.Ctx, b.Pool)
 			last, marks := epochRecord(t, b)
 			require.Zero(t, last)
 			require.Equal(t, []int32{int32(tli)}, marks, "the role marked the epoch")
-			require.NoError(t, holder.Rollback(b.ctx))
+			require.NoError(t, holder.Rollback(b.Ctx))
 			for i, path := range tokenPaths {
-				token, err := path.issue(t, b.ctx, pool, 10+i)
+				token, err := path.issue(t, b.Ctx, pool, 10+i)
 				require.NoError(t, err, path.desc)
 				require.Positive(t, token.Epoch(), path.desc)
 			}
@@ -252,30 +252,30 @@ func TestTokenPathsForUnprivilegedRole(t *testing.T) {
 func TestTokenEpochBehindRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	first, err := tokenPaths[0].issue(t, b.ctx, b.pool, 0)
+	first, err := tokenPaths[0].issue(t, b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	var last int32
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
 	require.EqualValues(t, first.Epoch(), last, "the first token of the epoch recorded it")
 
 	// The database has issued tokens in epoch 7; its server is on an earlier timeline.
-	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.token_epoch SET last_epoch = 7`)
+	_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.token_epoch SET last_epoch = 7`)
 	require.NoError(t, err)
 	for i, tc := range tokenPaths {
-		_, err := tc.issue(t, b.ctx, b.pool, 10+i)
+		_, err := tc.issue(t, b.Ctx, b.Pool, 10+i)
 		require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, tc.desc)
 	}
-	requireNothingHeld(t, b.ctx, b.pool, "lease:0")
+	requireNothingHeld(t, b.Ctx, b.Pool, "lease:0")
 
-	epoch, err := fencelock.RebaseTokenEpoch(b.ctx, b.pool, 0)
+	epoch, err := fencelock.RebaseTokenEpoch(b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 8, epoch)
 	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.ctx, b.pool, 20+i)
+		token, err := tc.issue(t, b.Ctx, b.Pool, 20+i)
 		require.NoError(t, err, tc.desc)
 		require.EqualValues(t, 8, token.Epoch(), tc.desc)
 	}
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
 	require.EqualValues(t, 8, last)
 }
 
@@ -285,34 +285,34 @@ func TestTokenEpochBehindRefused(t *testing.T) {
 func TestMigrationWaitsForTokenTransactions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := gooseProvider(t, b.pool).DownTo(b.ctx, 2)
+	_, err := gooseProvider(t, b.Pool).DownTo(b.Ctx, 2)
 	require.NoError(t, err)
-	a, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithFencingTokens())
+	a, err := fencelock.NewAdvisoryLocker(b.Pool, fencelock.WithFencingTokens())
 	require.NoError(t, err)
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(context.Background())
-	x, err := a.TryLockTx(b.ctx, tx, "x")
+	x, err := a.TryLockTx(b.Ctx, tx, "x")
 	require.NoError(t, err)
 	require.Zero(t, x.Epoch())
 
 	migrated := make(chan error, 1)
-	go func() { migrated <- fencelock.Migrate(context.WithoutCancel(b.ctx), b.pool) }()
+	go func() { migrated <- fencelock.Migrate(context.WithoutCancel(b.Ctx), b.Pool) }()
 	// The migration waits for tx: its lock on fencelock.token_flushes is not granted.
 	require.Eventually(t, func() bool {
 		var waiting bool
-		err := b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation IN ('fencelock.leases'::regclass, 'fencelock.token_flushes'::regclass)
+		err := b.Pool.QueryRow(b.Ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation IN ('fencelock.leases'::regclass, 'fencelock.token_flushes'::regclass)
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting)
 		return err == nil && waiting
 	}, 30*time.Second, 5*time.Millisecond, "the migration did not wait for the open token transaction")
-	y, err := a.TryLockTx(b.ctx, tx, "y") // still before the migration
+	y, err := a.TryLockTx(b.Ctx, tx, "y") // still before the migration
 	require.NoError(t, err)
-	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, tx.Commit(b.Ctx))
 	require.NoError(t, <-migrated)
 
 	var later fencelock.Token
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) (err error) {
-		later, err = a.TryLockTx(b.ctx, tx, "y")
+	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) (err error) {
+		later, err = a.TryLockTx(b.Ctx, tx, "y")
 		return err
 	}))
 	require.Greater(t, later, y)

@@ -30,7 +30,7 @@ func TestFenceTx(t *testing.T) {
 		{token: 7},
 		{token: 6, current: 7},
 	} {
-		err := fencedWrite(b.ctx, b.pool, "r", step.token)
+		err := fencedWrite(b.Ctx, b.Pool, "r", step.token)
 		if step.current == 0 {
 			require.NoError(t, err, "token %d", step.token)
 			continue
@@ -63,27 +63,27 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 		t.Run(guard.desc, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
-			c := newLessor(t, b.pool, "c")
+			a := newLessor(t, b.Pool, "a", fencelock.WithoutHeartbeat())
+			c := newLessor(t, b.Pool, "c")
 			// A TTL of 1 s: the guard must run inside the trust window (900 ms), also on a
 			// machine loaded by the whole suite under -race (300 ms was too short there once).
-			la, err := a.Acquire(b.ctx, "job", time.Second)
+			la, err := a.Acquire(b.Ctx, "job", time.Second)
 			require.NoError(t, err)
 
-			tx, err := b.pool.Begin(b.ctx)
+			tx, err := b.Pool.Begin(b.Ctx)
 			require.NoError(t, err)
-			defer func() { _ = tx.Rollback(b.ctx) }()
-			require.NoError(t, guard.guard(b.ctx, la, tx))
+			defer func() { _ = tx.Rollback(b.Ctx) }()
+			require.NoError(t, guard.guard(b.Ctx, la, tx))
 			// Wait, on the database, until the lease has expired there.
-			_, err = b.pool.Exec(b.ctx, `SELECT pg_sleep_until(expires_at + interval '10 milliseconds') FROM fencelock.leases WHERE name = 'job'`)
+			_, err = b.Pool.Exec(b.Ctx, `SELECT pg_sleep_until(expires_at + interval '10 milliseconds') FROM fencelock.leases WHERE name = 'job'`)
 			require.NoError(t, err)
-			require.True(t, readLease(t, b.ctx, b.pool, "job").Expired)
-			_, err = c.TryAcquire(b.ctx, "job", time.Second)
+			require.True(t, readLease(t, b.Ctx, b.Pool, "job").Expired)
+			_, err = c.TryAcquire(b.Ctx, "job", time.Second)
 			require.ErrorIs(t, err, fencelock.ErrNotAcquired, "takeover while a guarded transaction is open")
 			ran := make(chan fencelock.Token, 1)
 			waited := make(chan error, 1)
 			go func() {
-				waited <- newLessor(t, b.pool, "w").RunLocked(b.ctx, "job", func(_ context.Context, _ pgx.Tx, token fencelock.Token) error {
+				waited <- newLessor(t, b.Pool, "w").RunLocked(b.Ctx, "job", func(_ context.Context, _ pgx.Tx, token fencelock.Token) error {
 					ran <- token
 					return nil
 				})
@@ -91,7 +91,7 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 			// The RunLocked is queued on the row lock: seen waiting in pg_stat_activity.
 			require.Eventually(t, func() bool {
 				var n int
-				err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+				err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
 				return err == nil && n == 1
 			}, 5*time.Second, 5*time.Millisecond)
 			select {
@@ -100,19 +100,19 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 			default:
 			}
 
-			require.NoError(t, tx.Commit(b.ctx))
+			require.NoError(t, tx.Commit(b.Ctx))
 			require.NoError(t, <-waited)
 			require.Greater(t, <-ran, la.Token())
-			lc, err := c.TryAcquire(b.ctx, "job", time.Second)
+			lc, err := c.TryAcquire(b.Ctx, "job", time.Second)
 			require.NoError(t, err)
 			require.Greater(t, lc.Token(), la.Token())
 
 			// The old lease is now lost: the guard refuses (locally, or on the server).
-			tx2, err := b.pool.Begin(b.ctx)
+			tx2, err := b.Pool.Begin(b.Ctx)
 			require.NoError(t, err)
-			defer func() { _ = tx2.Rollback(b.ctx) }()
-			require.ErrorIs(t, guard.guard(b.ctx, la, tx2), fencelock.ErrLeaseLost)
-			require.NoError(t, lc.Release(b.ctx))
+			defer func() { _ = tx2.Rollback(b.Ctx) }()
+			require.ErrorIs(t, guard.guard(b.Ctx, la, tx2), fencelock.ErrLeaseLost)
+			require.NoError(t, lc.Release(b.Ctx))
 		})
 	}
 }
@@ -120,12 +120,12 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 func TestGuardTxDetectsLossOnServer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a := newLessor(t, b.pool, "a")
-	la, err := a.TryAcquire(b.ctx, "job", time.Minute)
+	a := newLessor(t, b.Pool, "a")
+	la, err := a.TryAcquire(b.Ctx, "job", time.Minute)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+	_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
 	require.NoError(t, err)
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return la.GuardTx(b.ctx, tx) })
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return la.GuardTx(b.Ctx, tx) })
 	var lost *fencelock.LeaseLostError
 	require.ErrorAs(t, err, &lost)
 	require.Equal(t, la.Token(), lost.Token)
@@ -136,16 +136,16 @@ func TestUpdateFencedTx(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// Identifiers that need quoting: they are quoted, never pasted.
-	_, err := b.pool.Exec(b.ctx, `CREATE SCHEMA "odd schema";
+	_, err := b.Pool.Exec(b.Ctx, `CREATE SCHEMA "odd schema";
 		CREATE TABLE "odd schema"."pay""ments" (id int PRIMARY KEY, "Status" text, "fence token" bigint);
 		INSERT INTO "odd schema"."pay""ments" VALUES (1, 'pending', NULL), (2, 'pending', 9)`)
 	require.NoError(t, err)
 	table := pgx.Identifier{"odd schema", `pay"ments`}
 	update := func(id int, token fencelock.Token, status string) (int64, error) {
 		var n int64
-		err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		err := pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
 			var err error
-			n, err = fencelock.UpdateFencedTx(b.ctx, tx, table, "fence token", token,
+			n, err = fencelock.UpdateFencedTx(b.Ctx, tx, table, "fence token", token,
 				[]fencelock.Column{{Name: "Status", Value: status}}, []fencelock.Column{{Name: "id", Value: id}})
 			return err
 		})
@@ -154,7 +154,7 @@ func TestUpdateFencedTx(t *testing.T) {
 	status := func(id int) (string, *int64) {
 		var s string
 		var tok *int64
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT "Status", "fence token" FROM "odd schema"."pay""ments" WHERE id = $1`, id).Scan(&s, &tok))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT "Status", "fence token" FROM "odd schema"."pay""ments" WHERE id = $1`, id).Scan(&s, &tok))
 		return s, tok
 	}
 
@@ -191,37 +191,37 @@ func TestLeaseFenceTx(t *testing.T) {
 	b := setup(t)
 	createWrites(t, b)
 	write := func(lease *fencelock.Lease, resource string) error {
-		return pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-			if err := lease.FenceTx(b.ctx, tx, resource); err != nil {
+		return pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+			if err := lease.FenceTx(b.Ctx, tx, resource); err != nil {
 				return err
 			}
-			_, err := tx.Exec(b.ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, resource, int64(lease.Token()))
+			_, err := tx.Exec(b.Ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, resource, int64(lease.Token()))
 			return err
 		})
 	}
-	old, err := newLessor(t, b.pool, "old").TryAcquire(b.ctx, "payment:1", time.Minute)
+	old, err := newLessor(t, b.Pool, "old").TryAcquire(b.Ctx, "payment:1", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, write(old, "payment:1"))
 	require.NoError(t, write(old, "payment:1")) // equal tokens pass
 
 	// The old holder pauses; its grant ends on the server (as by a TTL run out, or a forced
 	// release) and a new holder takes the name over, but writes nothing yet.
-	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'payment:1'`)
+	_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'payment:1'`)
 	require.NoError(t, err)
-	cur, err := newLessor(t, b.pool, "new").TryAcquire(b.ctx, "payment:1", time.Minute)
+	cur, err := newLessor(t, b.Pool, "new").TryAcquire(b.Ctx, "payment:1", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, old.Err(), "the old holder still trusts its lease: the test is about the server's check")
-	require.NoError(t, fencedWrite(b.ctx, b.pool, "payment:1", old.Token()), "a bare FenceTx lets the paused holder through")
+	require.NoError(t, fencedWrite(b.Ctx, b.Pool, "payment:1", old.Token()), "a bare FenceTx lets the paused holder through")
 	err = write(old, "payment:1")
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
 	waitDone(t, old, time.Second)
 
 	// A newer grant's write, then an older grant of another name fencing the same resource.
 	require.NoError(t, write(cur, "payment:1"))
-	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, "other", time.Minute)
+	other, err := newLessor(t, b.Pool, "other").TryAcquire(b.Ctx, "other", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, write(other, "shared"))
-	older, err := newLessor(t, b.pool, "older").TryAcquire(b.ctx, "older", time.Minute)
+	older, err := newLessor(t, b.Pool, "older").TryAcquire(b.Ctx, "older", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, write(older, "shared"))
 	err = write(other, "shared")
@@ -229,13 +229,13 @@ func TestLeaseFenceTx(t *testing.T) {
 	require.NoError(t, other.Err(), "a stale token is not a lost lease")
 
 	// Bad input is refused before any SQL.
-	require.ErrorIs(t, cur.FenceTx(b.ctx, nil, "payment:1"), fencelock.ErrInvalidArgument)
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return cur.FenceTx(b.ctx, tx, "") })
+	require.ErrorIs(t, cur.FenceTx(b.Ctx, nil, "payment:1"), fencelock.ErrInvalidArgument)
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return cur.FenceTx(b.Ctx, tx, "") })
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 
 	require.Equal(t, []int64{int64(old.Token()), int64(old.Token()), int64(old.Token()), int64(cur.Token())}, writtenTokens(t, b, "payment:1"))
 	for _, l := range []*fencelock.Lease{cur, other, older} {
-		require.NoError(t, l.Release(b.ctx))
+		require.NoError(t, l.Release(b.Ctx))
 	}
 }
 
@@ -251,10 +251,10 @@ func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	createWrites(t, b)
-	lease, err := newLessor(t, b.pool, "busy").TryAcquire(b.ctx, "hot", time.Second)
+	lease, err := newLessor(t, b.Pool, "busy").TryAcquire(b.Ctx, "hot", time.Second)
 	require.NoError(t, err)
 	const wantWrites, minRun = 50, 3 * time.Second
-	ctx, stop := context.WithCancel(b.ctx)
+	ctx, stop := context.WithCancel(b.Ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait() // after stop, also when the test fails early
 	defer stop()
@@ -263,14 +263,14 @@ func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 	for range 2 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				err := pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-					if err := lease.FenceTx(b.ctx, tx, "hot"); err != nil {
+				err := pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+					if err := lease.FenceTx(b.Ctx, tx, "hot"); err != nil {
 						return err
 					}
-					if err := lease.GuardTx(b.ctx, tx); err != nil {
+					if err := lease.GuardTx(b.Ctx, tx); err != nil {
 						return err
 					}
-					_, err := tx.Exec(b.ctx, `SELECT pg_sleep(0.02)`) // the transaction's own work
+					_, err := tx.Exec(b.Ctx, `SELECT pg_sleep(0.02)`) // the transaction's own work
 					return err
 				})
 				if err != nil {
@@ -300,7 +300,7 @@ func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d fenced writes in %v", writes.Load(), time.Since(start).Round(time.Millisecond))
 	require.NoError(t, lease.Err())
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 }
 
 // Under REPEATABLE READ (and SERIALIZABLE), a guard whose snapshot predates a takeover fails
@@ -314,28 +314,28 @@ func TestGuardRefusesTakeoverSinceSnapshot(t *testing.T) {
 			t.Run(guard.desc+"/"+string(iso), func(t *testing.T) {
 				t.Parallel()
 				b := setup(t)
-				old, err := newLessor(t, b.pool, "old", fencelock.WithoutHeartbeat()).TryAcquire(b.ctx, "job", time.Minute)
+				old, err := newLessor(t, b.Pool, "old", fencelock.WithoutHeartbeat()).TryAcquire(b.Ctx, "job", time.Minute)
 				require.NoError(t, err)
-				tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: iso})
+				tx, err := b.Pool.BeginTx(b.Ctx, pgx.TxOptions{IsoLevel: iso})
 				require.NoError(t, err)
-				defer func() { _ = tx.Rollback(b.ctx) }()
-				_, err = tx.Exec(b.ctx, `SELECT count(*) FROM fencelock.leases`) // takes the snapshot
+				defer func() { _ = tx.Rollback(b.Ctx) }()
+				_, err = tx.Exec(b.Ctx, `SELECT count(*) FROM fencelock.leases`) // takes the snapshot
 				require.NoError(t, err)
 				// The grant ends on the server (a forced release) and a new holder takes over.
-				_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+				_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
 				require.NoError(t, err)
-				cur, err := newLessor(t, b.pool, "new").TryAcquire(b.ctx, "job", time.Minute)
+				cur, err := newLessor(t, b.Pool, "new").TryAcquire(b.Ctx, "job", time.Minute)
 				require.NoError(t, err)
 				require.NoError(t, old.Err(), "the old holder still trusts its lease: the test is about the server's check")
 
-				err = guard.guard(b.ctx, old, tx)
+				err = guard.guard(b.Ctx, old, tx)
 				require.Error(t, err, "the guard passed on a snapshot older than the takeover")
 				var pgErr *pgconn.PgError
 				if !errors.Is(err, fencelock.ErrLeaseLost) {
 					require.ErrorAs(t, err, &pgErr)
 					require.Equal(t, "40001", pgErr.Code)
 				}
-				require.NoError(t, cur.Release(b.ctx))
+				require.NoError(t, cur.Release(b.Ctx))
 			})
 		}
 	}

@@ -60,7 +60,7 @@ func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
 		block func(t *testing.T, ctx context.Context, b *bundle, pool *pgxpool.Pool) (unblock func())
 	}{
 		{"TableLocked", func(t *testing.T, ctx context.Context, b *bundle, _ *pgxpool.Pool) func() {
-			tx, err := b.pool.Begin(ctx)
+			tx, err := b.Pool.Begin(ctx)
 			require.NoError(t, err)
 			_, err = tx.Exec(ctx, `LOCK TABLE fencelock.leases IN EXCLUSIVE MODE`)
 			require.NoError(t, err)
@@ -83,22 +83,22 @@ func TestDoneOnTimeWhileHeartbeatBusy(t *testing.T) {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			cfg, err := pgxpool.ParseConfig(b.db.URL)
+			cfg, err := pgxpool.ParseConfig(b.DB.URL)
 			require.NoError(t, err)
 			cfg.MaxConns = 2
-			pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+			pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 			require.NoError(t, err)
 			defer pool.Close()
 			l := newLessor(t, pool, "busy")
 
 			start := time.Now()
-			long, err := l.TryAcquire(b.ctx, "long", 4*time.Second)
+			long, err := l.TryAcquire(b.Ctx, "long", 4*time.Second)
 			require.NoError(t, err)
 			time.Sleep(time.Until(start.Add(900 * time.Millisecond))) // staging the schedule, not awaiting an event
-			short, err := l.TryAcquire(b.ctx, "short", 2400*time.Millisecond)
+			short, err := l.TryAcquire(b.Ctx, "short", 2400*time.Millisecond)
 			require.NoError(t, err)
 			time.Sleep(time.Until(start.Add(1100 * time.Millisecond)))
-			unblock := tc.block(t, b.ctx, b, pool)
+			unblock := tc.block(t, b.Ctx, b, pool)
 			defer unblock()
 
 			shortLate := doneLateness(t, short, 5*time.Second)
@@ -122,15 +122,15 @@ func TestRenewalPlanLinear(t *testing.T) {
 	names, tokens, ttls := seedLeases(t, b, n, n)
 	// One lease's row is locked by a guard-like transaction: the statement then reports the
 	// current leases too.
-	guard, err := b.pool.Begin(b.ctx)
+	guard, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = guard.Rollback(b.ctx) }()
-	_, err = guard.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'lease:1' FOR SHARE`)
+	defer func() { _ = guard.Rollback(b.Ctx) }()
+	_, err = guard.Exec(b.Ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'lease:1' FOR SHARE`)
 	require.NoError(t, err)
 
 	var plan []map[string]any
 	// sqlc numbers the parameters in order of appearance: names, tokens, ttls_us, holder.
-	err = b.pool.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
+	err = b.Pool.QueryRow(b.Ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
 	require.NoError(t, err)
 	require.Len(t, plan, 1)
 	worst, where := testkit.BusiestPlanNode(plan)
@@ -152,46 +152,46 @@ func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
 		t.Run(alter, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			_, err := b.pool.Exec(b.ctx, `ALTER SEQUENCE fencelock.leases_token_seq `+alter)
+			_, err := b.Pool.Exec(b.Ctx, `ALTER SEQUENCE fencelock.leases_token_seq `+alter)
 			require.NoError(t, err)
-			l := newLessor(t, b.pool, "a")
-			_, err = l.TryAcquire(b.ctx, "job", time.Minute)
+			l := newLessor(t, b.Pool, "a")
+			_, err = l.TryAcquire(b.Ctx, "job", time.Minute)
 			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
-			err = l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil })
+			err = l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil })
 			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
-			a, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithFencingTokens())
+			a, err := fencelock.NewAdvisoryLocker(b.Pool, fencelock.WithFencingTokens())
 			require.NoError(t, err)
-			err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-				_, err := a.TryLockTx(b.ctx, tx, "job")
+			err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+				_, err := a.TryLockTx(b.Ctx, tx, "job")
 				return err
 			})
 			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
 			// The session lock's statement fails after the lock was granted: its connection is
 			// closed, never pooled, and the server ends the session, and the lock, when it sees
 			// the close.
-			_, err = a.TryLock(b.ctx, "job")
+			_, err = a.TryLock(b.Ctx, "job")
 			require.ErrorIs(t, err, fencelock.ErrTokenSequence)
 			var leases int // RunLocked leaves an expired placeholder row, with token 0
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE token <> 0 OR expires_at > now()`).Scan(&leases))
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.leases WHERE token <> 0 OR expires_at > now()`).Scan(&leases))
 			require.Zero(t, leases, "a refused grant left a lease row")
 
 			// Nothing is left held: with the sequence repaired, every path grants (the advisory
 			// lock once the closed session's backend has exited: waited for in the server's
 			// lock queue, within 5 s).
 			var lastValue int64
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&lastValue))
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&lastValue))
 			require.EqualValues(t, 1, lastValue, "a token was drawn from the misconfigured sequence")
-			_, err = b.pool.Exec(b.ctx, `ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 INCREMENT 1 NO CYCLE`)
+			_, err = b.Pool.Exec(b.Ctx, `ALTER SEQUENCE fencelock.leases_token_seq CACHE 1 INCREMENT 1 NO CYCLE`)
 			require.NoError(t, err)
-			lctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+			lctx, cancel := context.WithTimeout(b.Ctx, 5*time.Second)
 			defer cancel()
 			lk, err := a.Lock(lctx, "job")
 			require.NoError(t, err)
 			require.Positive(t, lk.Token())
-			require.NoError(t, lk.Unlock(b.ctx))
-			lease, err := l.TryAcquire(b.ctx, "job", time.Minute)
+			require.NoError(t, lk.Unlock(b.Ctx))
+			lease, err := l.TryAcquire(b.Ctx, "job", time.Minute)
 			require.NoError(t, err)
-			require.NoError(t, lease.Release(b.ctx))
+			require.NoError(t, lease.Release(b.Ctx))
 		})
 	}
 }
@@ -200,12 +200,12 @@ func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
 func TestFailedReleaseStopsRenewals(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "h", fencelock.WithHeartbeatInterval(20*time.Millisecond))
-	lease, err := l.Acquire(b.ctx, "job", 600*time.Millisecond)
+	l := newLessor(t, b.Pool, "h", fencelock.WithHeartbeatInterval(20*time.Millisecond))
+	lease, err := l.Acquire(b.Ctx, "job", 600*time.Millisecond)
 	require.NoError(t, err)
 	// The release fails on the server: a trigger refuses to end h's lease (renewals, which move
 	// the expiry ahead, still pass). (An ended ctx no longer makes it fail: Release detaches.)
-	_, err = b.pool.Exec(b.ctx, `CREATE FUNCTION refuse_release() RETURNS trigger LANGUAGE plpgsql AS $$
+	_, err = b.Pool.Exec(b.Ctx, `CREATE FUNCTION refuse_release() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.expires_at <= clock_timestamp() THEN RAISE EXCEPTION 'release refused by the test'; END IF;
 			RETURN NEW;
@@ -213,7 +213,7 @@ func TestFailedReleaseStopsRenewals(t *testing.T) {
 		CREATE TRIGGER refuse_release BEFORE UPDATE ON fencelock.leases FOR EACH ROW
 			WHEN (NEW.holder = 'h') EXECUTE FUNCTION refuse_release()`)
 	require.NoError(t, err)
-	require.ErrorContains(t, lease.Release(b.ctx), "release refused by the test")
+	require.ErrorContains(t, lease.Release(b.Ctx), "release refused by the test")
 	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
 	// A renewal already in flight when the lease ended may still land (seen in CI under load:
 	// the expiry moved 28 ms after the release returned); none may start after it.
@@ -221,17 +221,17 @@ func TestFailedReleaseStopsRenewals(t *testing.T) {
 	before := readExpiry(t, b, "job")
 	time.Sleep(100 * time.Millisecond) // five heartbeats: waiting for renewals that must not come
 	require.Equal(t, before, readExpiry(t, b, "job"), "the heartbeat renewed a released lease")
-	_, err = b.pool.Exec(b.ctx, `SELECT pg_sleep_until($1::timestamptz + interval '10 milliseconds')`, before)
+	_, err = b.Pool.Exec(b.Ctx, `SELECT pg_sleep_until($1::timestamptz + interval '10 milliseconds')`, before)
 	require.NoError(t, err)
-	other, err := newLessor(t, b.pool, "other").TryAcquire(b.ctx, "job", time.Second)
+	other, err := newLessor(t, b.Pool, "other").TryAcquire(b.Ctx, "job", time.Second)
 	require.NoError(t, err, "the lease did not expire within its TTL")
-	require.NoError(t, other.Release(b.ctx))
+	require.NoError(t, other.Release(b.Ctx))
 }
 
 func readExpiry(t *testing.T, b *bundle, name string) time.Time {
 	t.Helper()
 	var at time.Time
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT expires_at FROM fencelock.leases WHERE name = $1`, name).Scan(&at))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT expires_at FROM fencelock.leases WHERE name = $1`, name).Scan(&at))
 	return at
 }
 
@@ -242,15 +242,15 @@ func readExpiry(t *testing.T, b *bundle, name string) time.Time {
 func TestAcquireWaitCappedByRemainingTTL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder, err := newLessor(t, b.pool, "holder", fencelock.WithoutHeartbeat()).Acquire(b.ctx, "job", 300*time.Millisecond)
+	holder, err := newLessor(t, b.Pool, "holder", fencelock.WithoutHeartbeat()).Acquire(b.Ctx, "job", 300*time.Millisecond)
 	require.NoError(t, err)
-	slow := newLessor(t, b.pool, "slow", fencelock.WithBackoff(fencelock.ExponentialBackoff(4*time.Second, 10*time.Second)))
+	slow := newLessor(t, b.Pool, "slow", fencelock.WithBackoff(fencelock.ExponentialBackoff(4*time.Second, 10*time.Second)))
 	start := time.Now()
-	lease, err := slow.Acquire(b.ctx, "job", time.Second)
+	lease, err := slow.Acquire(b.Ctx, "job", time.Second)
 	require.NoError(t, err)
 	waited := time.Since(start)
 	require.Less(t, waited, 1900*time.Millisecond, "Acquire slept its backoff instead of the holder's remaining TTL")
 	require.Greater(t, lease.Token(), holder.Token())
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 	t.Logf("granted %v after the waiter started (holder's TTL 300 ms, backoff from 4 s)", waited.Round(time.Millisecond))
 }

@@ -19,21 +19,12 @@ import (
 // so what they need of it is here, on the package's own names. The server is the shared one
 // of pgserver.Main, which the package's TestMain (main_test.go) runs for both.
 
-// bundle is what the internal tests need: a fresh migrated database and a context bounded so
-// that a hung test fails instead of stalling the suite.
-type bundle struct {
-	ctx  context.Context
-	pool *pgxpool.Pool
-	db   *pgserver.DB
-}
+// bundle is what most server tests need: a fresh migrated database, its pool (b.Pool) and a
+// context (b.Ctx) that ends at test cleanup or after two minutes (testkit.Bundle).
+type bundle = testkit.Bundle[*pgserver.DB]
 
-// setup returns a bundle on a fresh database of the shared server, its context ending at
-// test cleanup or after two minutes.
-func setup(t *testing.T) *bundle {
-	t.Helper()
-	db := pgserver.NewDB(t)
-	return &bundle{ctx: testkit.Context(t), pool: db.Pool, db: db}
-}
+// setup returns a bundle on a fresh database of the shared server.
+var setup = testkit.Setup
 
 // testLessor returns a lessor on pool with holder id holder and opts, failing the test on
 // error. (newLessor, its name in the external tests, is the package's constructor here.)

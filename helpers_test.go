@@ -1,11 +1,9 @@
 package fencelock_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/pgserver"
@@ -17,21 +15,12 @@ import (
 // and internal/testkit/fencetest for those that drive the library's API); a helper of these
 // tests alone stays here, in full.
 
-// bundle is what most tests need: a fresh migrated database and a context bounded so that a
-// hung test fails instead of stalling the suite.
-type bundle struct {
-	ctx  context.Context
-	pool *pgxpool.Pool
-	db   *pgserver.DB
-}
+// bundle is what most server tests need: a fresh migrated database, its pool (b.Pool) and a
+// context (b.Ctx) that ends at test cleanup or after two minutes (testkit.Bundle).
+type bundle = testkit.Bundle[*pgserver.DB]
 
-// setup returns a bundle on a fresh database of the shared server, its context ending at
-// test cleanup or after two minutes.
-func setup(t *testing.T) *bundle {
-	t.Helper()
-	db := pgserver.NewDB(t)
-	return &bundle{ctx: testkit.Context(t), pool: db.Pool, db: db}
-}
+// setup returns a bundle on a fresh database of the shared server.
+var setup = testkit.Setup
 
 // fastBackoff keeps waits short in tests where many waiters contend.
 var fastBackoff = fencetest.FastBackoff
@@ -57,13 +46,13 @@ var fencedWrite = fencetest.FencedWrite
 // createWrites creates the writes table of fencedWrite in b's database.
 func createWrites(t *testing.T, b *bundle) {
 	t.Helper()
-	fencetest.CreateWrites(t, b.ctx, b.pool)
+	fencetest.CreateWrites(t, b.Ctx, b.Pool)
 }
 
 // writtenTokens returns the tokens of the rows fencedWrite wrote for resource, in ascending order.
 func writtenTokens(t *testing.T, b *bundle, resource string) []int64 {
 	t.Helper()
-	return fencetest.WrittenTokens(t, b.ctx, b.pool, resource)
+	return fencetest.WrittenTokens(t, b.Ctx, b.Pool, resource)
 }
 
 // pgxTx lets test files name pgx.Tx without importing pgx.
@@ -76,13 +65,13 @@ type pgxRows = pgx.Rows
 // after 10 s.
 func awaitWaiters(t *testing.T, b *bundle, name string, waiters int64) {
 	t.Helper()
-	testkit.AwaitWaiters(t, b.ctx, b.pool, name, waiters)
+	testkit.AwaitWaiters(t, b.Ctx, b.Pool, name, waiters)
 }
 
 // waitFor polls cond every 5 ms until it holds, failing the test when b's context ends first.
 func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
 	t.Helper()
-	testkit.WaitFor(t, b.ctx, what, cond)
+	testkit.WaitFor(t, b.Ctx, what, cond)
 }
 
 // tokenPath issues one fencing token the way one API path does, and leaves nothing behind
@@ -107,7 +96,7 @@ const migrateLockKey = testkit.MigrateLockKey
 // exactly once (and goose's version 0 once).
 func requireEachVersionOnce(t *testing.T, b *bundle) {
 	t.Helper()
-	testkit.RequireEachVersionOnce(t, b.ctx, b.pool)
+	testkit.RequireEachVersionOnce(t, b.Ctx, b.Pool)
 }
 
 // seedLeases inserts total leases 'lease:1' .. 'lease:<total>' held by 'h' for an hour, and
@@ -115,10 +104,10 @@ func requireEachVersionOnce(t *testing.T, b *bundle) {
 // minute in microseconds.
 func seedLeases(t *testing.T, b *bundle, total, take int) (names []string, tokens, ttls []int64) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
 		SELECT 'lease:' || i, 'h', now(), now() + interval '1 hour' FROM generate_series(1, $1) AS i`, total)
 	require.NoError(t, err)
-	rows, err := b.pool.Query(b.ctx, `SELECT name, token FROM fencelock.leases ORDER BY name LIMIT $1`, take)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT name, token FROM fencelock.leases ORDER BY name LIMIT $1`, take)
 	require.NoError(t, err)
 	for rows.Next() {
 		var name string

@@ -15,8 +15,8 @@ import (
 func TestReleaseWakesOnlyTheHead(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder := testLessor(t, b.pool, "holder")
-	lh, err := holder.TryAcquire(b.ctx, "herd", time.Minute)
+	holder := testLessor(t, b.Pool, "holder")
+	lh, err := holder.TryAcquire(b.Ctx, "herd", time.Minute)
 	require.NoError(t, err)
 	var names []string
 	var results []<-chan acquired
@@ -24,11 +24,11 @@ func TestReleaseWakesOnlyTheHead(t *testing.T) {
 		names = append(names, fmt.Sprintf("w%d", i))
 		// One pool per waiter: each lessor has a listening connection of its own, as the
 		// processes of a fleet do.
-		results = append(results, acquireAsync(b.ctx, testLessor(t, newPool(t, b.ctx, b.db.URL), names[i]), "herd", time.Minute))
-		awaitQueue(t, b.ctx, b.pool, "herd", true, names...)
+		results = append(results, acquireAsync(b.Ctx, testLessor(t, newPool(t, b.Ctx, b.DB.URL), names[i]), "herd", time.Minute))
+		awaitQueue(t, b.Ctx, b.Pool, "herd", true, names...)
 	}
 	refreshed := func() map[string]time.Time {
-		rows, err := b.pool.Query(b.ctx, `SELECT holder, expires_at FROM fencelock.lease_waiters WHERE name = 'herd'`)
+		rows, err := b.Pool.Query(b.Ctx, `SELECT holder, expires_at FROM fencelock.lease_waiters WHERE name = 'herd'`)
 		require.NoError(t, err)
 		m := map[string]time.Time{}
 		for rows.Next() {
@@ -42,7 +42,7 @@ func TestReleaseWakesOnlyTheHead(t *testing.T) {
 	}
 	before := refreshed()
 	wakes := queue.WakeupsSent()
-	require.NoError(t, lh.Release(b.ctx))
+	require.NoError(t, lh.Release(b.Ctx))
 	got := receive(t, results[0], time.Second)
 	require.NoError(t, got.err)
 	require.Equal(t, "w0", got.lease.Holder())
@@ -52,10 +52,10 @@ func TestReleaseWakesOnlyTheHead(t *testing.T) {
 		// A woken waiter would have run an attempt, which refreshes its place (a later expiry).
 		require.Equal(t, before[h], after[h], "%s was woken by a release for the head", h)
 	}
-	require.NoError(t, got.lease.Release(b.ctx))
+	require.NoError(t, got.lease.Release(b.Ctx))
 	for i := 1; i < len(names); i++ {
 		got := receive(t, results[i], time.Second)
 		require.NoError(t, got.err)
-		require.NoError(t, got.lease.Release(b.ctx))
+		require.NoError(t, got.lease.Release(b.Ctx))
 	}
 }

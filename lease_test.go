@@ -19,39 +19,39 @@ func TestLease(t *testing.T) {
 	t.Run("OneHolderThenLargerTokenAfterRelease", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		a := newLessor(t, b.pool, "a")
-		c := newLessor(t, b.pool, "c")
+		a := newLessor(t, b.Pool, "a")
+		c := newLessor(t, b.Pool, "c")
 
-		la, err := a.TryAcquire(b.ctx, "job", 10*time.Second)
+		la, err := a.TryAcquire(b.Ctx, "job", 10*time.Second)
 		require.NoError(t, err)
 		require.Greater(t, la.Token(), fencelock.Token(0))
-		_, err = c.TryAcquire(b.ctx, "job", 10*time.Second)
+		_, err = c.TryAcquire(b.Ctx, "job", 10*time.Second)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 
-		require.NoError(t, la.Release(b.ctx))
+		require.NoError(t, la.Release(b.Ctx))
 		waitDone(t, la, time.Second)
 		require.ErrorIs(t, la.Err(), fencelock.ErrReleased)
 
-		lc, err := c.TryAcquire(b.ctx, "job", 10*time.Second)
+		lc, err := c.TryAcquire(b.Ctx, "job", 10*time.Second)
 		require.NoError(t, err)
 		require.Greater(t, lc.Token(), la.Token())
-		require.Equal(t, leaseRow{Holder: "c", Token: int64(lc.Token())}, readLease(t, b.ctx, b.pool, "job"))
-		require.NoError(t, lc.Release(b.ctx))
+		require.Equal(t, leaseRow{Holder: "c", Token: int64(lc.Token())}, readLease(t, b.Ctx, b.Pool, "job"))
+		require.NoError(t, lc.Release(b.Ctx))
 	})
 
 	t.Run("LargerTokenAfterExpiry", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		a := newLessor(t, b.pool, "a", fencelock.WithoutHeartbeat())
-		c := newLessor(t, b.pool, "c", fastBackoff)
+		a := newLessor(t, b.Pool, "a", fencelock.WithoutHeartbeat())
+		c := newLessor(t, b.Pool, "c", fastBackoff)
 
-		la, err := a.Acquire(b.ctx, "job", 300*time.Millisecond)
+		la, err := a.Acquire(b.Ctx, "job", 300*time.Millisecond)
 		require.NoError(t, err)
-		_, err = c.TryAcquire(b.ctx, "job", time.Second)
+		_, err = c.TryAcquire(b.Ctx, "job", time.Second)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 
 		// Acquire waits until the server-side expiry and then gets a larger token.
-		lc, err := c.Acquire(b.ctx, "job", time.Second)
+		lc, err := c.Acquire(b.Ctx, "job", time.Second)
 		require.NoError(t, err)
 		require.Greater(t, lc.Token(), la.Token())
 		// The old holder stopped trusting its lease before the new grant: its trust window
@@ -60,15 +60,15 @@ func TestLease(t *testing.T) {
 		waitDone(t, la, time.Second)
 		require.ErrorIs(t, la.Err(), fencelock.ErrLeaseLost)
 		require.ErrorIs(t, la.Err(), fencelock.ErrTrustWindowExpired)
-		require.NoError(t, lc.Release(b.ctx))
+		require.NoError(t, lc.Release(b.Ctx))
 	})
 
 	t.Run("HeartbeatKeepsLeasePastTTL", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		a := newLessor(t, b.pool, "a")
-		c := newLessor(t, b.pool, "c")
-		la, err := a.Acquire(b.ctx, "job", 150*time.Millisecond)
+		a := newLessor(t, b.Pool, "a")
+		c := newLessor(t, b.Pool, "c")
+		la, err := a.Acquire(b.Ctx, "job", 150*time.Millisecond)
 		require.NoError(t, err)
 		// Wait for several renewals: each moves ExpiresAt on the database clock.
 		first := la.ExpiresAt()
@@ -81,31 +81,31 @@ func TestLease(t *testing.T) {
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
-		_, err = c.TryAcquire(b.ctx, "job", time.Second)
+		_, err = c.TryAcquire(b.Ctx, "job", time.Second)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 		require.NoError(t, la.Err())
-		require.NoError(t, la.Release(b.ctx))
+		require.NoError(t, la.Release(b.Ctx))
 	})
 
 	t.Run("ManyLeasesOneLessor", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
-		a := newLessor(t, b.pool, "a")
+		a := newLessor(t, b.Pool, "a")
 		var leases []*fencelock.Lease
 		for i := range 200 {
-			l, err := a.TryAcquire(b.ctx, fmt.Sprintf("job:%d", i), time.Second)
+			l, err := a.TryAcquire(b.Ctx, fmt.Sprintf("job:%d", i), time.Second)
 			require.NoError(t, err)
 			leases = append(leases, l)
 		}
 		// Past two TTLs every lease is still held: the batched heartbeat kept all 200.
 		var stillHeld int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_sleep(2.2)::text IS NOT NULL`).Scan(new(bool)))
-		require.NoError(t, b.pool.QueryRow(b.ctx,
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT pg_sleep(2.2)::text IS NOT NULL`).Scan(new(bool)))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx,
 			`SELECT count(*) FROM fencelock.leases WHERE holder = 'a' AND expires_at > clock_timestamp()`).Scan(&stillHeld))
 		require.Equal(t, 200, stillHeld)
 		for _, l := range leases {
 			require.NoError(t, l.Err())
-			require.NoError(t, l.Release(b.ctx))
+			require.NoError(t, l.Release(b.Ctx))
 		}
 	})
 }
@@ -129,10 +129,10 @@ func TestTokensStrictlyIncreaseUnderContention(t *testing.T) {
 	}
 	close(next)
 	for w := range workers {
-		l := newLessor(t, b.pool, fmt.Sprintf("w%d", w), fastBackoff)
+		l := newLessor(t, b.Pool, fmt.Sprintf("w%d", w), fastBackoff)
 		wg.Go(func() {
 			for range next {
-				lease, err := l.Acquire(b.ctx, "hot", 5*time.Second)
+				lease, err := l.Acquire(b.Ctx, "hot", 5*time.Second)
 				if err != nil {
 					errs <- err
 					return
@@ -140,7 +140,7 @@ func TestTokensStrictlyIncreaseUnderContention(t *testing.T) {
 				mu.Lock()
 				tokens = append(tokens, int64(lease.Token()))
 				mu.Unlock()
-				if err := lease.Release(b.ctx); err != nil {
+				if err := lease.Release(b.Ctx); err != nil {
 					errs <- err
 					return
 				}
@@ -156,7 +156,7 @@ func TestTokensStrictlyIncreaseUnderContention(t *testing.T) {
 	for i := 1; i < len(tokens); i++ {
 		require.Greater(t, tokens[i], tokens[i-1], "grant %d", i)
 	}
-	require.Equal(t, tokens[len(tokens)-1], readLease(t, b.ctx, b.pool, "hot").Token)
+	require.Equal(t, tokens[len(tokens)-1], readLease(t, b.Ctx, b.Pool, "hot").Token)
 }
 
 // A holder paused past its TTL (its heartbeat stopped): the new holder's fenced write commits,
@@ -165,18 +165,18 @@ func TestPausedHolderIsFenced(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	createWrites(t, b)
-	old := newLessor(t, b.pool, "old", fencelock.WithoutHeartbeat())
-	cur := newLessor(t, b.pool, "new", fastBackoff)
+	old := newLessor(t, b.Pool, "old", fencelock.WithoutHeartbeat())
+	cur := newLessor(t, b.Pool, "new", fastBackoff)
 
-	lo, err := old.Acquire(b.ctx, "payment:1", 200*time.Millisecond)
+	lo, err := old.Acquire(b.Ctx, "payment:1", 200*time.Millisecond)
 	require.NoError(t, err)
 	// "Pause": the old holder does nothing while the new one waits out its TTL.
-	ln, err := cur.Acquire(b.ctx, "payment:1", 5*time.Second)
+	ln, err := cur.Acquire(b.Ctx, "payment:1", 5*time.Second)
 	require.NoError(t, err)
-	require.NoError(t, fencedWrite(b.ctx, b.pool, "payment:1", ln.Token()))
+	require.NoError(t, fencedWrite(b.Ctx, b.Pool, "payment:1", ln.Token()))
 
 	// The old holder wakes up and writes with its old token.
-	err = fencedWrite(b.ctx, b.pool, "payment:1", lo.Token())
+	err = fencedWrite(b.Ctx, b.Pool, "payment:1", lo.Token())
 	var stale *fencelock.StaleTokenError
 	require.ErrorAs(t, err, &stale)
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
@@ -185,38 +185,38 @@ func TestPausedHolderIsFenced(t *testing.T) {
 	require.ErrorIs(t, lo.Err(), fencelock.ErrLeaseLost)
 
 	require.Equal(t, []int64{int64(ln.Token())}, writtenTokens(t, b, "payment:1"))
-	require.NoError(t, ln.Release(b.ctx))
+	require.NoError(t, ln.Release(b.Ctx))
 }
 
 // A late release or renew from an old holder does not touch the new grant.
 func TestLateReleaseAndRenewDoNotTouchNewGrant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	old := newLessor(t, b.pool, "old", fencelock.WithoutHeartbeat())
-	cur := newLessor(t, b.pool, "new")
+	old := newLessor(t, b.Pool, "old", fencelock.WithoutHeartbeat())
+	cur := newLessor(t, b.Pool, "new")
 
-	lo, err := old.TryAcquire(b.ctx, "job", 10*time.Second)
+	lo, err := old.TryAcquire(b.Ctx, "job", 10*time.Second)
 	require.NoError(t, err)
 	// An operator force-expires the lease (the old holder still trusts it), and a new holder
 	// takes over.
-	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+	_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
 	require.NoError(t, err)
-	ln, err := cur.TryAcquire(b.ctx, "job", 10*time.Second)
+	ln, err := cur.TryAcquire(b.Ctx, "job", 10*time.Second)
 	require.NoError(t, err)
-	want := readLease(t, b.ctx, b.pool, "job")
+	want := readLease(t, b.Ctx, b.Pool, "job")
 
-	err = lo.Renew(b.ctx)
+	err = lo.Renew(b.Ctx)
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
 	waitDone(t, lo, time.Second)
-	require.Equal(t, want, readLease(t, b.ctx, b.pool, "job"))
+	require.Equal(t, want, readLease(t, b.Ctx, b.Pool, "job"))
 
-	err = lo.Release(b.ctx)
+	err = lo.Release(b.Ctx)
 	require.ErrorIs(t, err, fencelock.ErrNotHeld)
-	require.Equal(t, want, readLease(t, b.ctx, b.pool, "job"))
+	require.Equal(t, want, readLease(t, b.Ctx, b.Pool, "job"))
 	require.False(t, want.Expired)
 
-	require.NoError(t, ln.Renew(b.ctx))
-	require.NoError(t, ln.Release(b.ctx))
+	require.NoError(t, ln.Renew(b.Ctx))
+	require.NoError(t, ln.Release(b.Ctx))
 }
 
 // The heartbeat notices a takeover: Done closes with the server's verdict, not only at the
@@ -224,18 +224,18 @@ func TestLateReleaseAndRenewDoNotTouchNewGrant(t *testing.T) {
 func TestHeartbeatSignalsTakeover(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	old := newLessor(t, b.pool, "old", fencelock.WithHeartbeatInterval(20*time.Millisecond))
-	cur := newLessor(t, b.pool, "new")
-	lo, err := old.TryAcquire(b.ctx, "job", time.Minute)
+	old := newLessor(t, b.Pool, "old", fencelock.WithHeartbeatInterval(20*time.Millisecond))
+	cur := newLessor(t, b.Pool, "new")
+	lo, err := old.TryAcquire(b.Ctx, "job", time.Minute)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+	_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
 	require.NoError(t, err)
-	ln, err := cur.TryAcquire(b.ctx, "job", time.Minute)
+	ln, err := cur.TryAcquire(b.Ctx, "job", time.Minute)
 	require.NoError(t, err)
 	waitDone(t, lo, 5*time.Second) // far less than the minute-long trust window
 	require.ErrorIs(t, lo.Err(), fencelock.ErrLeaseLost)
 	require.NotErrorIs(t, lo.Err(), fencelock.ErrTrustWindowExpired)
-	require.NoError(t, ln.Release(b.ctx))
+	require.NoError(t, ln.Release(b.Ctx))
 }
 
 // A cancelled ctx during the grant statement itself (blocked on a row held by a transaction)
@@ -243,19 +243,19 @@ func TestHeartbeatSignalsTakeover(t *testing.T) {
 func TestRunLockedCancelledWhileWaitingOnRow(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a := newLessor(t, b.pool, "a")
-	c := newLessor(t, b.pool, "c")
+	a := newLessor(t, b.Pool, "a")
+	c := newLessor(t, b.Pool, "c")
 	inside, finish := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- a.RunLocked(b.ctx, "job", func(ctx context.Context, tx pgxTx, token fencelock.Token) error {
+		done <- a.RunLocked(b.Ctx, "job", func(ctx context.Context, tx pgxTx, token fencelock.Token) error {
 			close(inside)
 			<-finish
 			return nil
 		})
 	}()
 	<-inside
-	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
 	err := c.RunLocked(ctx, "job", func(context.Context, pgxTx, fencelock.Token) error {
 		t.Error("fn ran while another transaction held the row")
 		return nil
@@ -265,13 +265,13 @@ func TestRunLockedCancelledWhileWaitingOnRow(t *testing.T) {
 	close(finish)
 	require.NoError(t, <-done)
 	var waiting []string
-	rows, err := b.pool.Query(b.ctx,
+	rows, err := b.Pool.Query(b.Ctx,
 		`SELECT format('pid=%s app=%s state=%s wait=%s query=%s', pid, application_name, state, wait_event, left(query, 80)) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
 	require.NoError(t, err)
 	waiting, err = collectStrings(rows)
 	require.NoError(t, err)
 	require.Empty(t, waiting)
-	require.Equal(t, "a", readLease(t, b.ctx, b.pool, "job").Holder)
+	require.Equal(t, "a", readLease(t, b.Ctx, b.Pool, "job").Holder)
 }
 
 var errBoom = errors.New("boom")
@@ -281,18 +281,18 @@ var errBoom = errors.New("boom")
 func TestLessorNotReentrant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a := newLessor(t, b.pool, "a")
-	l, err := a.TryAcquire(b.ctx, "job", time.Minute)
+	a := newLessor(t, b.Pool, "a")
+	l, err := a.TryAcquire(b.Ctx, "job", time.Minute)
 	require.NoError(t, err)
-	_, err = a.TryAcquire(b.ctx, "job", time.Minute)
+	_, err = a.TryAcquire(b.Ctx, "job", time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
 	require.NotErrorIs(t, err, fencelock.ErrNotAcquired)
-	_, err = a.Acquire(b.ctx, "job", time.Minute)
+	_, err = a.Acquire(b.Ctx, "job", time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
-	require.NoError(t, l.Release(b.ctx))
-	l, err = a.TryAcquire(b.ctx, "job", time.Minute)
+	require.NoError(t, l.Release(b.Ctx))
+	l, err = a.TryAcquire(b.Ctx, "job", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, l.Release(b.ctx))
+	require.NoError(t, l.Release(b.Ctx))
 }
 
 // Attempts by one lessor on one name are serialised locally: 32 goroutines sharing a lessor
@@ -301,7 +301,7 @@ func TestLessorNotReentrant(t *testing.T) {
 func TestLessorSerialisesAttemptsOnOneName(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "shared")
+	l := newLessor(t, b.Pool, "shared")
 	start := make(chan struct{})
 	errs := make(chan error, 32)
 	leases := make(chan *fencelock.Lease, 32)
@@ -309,7 +309,7 @@ func TestLessorSerialisesAttemptsOnOneName(t *testing.T) {
 	for range 32 {
 		wg.Go(func() {
 			<-start
-			lease, err := l.TryAcquire(b.ctx, "job", time.Minute)
+			lease, err := l.TryAcquire(b.Ctx, "job", time.Minute)
 			if err == nil {
 				leases <- lease
 			}
@@ -330,7 +330,7 @@ func TestLessorSerialisesAttemptsOnOneName(t *testing.T) {
 	}
 	require.Equal(t, 1, granted)
 	for lease := range leases {
-		require.NoError(t, lease.Release(b.ctx))
+		require.NoError(t, lease.Release(b.Ctx))
 	}
 }
 
@@ -352,21 +352,21 @@ func collectStrings(rows pgxRows) ([]string, error) {
 // grant draws none.
 func TestGrantDrawsOneToken(t *testing.T) {
 	b := setup(t)
-	l := newLessor(t, b.pool, "one-token")
-	other := newLessor(t, b.pool, "other")
+	l := newLessor(t, b.Pool, "one-token")
+	other := newLessor(t, b.Pool, "other")
 	lastValue := func() int64 {
 		var v int64
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&v))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&v))
 		return v
 	}
 	const seqBits = 1<<47 - 1
-	first, err := l.TryAcquire(b.ctx, "drawn", time.Minute) // no row yet: the INSERT path draws
+	first, err := l.TryAcquire(b.Ctx, "drawn", time.Minute) // no row yet: the INSERT path draws
 	require.NoError(t, err)
-	require.NoError(t, first.Release(b.ctx))
+	require.NoError(t, first.Release(b.Ctx))
 	prev := first.Token()
 	grants := map[string]func() (*fencelock.Lease, error){
-		"TryAcquire": func() (*fencelock.Lease, error) { return l.TryAcquire(b.ctx, "drawn", time.Minute) },
-		"Acquire":    func() (*fencelock.Lease, error) { return l.Acquire(b.ctx, "drawn", time.Minute) },
+		"TryAcquire": func() (*fencelock.Lease, error) { return l.TryAcquire(b.Ctx, "drawn", time.Minute) },
+		"Acquire":    func() (*fencelock.Lease, error) { return l.Acquire(b.Ctx, "drawn", time.Minute) },
 	}
 	for _, how := range []string{"TryAcquire", "Acquire", "TryAcquire"} {
 		before := lastValue()
@@ -378,9 +378,9 @@ func TestGrantDrawsOneToken(t *testing.T) {
 		prev = lease.Token()
 
 		before = lastValue()
-		_, err = other.TryAcquire(b.ctx, "drawn", time.Minute)
+		_, err = other.TryAcquire(b.Ctx, "drawn", time.Minute)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 		require.Equal(t, before, lastValue(), "a refused grant drew a token")
-		require.NoError(t, lease.Release(b.ctx))
+		require.NoError(t, lease.Release(b.Ctx))
 	}
 }

@@ -83,37 +83,37 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	d := &silentDialer{listening: make(chan *silentConn, 4)}
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.ConnConfig.DialFunc = d.dial
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	holder := newLessor(t, b.pool, "h")
+	holder := newLessor(t, b.Pool, "h")
 	s, err := fencelock.NewSemaphore(holder, "sem", 1)
 	require.NoError(t, err)
 	w := newLessor(t, pool, "w")
 	ws, err := fencelock.NewSemaphore(w, "sem", 1)
 	require.NoError(t, err)
-	keep, err := w.TryAcquire(b.ctx, "keep", time.Minute) // the waiter's lessor holds a lease throughout
+	keep, err := w.TryAcquire(b.Ctx, "keep", time.Minute) // the waiter's lessor holds a lease throughout
 	require.NoError(t, err)
 	defer func() { _ = keep.Release(context.Background()) }()
 
-	permit, err := s.TryAcquire(b.ctx, time.Minute)
+	permit, err := s.TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err)
-	got := permitAsync(b.ctx, ws, time.Minute)
+	got := permitAsync(b.Ctx, ws, time.Minute)
 	var first *silentConn
 	select {
 	case first = <-d.listening:
-	case <-b.ctx.Done():
+	case <-b.Ctx.Done():
 		t.Fatal("no listening connection")
 	}
 	waitQueued(t, b, ws, 1)
 
 	first.silent.Store(true)
 	silencedAt := time.Now()
-	require.NoError(t, permit.Release(b.ctx)) // its NOTIFY is lost in the silence
+	require.NoError(t, permit.Release(b.Ctx)) // its NOTIFY is lost in the silence
 	a := <-got
 	require.NoError(t, a.err, "the waiter polls while its listener is deaf")
 
@@ -139,13 +139,13 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 	}
 
 	// The new listener serves the waiter again: the next hand-off reaches it.
-	require.NoError(t, a.lease.Release(b.ctx))
-	permit, err = s.TryAcquire(b.ctx, time.Minute)
+	require.NoError(t, a.lease.Release(b.Ctx))
+	permit, err = s.TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err)
-	got = permitAsync(b.ctx, ws, time.Minute)
+	got = permitAsync(b.Ctx, ws, time.Minute)
 	waitQueued(t, b, ws, 1)
-	require.NoError(t, permit.Release(b.ctx))
+	require.NoError(t, permit.Release(b.Ctx))
 	a = <-got
 	require.NoError(t, a.err)
-	require.NoError(t, a.lease.Release(b.ctx))
+	require.NoError(t, a.lease.Release(b.Ctx))
 }

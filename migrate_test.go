@@ -26,7 +26,7 @@ func TestMigrateKeepsApplicationGooseTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// Start from a database without fencelock's schema.
-	_, err := b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	_, err := b.Pool.Exec(b.Ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
 
 	// The application's own goose migrations, in its default table public.goose_db_version.
@@ -34,14 +34,14 @@ func TestMigrateKeepsApplicationGooseTable(t *testing.T) {
 		"00001_orders.sql": {Data: []byte("-- +goose Up\nCREATE TABLE orders (id int PRIMARY KEY);\n-- +goose Down\nDROP TABLE orders;\n")},
 		"00002_items.sql":  {Data: []byte("-- +goose Up\nCREATE TABLE items (id int PRIMARY KEY);\n-- +goose Down\nDROP TABLE items;\n")},
 	}
-	db := stdlib.OpenDBFromPool(b.pool)
+	db := stdlib.OpenDBFromPool(b.Pool)
 	defer db.Close()
 	p, err := goose.NewProvider(goose.DialectPostgres, db, appFS, goose.WithLogger(goose.NopLogger()))
 	require.NoError(t, err)
-	_, err = p.Up(b.ctx)
+	_, err = p.Up(b.Ctx)
 	require.NoError(t, err)
 	appVersions := func() [][]any {
-		rows, err := b.pool.Query(b.ctx, `SELECT version_id, is_applied FROM public.goose_db_version ORDER BY id`)
+		rows, err := b.Pool.Query(b.Ctx, `SELECT version_id, is_applied FROM public.goose_db_version ORDER BY id`)
 		require.NoError(t, err)
 		got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) ([]any, error) { return r.Values() })
 		require.NoError(t, err)
@@ -53,28 +53,28 @@ func TestMigrateKeepsApplicationGooseTable(t *testing.T) {
 	// Several processes migrate at once; all succeed.
 	errs := make(chan error, 4)
 	for range 4 {
-		go func() { errs <- fencelock.Migrate(context.WithoutCancel(b.ctx), b.pool) }()
+		go func() { errs <- fencelock.Migrate(context.WithoutCancel(b.Ctx), b.Pool) }()
 	}
 	for range 4 {
 		require.NoError(t, <-errs)
 	}
-	require.NoError(t, fencelock.Migrate(b.ctx, b.pool)) // and again: nothing pending
+	require.NoError(t, fencelock.Migrate(b.Ctx, b.Pool)) // and again: nothing pending
 
 	require.Equal(t, before, appVersions())
 	var fencelockVersion int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT max(version_id) FROM fencelock.goose_db_version`).Scan(&fencelockVersion))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT max(version_id) FROM fencelock.goose_db_version`).Scan(&fencelockVersion))
 	sqlFiles, err := fs.Glob(migrations.FS, "*.sql")
 	require.NoError(t, err)
 	require.EqualValues(t, len(sqlFiles), fencelockVersion) // migrations are numbered 1..n
-	cur, err := p.GetDBVersion(b.ctx)
+	cur, err := p.GetDBVersion(b.Ctx)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, cur)
 
 	// The schema works.
-	l := newLessor(t, b.pool, "a")
-	lease, err := l.TryAcquire(b.ctx, "job", 10*time.Second)
+	l := newLessor(t, b.Pool, "a")
+	lease, err := l.TryAcquire(b.Ctx, "job", 10*time.Second)
 	require.NoError(t, err)
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 }
 
 // Migrate's lock differs from goose's default, so fencelock's migrations never wait on
@@ -83,23 +83,23 @@ func TestMigrateDoesNotWaitForApplicationGooseLock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// Migrations pending: with nothing pending Migrate takes no lock at all.
-	_, err := b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	_, err := b.Pool.Exec(b.Ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
-	conn, err := b.pool.Acquire(b.ctx)
+	conn, err := b.Pool.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	_, err = conn.Exec(b.ctx, `SELECT pg_advisory_lock($1)`, lock.DefaultLockID)
+	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, lock.DefaultLockID)
 	require.NoError(t, err)
-	defer func() { _, _ = conn.Exec(b.ctx, `SELECT pg_advisory_unlock($1)`, lock.DefaultLockID) }()
-	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	defer func() { _, _ = conn.Exec(b.Ctx, `SELECT pg_advisory_unlock($1)`, lock.DefaultLockID) }()
+	ctx, cancel := context.WithTimeout(b.Ctx, 5*time.Second)
 	defer cancel()
-	require.NoError(t, fencelock.Migrate(ctx, b.pool), "Migrate waited for goose's default lock")
+	require.NoError(t, fencelock.Migrate(ctx, b.Pool), "Migrate waited for goose's default lock")
 }
 
 // migrateWaiting reports whether a session of pool's database waits for Migrate's advisory lock.
 func migrateWaiting(t *testing.T, b *bundle) bool {
 	t.Helper()
-	return testkit.MigrateWaiting(t, b.ctx, b.pool)
+	return testkit.MigrateWaiting(t, b.Ctx, b.Pool)
 }
 
 // Migrate with nothing pending takes no lock: it returns at once while a session holds the
@@ -109,10 +109,10 @@ func migrateWaiting(t *testing.T, b *bundle) bool {
 func TestMigrateWaitsForSessionLockOfEarlierVersion(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	conn, err := b.pool.Acquire(b.ctx)
+	conn, err := b.Pool.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	_, err = conn.Exec(b.ctx, `SELECT pg_advisory_lock($1)`, migrateLockKey)
+	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, migrateLockKey)
 	require.NoError(t, err)
 	locked := true
 	defer func() {
@@ -121,23 +121,23 @@ func TestMigrateWaitsForSessionLockOfEarlierVersion(t *testing.T) {
 		}
 	}()
 
-	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(b.Ctx, 5*time.Second)
 	defer cancel()
-	require.NoError(t, fencelock.Migrate(ctx, b.pool), "nothing pending: no lock")
+	require.NoError(t, fencelock.Migrate(ctx, b.Pool), "nothing pending: no lock")
 
-	_, err = b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	_, err = b.Pool.Exec(b.Ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
 	// Bounded by ctx: the error says so, and nothing is left waiting.
-	short, cancelShort := context.WithTimeout(b.ctx, 500*time.Millisecond)
+	short, cancelShort := context.WithTimeout(b.Ctx, 500*time.Millisecond)
 	defer cancelShort()
-	err = fencelock.Migrate(short, b.pool)
+	err = fencelock.Migrate(short, b.Pool)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "migration lock")
 	require.Eventually(t, func() bool { return !migrateWaiting(t, b) }, 5*time.Second, 10*time.Millisecond,
 		"a Migrate that gave up still waits on the server")
 
 	migrated := make(chan error, 1)
-	go func() { migrated <- fencelock.Migrate(context.WithoutCancel(b.ctx), b.pool) }()
+	go func() { migrated <- fencelock.Migrate(context.WithoutCancel(b.Ctx), b.Pool) }()
 	require.Eventually(t, func() bool { return migrateWaiting(t, b) }, 10*time.Second, 5*time.Millisecond,
 		"Migrate did not wait for the session lock")
 	select {
@@ -145,7 +145,7 @@ func TestMigrateWaitsForSessionLockOfEarlierVersion(t *testing.T) {
 		t.Fatalf("Migrate returned while the session lock was held: %v", err)
 	case <-time.After(100 * time.Millisecond):
 	}
-	_, err = conn.Exec(b.ctx, `SELECT pg_advisory_unlock($1)`, migrateLockKey)
+	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_unlock($1)`, migrateLockKey)
 	require.NoError(t, err)
 	locked = false
 	require.NoError(t, <-migrated)
@@ -160,19 +160,19 @@ func TestMigrateWaitsForSessionLockOfEarlierVersion(t *testing.T) {
 func TestMigrateConcurrentlyOnSmallPool(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	_, err := b.Pool.Exec(b.Ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.MaxConns = 2
 	cfg.PrepareConn = func(context.Context, *pgx.Conn) (bool, error) {
 		time.Sleep(20 * time.Millisecond) // a round trip per acquire
 		return true, nil
 	}
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	ctx, cancel := context.WithTimeout(b.ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(b.Ctx, time.Minute)
 	defer cancel()
 	errs := make(chan error, 4)
 	for range 4 {

@@ -20,24 +20,24 @@ import (
 func TestMultiLockAllOrNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a := newLessor(t, b.pool, "ml-a")
-	c := newLessor(t, b.pool, "ml-c")
-	old, err := a.TryAcquire(b.ctx, "ml:2", 10*time.Second)
+	a := newLessor(t, b.Pool, "ml-a")
+	c := newLessor(t, b.Pool, "ml-c")
+	old, err := a.TryAcquire(b.Ctx, "ml:2", 10*time.Second)
 	require.NoError(t, err)
-	_, err = c.TryAcquireAll(b.ctx, []string{"ml:3", "ml:1", "ml:2"}, 10*time.Second)
+	_, err = c.TryAcquireAll(b.Ctx, []string{"ml:3", "ml:1", "ml:2"}, 10*time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE holder = 'ml-c' AND expires_at > clock_timestamp()`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.leases WHERE holder = 'ml-c' AND expires_at > clock_timestamp()`).Scan(&n))
 	require.Zero(t, n, "a refused set holds no member")
-	require.NoError(t, old.Release(b.ctx))
+	require.NoError(t, old.Release(b.Ctx))
 
-	set, err := c.TryAcquireAll(b.ctx, []string{"ml:3", "ml:1", "ml:2"}, 10*time.Second)
+	set, err := c.TryAcquireAll(b.Ctx, []string{"ml:3", "ml:1", "ml:2"}, 10*time.Second)
 	require.NoError(t, err)
 	names := []string{}
 	for _, l := range set.Leases() {
 		names = append(names, l.Name())
 		require.NoError(t, l.Err())
-		require.Equal(t, "ml-c", readLease(t, b.ctx, b.pool, l.Name()).Holder)
+		require.Equal(t, "ml-c", readLease(t, b.Ctx, b.Pool, l.Name()).Holder)
 	}
 	require.Equal(t, []string{"ml:1", "ml:2", "ml:3"}, names)
 	require.Greater(t, set.Lease("ml:2").Token(), old.Token())
@@ -46,19 +46,19 @@ func TestMultiLockAllOrNothing(t *testing.T) {
 	require.NoError(t, set.Err())
 
 	// Overlapping sets: refused while held, by anyone, this lessor included.
-	_, err = a.TryAcquireAll(b.ctx, []string{"ml:3", "ml:4"}, time.Second)
+	_, err = a.TryAcquireAll(b.Ctx, []string{"ml:3", "ml:4"}, time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
-	_, err = c.TryAcquireAll(b.ctx, []string{"ml:3", "ml:4"}, time.Second)
+	_, err = c.TryAcquireAll(b.Ctx, []string{"ml:3", "ml:4"}, time.Second)
 	require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
-	_, err = a.TryAcquire(b.ctx, "ml:4", time.Second)
+	_, err = a.TryAcquire(b.Ctx, "ml:4", time.Second)
 	require.NoError(t, err, "the refused sets left ml:4 free")
 
 	// GuardTx guards every member in the caller's transaction.
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return set.GuardTx(b.ctx, tx) }))
+	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return set.GuardTx(b.Ctx, tx) }))
 
 	// Losing one member ends the set.
-	require.NoError(t, set.Lease("ml:1").Release(b.ctx))
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return set.GuardTx(b.ctx, tx) })
+	require.NoError(t, set.Lease("ml:1").Release(b.Ctx))
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return set.GuardTx(b.Ctx, tx) })
 	require.ErrorIs(t, err, fencelock.ErrReleased, "a guard of a set with a member released")
 	select {
 	case <-set.Done():
@@ -66,9 +66,9 @@ func TestMultiLockAllOrNothing(t *testing.T) {
 		t.Fatal("the set's Done is open after a member ended")
 	}
 	require.ErrorIs(t, set.Err(), fencelock.ErrReleased)
-	require.ErrorIs(t, set.Release(b.ctx), fencelock.ErrNotHeld, "ml:1 was released already")
+	require.ErrorIs(t, set.Release(b.Ctx), fencelock.ErrNotHeld, "ml:1 was released already")
 	for _, name := range []string{"ml:1", "ml:2", "ml:3"} {
-		require.True(t, readLease(t, b.ctx, b.pool, name).Expired, name)
+		require.True(t, readLease(t, b.Ctx, b.Pool, name).Expired, name)
 	}
 }
 
@@ -76,21 +76,21 @@ func TestMultiLockAllOrNothing(t *testing.T) {
 func TestMultiLockBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "ml-bad")
+	l := newLessor(t, b.Pool, "ml-bad")
 	many := make([]string, fencelock.MaxLeaseSet+1)
 	for i := range many {
 		many[i] = fmt.Sprint("n", i)
 	}
 	for _, names := range [][]string{nil, {}, {"a", "a"}, {"a", ""}, {"a\x00"}, many} {
-		_, err := l.TryAcquireAll(b.ctx, names, time.Second)
+		_, err := l.TryAcquireAll(b.Ctx, names, time.Second)
 		require.ErrorIs(t, err, fencelock.ErrInvalidArgument, "%q", names)
-		_, err = l.AcquireAll(b.ctx, names, time.Second)
+		_, err = l.AcquireAll(b.Ctx, names, time.Second)
 		require.ErrorIs(t, err, fencelock.ErrInvalidArgument, "%q", names)
 	}
-	_, err := l.TryAcquireAll(b.ctx, []string{"a"}, 0)
+	_, err := l.TryAcquireAll(b.Ctx, []string{"a"}, 0)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.leases`).Scan(&n))
 	require.Zero(t, n, "no SQL ran")
 }
 
@@ -101,7 +101,7 @@ func TestMultiLockBadInput(t *testing.T) {
 func TestMultiLockContention(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `
+	_, err := b.Pool.Exec(b.Ctx, `
 		CREATE TABLE ml_log (id bigserial PRIMARY KEY, name text, holder text, token bigint, xid xid8);
 		CREATE FUNCTION ml_log() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
@@ -116,7 +116,7 @@ func TestMultiLockContention(t *testing.T) {
 	for i := range names {
 		names[i] = fmt.Sprintf("mlc:%d", i)
 	}
-	ctx, cancel := context.WithTimeout(b.ctx, 60*time.Second)
+	ctx, cancel := context.WithTimeout(b.Ctx, 60*time.Second)
 	defer cancel()
 	type grant struct {
 		holder string
@@ -128,7 +128,7 @@ func TestMultiLockContention(t *testing.T) {
 	const perWorker = 15
 	for w := range 32 {
 		holder := fmt.Sprintf("mlc-%d", w)
-		l := newLessor(t, b.pool, holder, fastBackoff)
+		l := newLessor(t, b.Pool, holder, fastBackoff)
 		rng := rand.New(rand.NewPCG(uint64(w), 7))
 		wg.Go(func() {
 			for range perWorker {
@@ -158,7 +158,7 @@ func TestMultiLockContention(t *testing.T) {
 	require.Len(t, grants, 32*perWorker)
 
 	// The log: grants of a name by transaction.
-	rows, err := b.pool.Query(b.ctx, `SELECT name, holder, token, xid::text FROM ml_log ORDER BY id`)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT name, holder, token, xid::text FROM ml_log ORDER BY id`)
 	require.NoError(t, err)
 	byXid := map[string]map[string]int64{}
 	holderOf := map[string]string{}
@@ -216,17 +216,17 @@ func TestMultiLockCancelledMidGrantLeavesNothing(t *testing.T) {
 	pool, refuseNextDial := poolRefusingCancel(t, b)
 	l := newLessor(t, pool, "ml-mid")
 	defer holdFor(t, b, 300*time.Millisecond, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at) VALUES ('mlm:2', 'x', 0, now(), now())`)()
-	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
 	defer cancel()
 	refuseNextDial()
 	_, err := l.TryAcquireAll(ctx, []string{"mlm:1", "mlm:2"}, 10*time.Second)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	var held, ended int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FILTER (WHERE expires_at <= clock_timestamp() AND token > 0)
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FILTER (WHERE expires_at <= clock_timestamp() AND token > 0)
 		FROM fencelock.leases WHERE holder = 'ml-mid'`).Scan(&held, &ended))
 	require.Zero(t, held, "a member granted after the caller gave up is still held")
 	require.Equal(t, 2, ended, "the statement went on and granted the set, which the cleanup ended")
-	set, err := newLessor(t, b.pool, "ml-mid2").TryAcquireAll(b.ctx, []string{"mlm:1", "mlm:2"}, time.Second)
+	set, err := newLessor(t, b.Pool, "ml-mid2").TryAcquireAll(b.Ctx, []string{"mlm:1", "mlm:2"}, time.Second)
 	require.NoError(t, err)
-	require.NoError(t, set.Release(b.ctx))
+	require.NoError(t, set.Release(b.Ctx))
 }

@@ -39,28 +39,28 @@ func newLeastPrivilegeRole(t *testing.T, b *bundle) (string, *pgxpool.Pool) {
 	role := "app_" + hex.EncodeToString(rnd[:])
 	password := hex.EncodeToString(rnd[:]) + "-pw"
 	ident := pgx.Identifier{role}.Sanitize()
-	dbIdent := pgx.Identifier{b.db.Name}.Sanitize()
+	dbIdent := pgx.Identifier{b.DB.Name}.Sanitize()
 
-	_, err := b.pool.Exec(b.ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s'`, ident, password))
+	_, err := b.Pool.Exec(b.Ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s'`, ident, password))
 	require.NoError(t, err)
 	t.Cleanup(func() { dropRole(t, b, role) }) // registered first: runs after the pool closes
-	_, err = b.pool.Exec(b.ctx, fmt.Sprintf(`REVOKE CONNECT, TEMPORARY ON DATABASE %[2]s FROM PUBLIC;
+	_, err = b.Pool.Exec(b.Ctx, fmt.Sprintf(`REVOKE CONNECT, TEMPORARY ON DATABASE %[2]s FROM PUBLIC;
 		CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL, fence_token bigint);
 		INSERT INTO accounts VALUES (1, 100, NULL);
 		GRANT SELECT, UPDATE ON accounts TO %[1]s;
 		`+leastPrivilegeGrants, ident, dbIdent))
 	require.NoError(t, err)
 
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, password
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
 	var user string
 	var super, createDB, createSchema, ownsSchema bool
-	require.NoError(t, pool.QueryRow(b.ctx, `SELECT current_user, r.rolsuper,
+	require.NoError(t, pool.QueryRow(b.Ctx, `SELECT current_user, r.rolsuper,
 			has_database_privilege(current_database(), 'CREATE'),
 			has_schema_privilege('fencelock', 'CREATE'),
 			pg_has_role((SELECT nspowner FROM pg_namespace WHERE nspname = 'fencelock'), 'USAGE')
@@ -79,9 +79,9 @@ func dropRole(t *testing.T, b *bundle, role string) {
 	// The role's pool is closed by now. Sessions left by a failed test (a lock's session held
 	// by a goroutine still running) would hold locks DROP OWNED waits for: end them, where the
 	// owner may (superuser or pg_signal_backend).
-	_, _ = b.pool.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE usename = $1`, role)
+	_, _ = b.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE usename = $1`, role)
 	ident := pgx.Identifier{role}.Sanitize()
-	if _, err := b.pool.Exec(ctx, fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, ident)); err != nil {
+	if _, err := b.Pool.Exec(ctx, fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, ident)); err != nil {
 		t.Errorf("drop role %s: %v", role, err)
 	}
 }
@@ -109,7 +109,7 @@ func TestLeastPrivilege(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	role, app := newLeastPrivilegeRole(t, b)
-	ctx := b.ctx
+	ctx := b.Ctx
 
 	require.NoError(t, fencelock.Migrate(ctx, app), "nothing pending")
 
@@ -160,7 +160,7 @@ func TestLeastPrivilege(t *testing.T) {
 	var sqlToken int64
 	require.NoError(t, app.QueryRow(ctx, `SELECT fencelock.try_acquire('sql:1', 'py', interval '10 seconds')`).Scan(&sqlToken))
 	require.Greater(t, sqlToken, int64(lease.Token()))
-	_, err = b.pool.Exec(ctx, `SELECT fencelock.protect_table('accounts')`)
+	_, err = b.Pool.Exec(ctx, `SELECT fencelock.protect_table('accounts')`)
 	require.NoError(t, err)
 	inTx := func(token int64, stmts ...string) error {
 		return pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error {
@@ -184,7 +184,7 @@ func TestLeastPrivilege(t *testing.T) {
 	var released bool
 	require.NoError(t, app.QueryRow(ctx, `SELECT fencelock.release('sql:1', 'py', $1)`, sqlToken).Scan(&released))
 	require.True(t, released)
-	_, err = b.pool.Exec(ctx, `SELECT fencelock.unprotect_table('accounts')`)
+	_, err = b.Pool.Exec(ctx, `SELECT fencelock.unprotect_table('accounts')`)
 	require.NoError(t, err)
 
 	// RunLocked: a transaction-scoped grant.
@@ -289,25 +289,25 @@ func TestLeastPrivilege(t *testing.T) {
 	// and runs that migration, whose first statement (DDL on fencelock's tables) fails; the
 	// migration's transaction rolls back and no version is recorded.
 	var last int64
-	require.NoError(t, b.pool.QueryRow(ctx, `DELETE FROM fencelock.goose_db_version
+	require.NoError(t, b.Pool.QueryRow(ctx, `DELETE FROM fencelock.goose_db_version
 		WHERE version_id = (SELECT max(version_id) FROM fencelock.goose_db_version) RETURNING version_id`).Scan(&last))
 	err = fencelock.Migrate(ctx, app)
 	requirePermissionDenied(t, err, "run Migrate as the owner of schema fencelock")
 	var recorded int64
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT count(*) FROM fencelock.goose_db_version WHERE version_id = $1`, last).Scan(&recorded))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT count(*) FROM fencelock.goose_db_version WHERE version_id = $1`, last).Scan(&recorded))
 	require.Zero(t, recorded)
-	_, err = b.pool.Exec(ctx, `INSERT INTO fencelock.goose_db_version (version_id, is_applied) VALUES ($1, true)`, last)
+	_, err = b.Pool.Exec(ctx, `INSERT INTO fencelock.goose_db_version (version_id, is_applied) VALUES ($1, true)`, last)
 	require.NoError(t, err)
 	requireEachVersionOnce(t, b)
 
 	// A role that cannot read the version table is told which grant it lacks, before any DDL.
-	_, err = b.pool.Exec(ctx, `REVOKE SELECT ON fencelock.goose_db_version FROM `+pgx.Identifier{role}.Sanitize())
+	_, err = b.Pool.Exec(ctx, `REVOKE SELECT ON fencelock.goose_db_version FROM `+pgx.Identifier{role}.Sanitize())
 	require.NoError(t, err)
 	err = fencelock.Migrate(ctx, app)
 	requirePermissionDenied(t, err, "SELECT on fencelock.goose_db_version")
 
 	// A database without schema fencelock: the role may not create it.
-	_, err = b.pool.Exec(ctx, `DROP SCHEMA fencelock CASCADE`)
+	_, err = b.Pool.Exec(ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
 	err = fencelock.Migrate(ctx, app)
 	requirePermissionDenied(t, err, "may not create schema fencelock")

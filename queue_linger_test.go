@@ -18,15 +18,15 @@ import (
 func TestQueuePlaceCarriesChannelAfterRelease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder := newLessor(t, b.pool, "linger-holder")
-	ahead := newLessor(t, b.pool, "linger-ahead", fastBackoff)
+	holder := newLessor(t, b.Pool, "linger-holder")
+	ahead := newLessor(t, b.Pool, "linger-ahead", fastBackoff)
 	// The waiter polls only every 5 s: a place without a channel would stay so until then.
 	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
-	waiter := newLessor(t, b.pool, "linger-waiter", slow)
+	waiter := newLessor(t, b.Pool, "linger-waiter", slow)
 	const name = "linger"
 	channelOf := func() string {
 		var ch *string
-		err := b.pool.QueryRow(b.ctx, `SELECT channel FROM fencelock.lease_waiters WHERE name = $1 AND holder = 'linger-waiter'`, name).Scan(&ch)
+		err := b.Pool.QueryRow(b.Ctx, `SELECT channel FROM fencelock.lease_waiters WHERE name = $1 AND holder = 'linger-waiter'`, name).Scan(&ch)
 		require.NoError(t, err)
 		if ch == nil {
 			return ""
@@ -34,13 +34,13 @@ func TestQueuePlaceCarriesChannelAfterRelease(t *testing.T) {
 		return *ch
 	}
 	for round := range 2 {
-		held, err := holder.TryAcquire(b.ctx, name, 10*time.Second)
+		held, err := holder.TryAcquire(b.Ctx, name, 10*time.Second)
 		require.NoError(t, err)
-		first := acquireAsync(b.ctx, ahead, name, 10*time.Second)
+		first := acquireAsync(b.Ctx, ahead, name, 10*time.Second)
 		awaitWaiters(t, b, name, 1)
 		// Behind another waiter: a wait that joins at the head looks again 20 ms later anyway
 		// (joinRecheck), which would give the queue its channel by the second attempt.
-		got := acquireAsync(b.ctx, waiter, name, 10*time.Second)
+		got := acquireAsync(b.Ctx, waiter, name, 10*time.Second)
 		awaitWaiters(t, b, name, 2)
 		t.Logf("round %d channel %q", round, channelOf())
 		if round == 1 {
@@ -48,11 +48,11 @@ func TestQueuePlaceCarriesChannelAfterRelease(t *testing.T) {
 			// channel.
 			require.NotEmpty(t, channelOf(), "a wait of a lessor that just released took a place without its channel")
 		}
-		require.NoError(t, held.Release(b.ctx))
+		require.NoError(t, held.Release(b.Ctx))
 		for _, ch := range []<-chan acquired{first, got} {
 			a := <-ch
 			require.NoError(t, a.err)
-			require.NoError(t, a.lease.Release(b.ctx))
+			require.NoError(t, a.lease.Release(b.Ctx))
 		}
 	}
 }

@@ -30,10 +30,10 @@ func TestQueueShares(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
-		l := newLessor(t, b.pool, fmt.Sprintf("c%d", i))
+		l := newLessor(t, b.Pool, fmt.Sprintf("c%d", i))
 		wg.Go(func() {
 			for {
-				lease, err := l.Acquire(b.ctx, "shares", time.Minute)
+				lease, err := l.Acquire(b.Ctx, "shares", time.Minute)
 				if err != nil {
 					errs <- err
 					return
@@ -52,7 +52,7 @@ func TestQueueShares(t *testing.T) {
 				if !done {
 					time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
 				}
-				if err := lease.Release(b.ctx); err != nil {
+				if err := lease.Release(b.Ctx); err != nil {
 					errs <- err
 					return
 				}
@@ -85,7 +85,7 @@ func TestQueueSharedLessorsNeverHoldTwice(t *testing.T) {
 	// Not parallel: eight busy goroutines would starve the short-TTL holders of other
 	// tests (TestPollersCannotCostHolderItsLease renews a 300 ms lease every 200 ms).
 	b := setup(t)
-	ctx, cancel := context.WithTimeout(b.ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(b.Ctx, 2*time.Second)
 	defer cancel()
 	var mu sync.Mutex
 	holding, grants := 0, 0
@@ -93,7 +93,7 @@ func TestQueueSharedLessorsNeverHoldTwice(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 1000)
 	for i := range 2 {
-		l := newLessor(t, b.pool, fmt.Sprintf("l%d", i))
+		l := newLessor(t, b.Pool, fmt.Sprintf("l%d", i))
 		for range 4 {
 			wg.Go(func() {
 				for ctx.Err() == nil {

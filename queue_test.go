@@ -58,21 +58,21 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const n = 8
-	holder := newLessor(t, b.pool, "holder")
-	first, err := holder.TryAcquire(b.ctx, "fifo", time.Minute)
+	holder := newLessor(t, b.Pool, "holder")
+	first, err := holder.TryAcquire(b.Ctx, "fifo", time.Minute)
 	require.NoError(t, err)
 	var names []string
 	var results []<-chan acquired
 	for i := range n {
 		name := fmt.Sprintf("w%d", i)
 		names = append(names, name)
-		results = append(results, acquireAsync(b.ctx, newLessor(t, b.pool, name), "fifo", time.Minute))
-		awaitQueue(t, b.ctx, b.pool, "fifo", true, names...)
+		results = append(results, acquireAsync(b.Ctx, newLessor(t, b.Pool, name), "fifo", time.Minute))
+		awaitQueue(t, b.Ctx, b.Pool, "fifo", true, names...)
 	}
 	var waiters int64
 	var head string
 	var headWaited time.Duration
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT waiters, head_holder, head_waited FROM fencelock.lease_queue_summary WHERE name = 'fifo'`).
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT waiters, head_holder, head_waited FROM fencelock.lease_queue_summary WHERE name = 'fifo'`).
 		Scan(&waiters, &head, &headWaited))
 	require.EqualValues(t, n, waiters)
 	require.Equal(t, "w0", head)
@@ -80,16 +80,16 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 
 	prev := first
 	for i := range n {
-		require.NoError(t, prev.Release(b.ctx))
+		require.NoError(t, prev.Release(b.Ctx))
 		got := receive(t, results[i], time.Second)
 		require.NoError(t, got.err, "w%d", i)
 		require.Equal(t, names[i], got.lease.Holder(), "grant %d went out of order", i)
 		require.Greater(t, got.lease.Token(), prev.Token())
-		require.Equal(t, names[i], readLease(t, b.ctx, b.pool, "fifo").Holder)
-		awaitQueue(t, b.ctx, b.pool, "fifo", true, names[i+1:]...)
+		require.Equal(t, names[i], readLease(t, b.Ctx, b.Pool, "fifo").Holder)
+		awaitQueue(t, b.Ctx, b.Pool, "fifo", true, names[i+1:]...)
 		prev = got.lease
 	}
-	require.NoError(t, prev.Release(b.ctx))
+	require.NoError(t, prev.Release(b.Ctx))
 }
 
 // While anyone waits, a try grant does not barge: TryAcquire and TryRunLocked are refused even
@@ -98,28 +98,28 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 func TestQueueNoBarging(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.lease_waiters (name, holder, wait_id, seq, ttl_us, since, expires_at)
+	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.lease_waiters (name, holder, wait_id, seq, ttl_us, since, expires_at)
 		VALUES ('nobarge', 'someone', 1, nextval('fencelock.lease_waiters_seq'), 60000000, now(), now() + interval '1 minute')`)
 	require.NoError(t, err)
-	l := newLessor(t, b.pool, "newcomer")
-	_, err = l.TryAcquire(b.ctx, "nobarge", time.Minute)
+	l := newLessor(t, b.Pool, "newcomer")
+	_, err = l.TryAcquire(b.Ctx, "nobarge", time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
-	err = l.TryRunLocked(b.ctx, "nobarge", func(context.Context, pgx.Tx, fencelock.Token) error {
+	err = l.TryRunLocked(b.Ctx, "nobarge", func(context.Context, pgx.Tx, fencelock.Token) error {
 		t.Error("a transaction-scoped grant barged past the queue")
 		return nil
 	})
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
-	_, err = b.pool.Exec(b.ctx, `DELETE FROM fencelock.lease_waiters WHERE name = 'nobarge'`)
+	_, err = b.Pool.Exec(b.Ctx, `DELETE FROM fencelock.lease_waiters WHERE name = 'nobarge'`)
 	require.NoError(t, err)
-	lease, err := l.TryAcquire(b.ctx, "nobarge", time.Minute)
+	lease, err := l.TryAcquire(b.Ctx, "nobarge", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 	// An Acquire granted at its first attempt never waits: no listening connection is opened
 	// for a lessor that never waits.
-	lease, err = l.Acquire(b.ctx, "nobarge", time.Minute)
+	lease, err = l.Acquire(b.Ctx, "nobarge", time.Minute)
 	require.NoError(t, err)
-	require.NoError(t, lease.Release(b.ctx))
-	require.Empty(t, listeners(t, b.ctx, b.pool))
+	require.NoError(t, lease.Release(b.Ctx))
+	require.Empty(t, listeners(t, b.Ctx, b.Pool))
 }
 
 // A Release from inside a transaction that the same lease guards (GuardTx holds its row FOR
@@ -129,26 +129,26 @@ func TestQueueNoBarging(t *testing.T) {
 func TestReleaseInsideGuardedTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder := newLessor(t, b.pool, "holder")
-	lh, err := holder.TryAcquire(b.ctx, "guarded", time.Minute)
+	holder := newLessor(t, b.Pool, "holder")
+	lh, err := holder.TryAcquire(b.Ctx, "guarded", time.Minute)
 	require.NoError(t, err)
-	w := acquireAsync(b.ctx, newLessor(t, b.pool, "waiter", fastBackoff), "guarded", time.Minute)
-	awaitQueue(t, b.ctx, b.pool, "guarded", true, "waiter")
-	tx, err := b.pool.Begin(b.ctx)
+	w := acquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter", fastBackoff), "guarded", time.Minute)
+	awaitQueue(t, b.Ctx, b.Pool, "guarded", true, "waiter")
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.Background()) }()
-	require.NoError(t, lh.GuardTx(b.ctx, tx))
-	rctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	require.NoError(t, lh.GuardTx(b.Ctx, tx))
+	rctx, cancel := context.WithTimeout(b.Ctx, 5*time.Second)
 	defer cancel()
 	require.NoError(t, lh.Release(rctx), "the release waited for the transaction its own lease guards")
-	row := readLease(t, b.ctx, b.pool, "guarded")
+	row := readLease(t, b.Ctx, b.Pool, "guarded")
 	require.Equal(t, "holder", row.Holder, "handed over while the holder's guarded transaction was open")
 	require.True(t, row.Expired)
-	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, tx.Commit(b.Ctx))
 	got := receive(t, w, 2*time.Second)
 	require.NoError(t, got.err)
 	require.Greater(t, got.lease.Token(), lh.Token())
-	require.NoError(t, got.lease.Release(b.ctx))
+	require.NoError(t, got.lease.Release(b.Ctx))
 }
 
 // A RunLocked waits in the same queue: queued before a TTL waiter, it runs first, woken by the
@@ -157,21 +157,21 @@ func TestReleaseInsideGuardedTransaction(t *testing.T) {
 func TestRunLockedWaitsInQueue(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder := newLessor(t, b.pool, "holder")
-	lh, err := holder.TryAcquire(b.ctx, "mixed", time.Minute)
+	holder := newLessor(t, b.Pool, "holder")
+	lh, err := holder.TryAcquire(b.Ctx, "mixed", time.Minute)
 	require.NoError(t, err)
 	ran := make(chan fencelock.Token, 1)
 	txDone := make(chan error, 1)
 	go func() {
-		txDone <- newLessor(t, b.pool, "tx").RunLocked(b.ctx, "mixed", func(_ context.Context, _ pgx.Tx, token fencelock.Token) error {
+		txDone <- newLessor(t, b.Pool, "tx").RunLocked(b.Ctx, "mixed", func(_ context.Context, _ pgx.Tx, token fencelock.Token) error {
 			ran <- token
 			return nil
 		})
 	}()
-	awaitQueue(t, b.ctx, b.pool, "mixed", true, "tx")
-	ttl := acquireAsync(b.ctx, newLessor(t, b.pool, "ttl"), "mixed", time.Minute)
-	awaitQueue(t, b.ctx, b.pool, "mixed", true, "tx", "ttl")
-	require.NoError(t, lh.Release(b.ctx))
+	awaitQueue(t, b.Ctx, b.Pool, "mixed", true, "tx")
+	ttl := acquireAsync(b.Ctx, newLessor(t, b.Pool, "ttl"), "mixed", time.Minute)
+	awaitQueue(t, b.Ctx, b.Pool, "mixed", true, "tx", "ttl")
+	require.NoError(t, lh.Release(b.Ctx))
 	var token fencelock.Token
 	select {
 	case token = <-ran:
@@ -185,7 +185,7 @@ func TestRunLockedWaitsInQueue(t *testing.T) {
 	got := receive(t, ttl, time.Second)
 	require.NoError(t, got.err)
 	require.Greater(t, got.lease.Token(), token)
-	require.NoError(t, got.lease.Release(b.ctx))
+	require.NoError(t, got.lease.Release(b.Ctx))
 }
 
 // A waiter that gives up (ctx ends) leaves the queue before Acquire returns, and the next one
@@ -195,51 +195,51 @@ func TestRunLockedWaitsInQueue(t *testing.T) {
 func TestQueueWaiterCancelled(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder := newLessor(t, b.pool, "holder")
-	quitter := newLessor(t, b.pool, "quitter")
-	next := newLessor(t, b.pool, "next")
+	holder := newLessor(t, b.Pool, "holder")
+	quitter := newLessor(t, b.Pool, "quitter")
+	next := newLessor(t, b.Pool, "next")
 
-	lh, err := holder.TryAcquire(b.ctx, "cancel", time.Minute)
+	lh, err := holder.TryAcquire(b.Ctx, "cancel", time.Minute)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	q := acquireAsync(ctx, quitter, "cancel", time.Minute)
-	awaitQueue(t, b.ctx, b.pool, "cancel", true, "quitter")
-	n := acquireAsync(b.ctx, next, "cancel", time.Minute)
-	awaitQueue(t, b.ctx, b.pool, "cancel", true, "quitter", "next")
+	awaitQueue(t, b.Ctx, b.Pool, "cancel", true, "quitter")
+	n := acquireAsync(b.Ctx, next, "cancel", time.Minute)
+	awaitQueue(t, b.Ctx, b.Pool, "cancel", true, "quitter", "next")
 	cancel()
 	require.ErrorIs(t, receive(t, q, time.Second).err, context.Canceled)
-	require.Equal(t, []queued{{Holder: "next", Position: 1, Notify: true}}, readQueue(t, b.ctx, b.pool, "cancel"))
-	require.NoError(t, lh.Release(b.ctx))
+	require.Equal(t, []queued{{Holder: "next", Position: 1, Notify: true}}, readQueue(t, b.Ctx, b.Pool, "cancel"))
+	require.NoError(t, lh.Release(b.Ctx))
 	got := receive(t, n, time.Second)
 	require.NoError(t, got.err)
-	require.NoError(t, got.lease.Release(b.ctx))
+	require.NoError(t, got.lease.Release(b.Ctx))
 
 	for round := range 50 {
 		name := fmt.Sprintf("race:%d", round)
-		lh, err := holder.TryAcquire(b.ctx, name, time.Minute)
+		lh, err := holder.TryAcquire(b.Ctx, name, time.Minute)
 		require.NoError(t, err)
-		ctx, cancel := context.WithCancel(b.ctx)
+		ctx, cancel := context.WithCancel(b.Ctx)
 		q := acquireAsync(ctx, quitter, name, time.Minute)
-		awaitQueue(t, b.ctx, b.pool, name, true, "quitter")
-		n := acquireAsync(b.ctx, next, name, time.Minute)
-		awaitQueue(t, b.ctx, b.pool, name, true, "quitter", "next")
+		awaitQueue(t, b.Ctx, b.Pool, name, true, "quitter")
+		n := acquireAsync(b.Ctx, next, name, time.Minute)
+		awaitQueue(t, b.Ctx, b.Pool, name, true, "quitter", "next")
 		time.AfterFunc(time.Duration(rand.IntN(2000))*time.Microsecond, cancel)
 		released := time.Now()
-		require.NoError(t, lh.Release(b.ctx))
+		require.NoError(t, lh.Release(b.Ctx))
 		if r := receive(t, q, time.Second); r.err == nil {
 			// The quitter was granted before its ctx ended: a grant like any other.
-			require.NoError(t, r.lease.Release(b.ctx), "round %d", round)
+			require.NoError(t, r.lease.Release(b.Ctx), "round %d", round)
 		} else {
 			require.ErrorIs(t, r.err, context.Canceled, "round %d", round)
 		}
 		got := receive(t, n, time.Second)
 		require.NoError(t, got.err, "round %d", round)
 		require.Less(t, got.at.Sub(released), time.Second, "round %d", round)
-		require.Empty(t, readQueue(t, b.ctx, b.pool, name), "round %d", round)
+		require.Empty(t, readQueue(t, b.Ctx, b.Pool, name), "round %d", round)
 		var held int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE holder = 'quitter' AND expires_at > clock_timestamp()`).Scan(&held))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.leases WHERE holder = 'quitter' AND expires_at > clock_timestamp()`).Scan(&held))
 		require.Zero(t, held, "round %d", round)
-		require.NoError(t, got.lease.Release(b.ctx))
+		require.NoError(t, got.lease.Release(b.Ctx))
 		cancel()
 	}
 }
@@ -252,14 +252,14 @@ var listeners = testkit.Listeners
 func TestSweepQueueRows(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `INSERT INTO fencelock.lease_waiters (name, holder, wait_id, seq, ttl_us, since, expires_at) VALUES
+	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.lease_waiters (name, holder, wait_id, seq, ttl_us, since, expires_at) VALUES
 		('old', 'a', 1, nextval('fencelock.lease_waiters_seq'), 1000000, now() - interval '3 hours', now() - interval '2 hours'),
 		('live', 'b', 2, nextval('fencelock.lease_waiters_seq'), 1000000, now(), now() + interval '1 minute')`)
 	require.NoError(t, err)
-	_, err = fencelock.SweepLeases(b.ctx, b.pool, fencelock.DefaultSweepGrace)
+	_, err = fencelock.SweepLeases(b.Ctx, b.Pool, fencelock.DefaultSweepGrace)
 	require.NoError(t, err)
 	var names []string
-	rows, err := b.pool.Query(b.ctx, `SELECT name FROM fencelock.lease_waiters ORDER BY name`)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT name FROM fencelock.lease_waiters ORDER BY name`)
 	require.NoError(t, err)
 	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -15,24 +15,24 @@ import (
 func TestRenewLeasesOutcomeByIndex(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := testLessor(t, b.pool, "outcomes", WithoutHeartbeat())
+	l := testLessor(t, b.Pool, "outcomes", WithoutHeartbeat())
 	grant := func(name string) *Lease {
-		lease, err := l.TryAcquire(b.ctx, name, 30*time.Second)
+		lease, err := l.TryAcquire(b.Ctx, name, 30*time.Second)
 		require.NoError(t, err)
 		return lease
 	}
 	renewed, locked, gone := grant("renewed"), grant("locked"), grant("gone")
 
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = tx.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'locked' FOR UPDATE`)
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	_, err = tx.Exec(b.Ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'locked' FOR UPDATE`)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `DELETE FROM fencelock.leases WHERE name = 'gone'`)
+	_, err = b.Pool.Exec(b.Ctx, `DELETE FROM fencelock.leases WHERE name = 'gone'`)
 	require.NoError(t, err)
 
 	trust, expiry, lockedTrust := renewed.TrustedUntil(), renewed.ExpiresAt(), locked.TrustedUntil()
-	n, err := renewLeases(b.ctx, l, []*Lease{gone, renewed, locked})
+	n, err := renewLeases(b.Ctx, l, []*Lease{gone, renewed, locked})
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "one lease came back locked")
 

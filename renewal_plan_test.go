@@ -21,22 +21,22 @@ func TestRenewalPlanScalesWithBatch(t *testing.T) {
 	b := setup(t)
 	const table, n = 20_000, 500
 	names, tokens, ttls := seedLeases(t, b, table, n)
-	_, err := b.pool.Exec(b.ctx, `ANALYZE fencelock.leases`)
+	_, err := b.Pool.Exec(b.Ctx, `ANALYZE fencelock.leases`)
 	require.NoError(t, err)
-	guard, err := b.pool.Begin(b.ctx)
+	guard, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = guard.Rollback(b.ctx) }()
-	_, err = guard.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = $1 FOR SHARE`, names[0])
+	defer func() { _ = guard.Rollback(b.Ctx) }()
+	_, err = guard.Exec(b.Ctx, `SELECT 1 FROM fencelock.leases WHERE name = $1 FOR SHARE`, names[0])
 	require.NoError(t, err)
 
 	// Several times on one session: pgx prepares the statement, and the server may switch to
 	// a generic plan after five executions.
-	conn, err := b.pool.Acquire(b.ctx)
+	conn, err := b.Pool.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	for run := range 7 {
 		var plan []map[string]any
-		err = conn.QueryRow(b.ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
+		err = conn.QueryRow(b.Ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)
 		require.NoError(t, err)
 		worst, where := testkit.BusiestPlanNode(plan)
 		require.LessOrEqual(t, worst, 3.0*n, "run %d: plan node %s handles %.0f rows for %d leases in a table of %d\n%s", run, where, worst, n, table, mustJSON(plan))

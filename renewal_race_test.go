@@ -31,7 +31,7 @@ func poolWithApp(t *testing.T, url, app string) *pgxpool.Pool {
 // for a renewal held up on the server (a relation lock, I/O) after its transaction started.
 func stallRenewals(t *testing.T, b *bundle, app string, first, last int, seconds float64) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `
+	_, err := b.Pool.Exec(b.Ctx, `
 CREATE SEQUENCE public.stall_seq;
 CREATE FUNCTION public.stall() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE n bigint;
@@ -55,28 +55,28 @@ func TestOverlappingRenewalsNeverMoveExpiryBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	stallRenewals(t, b, "holder1", 2, 2, 1.5) // the first renewal stalls 1.5 s after it started
-	l1 := newLessor(t, poolWithApp(t, b.db.URL, "holder1"), "h1", fencelock.WithoutHeartbeat())
-	l2 := newLessor(t, b.pool, "h2")
-	lease, err := l1.TryAcquire(b.ctx, "x", 3*time.Second)
+	l1 := newLessor(t, poolWithApp(t, b.DB.URL, "holder1"), "h1", fencelock.WithoutHeartbeat())
+	l2 := newLessor(t, b.Pool, "h2")
+	lease, err := l1.TryAcquire(b.Ctx, "x", 3*time.Second)
 	require.NoError(t, err)
 	stalled := make(chan error, 1)
-	go func() { stalled <- lease.Renew(b.ctx) }()
+	go func() { stalled <- lease.Renew(b.Ctx) }()
 	require.Eventually(t, func() bool { // the stalled renewal is in its trigger
 		var n int
-		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'holder1' AND wait_event = 'PgSleep'`).Scan(&n)
+		err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'holder1' AND wait_event = 'PgSleep'`).Scan(&n)
 		return err == nil && n == 1
 	}, 5*time.Second, 5*time.Millisecond)
 	// Staging: the second renewal starts 1 s after the stalled one, so its expiry is later by
 	// more than the 300 ms safety margin, and an expiry moved back would leave the first holder
 	// trusting a lease the database has already given up (by about 0.7 s).
 	time.Sleep(time.Second)
-	require.NoError(t, lease.Renew(b.ctx)) // commits first, with the later expiry
+	require.NoError(t, lease.Renew(b.Ctx)) // commits first, with the later expiry
 	require.NoError(t, <-stalled)          // commits last, with the earlier now()
 	for {
-		taken, err := l2.TryAcquire(b.ctx, "x", time.Second)
+		taken, err := l2.TryAcquire(b.Ctx, "x", time.Second)
 		if err == nil {
 			require.Error(t, lease.Err(), "two holders: the first still trusts its lease for %v after the second was granted", time.Until(lease.TrustedUntil()))
-			require.NoError(t, taken.Release(b.ctx))
+			require.NoError(t, taken.Release(b.Ctx))
 			return
 		}
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
@@ -94,15 +94,15 @@ func TestSlowRenewalsKeepLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	stallRenewals(t, b, "holder1", 2, 1_000_000, 1.2)
-	l1 := newLessor(t, poolWithApp(t, b.db.URL, "holder1"), "h1")
-	lease, err := l1.TryAcquire(b.ctx, "x", 3*time.Second)
+	l1 := newLessor(t, poolWithApp(t, b.DB.URL, "holder1"), "h1")
+	lease, err := l1.TryAcquire(b.Ctx, "x", 3*time.Second)
 	require.NoError(t, err)
 	select {
 	case <-lease.Done():
 		t.Fatalf("lease lost with renewals taking 1.2 s of a 2.7 s trust window: %v", lease.Err())
 	case <-time.After(6 * time.Second): // two TTLs: the renewals are what is tested
 	}
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 }
 
 // RunLocked and TryRunLocked return an error, and do not panic, when the pool gives them no
@@ -111,16 +111,16 @@ func TestRunLockedWithoutConnection(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	fn := func(context.Context, pgx.Tx, fencelock.Token) error { return nil }
-	cancelled, cancel := context.WithCancel(b.ctx)
+	cancelled, cancel := context.WithCancel(b.Ctx)
 	cancel()
-	require.ErrorIs(t, newLessor(t, b.pool, "h").TryRunLocked(cancelled, "x", fn), context.Canceled)
+	require.ErrorIs(t, newLessor(t, b.Pool, "h").TryRunLocked(cancelled, "x", fn), context.Canceled)
 	cfg, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/x?connect_timeout=1")
 	require.NoError(t, err)
-	dead, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	dead, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	defer dead.Close()
-	require.Error(t, newLessor(t, dead, "h").TryRunLocked(b.ctx, "x", fn))
-	ctx, cancel2 := context.WithTimeout(b.ctx, 2*time.Second)
+	require.Error(t, newLessor(t, dead, "h").TryRunLocked(b.Ctx, "x", fn))
+	ctx, cancel2 := context.WithTimeout(b.Ctx, 2*time.Second)
 	defer cancel2()
 	require.Error(t, newLessor(t, dead, "h").RunLocked(ctx, "x", fn))
 }

@@ -14,8 +14,8 @@ import (
 func TestLateGrantReleasedAfterCallerCancels(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := testLessor(t, b.pool, "late", WithSafetyMargin(9900*time.Millisecond), WithHeartbeatInterval(30*time.Millisecond))
-	ctx, cancel := context.WithCancel(b.ctx)
+	l := testLessor(t, b.Pool, "late", WithSafetyMargin(9900*time.Millisecond), WithHeartbeatInterval(30*time.Millisecond))
+	ctx, cancel := context.WithCancel(b.Ctx)
 	l.afterGrant = func() {
 		cancel()                           // the caller gives up as the reply arrives...
 		time.Sleep(150 * time.Millisecond) // ...which arrives past the 100 ms trust window
@@ -23,8 +23,8 @@ func TestLateGrantReleasedAfterCallerCancels(t *testing.T) {
 	lease, err := l.TryAcquire(ctx, "slow", 10*time.Second)
 	require.ErrorIs(t, err, ErrNotAcquired)
 	require.Nil(t, lease)
-	require.True(t, leaseExpired(t, b.ctx, b.pool, "slow"), "the late grant is still held")
-	other, err := testLessor(t, b.pool, "other").TryAcquire(b.ctx, "slow", time.Second)
+	require.True(t, leaseExpired(t, b.Ctx, b.Pool, "slow"), "the late grant is still held")
+	other, err := testLessor(t, b.Pool, "other").TryAcquire(b.Ctx, "slow", time.Second)
 	require.NoError(t, err)
-	require.NoError(t, other.Release(b.ctx))
+	require.NoError(t, other.Release(b.Ctx))
 }

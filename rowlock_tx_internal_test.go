@@ -14,22 +14,22 @@ import (
 func TestAbandonedGrantCleanupSparesOtherStatements(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	conn, err := b.pool.Acquire(b.ctx)
+	conn, err := b.Pool.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	pid := conn.Conn().PgConn().PID()
 	slept := make(chan error, 1)
 	go func() {
-		_, err := conn.Exec(b.ctx, `SELECT pg_sleep(0.5)`)
+		_, err := conn.Exec(b.Ctx, `SELECT pg_sleep(0.5)`)
 		slept <- err
 	}()
 	require.Eventually(t, func() bool {
 		var n int
-		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'PgSleep'`, int32(pid)).Scan(&n)
+		err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'PgSleep'`, int32(pid)).Scan(&n)
 		return err == nil && n == 1
 	}, 5*time.Second, 5*time.Millisecond)
 	start := time.Now()
-	require.NoError(t, testLessor(t, b.pool, "h").endAbandonedGrant(b.ctx, pid))
+	require.NoError(t, testLessor(t, b.Pool, "h").endAbandonedGrant(b.Ctx, pid))
 	require.Less(t, time.Since(start), 400*time.Millisecond, "the cleanup waited for a backend that ran no grant")
 	require.NoError(t, <-slept, "the cleanup cancelled another statement")
 }

@@ -136,10 +136,10 @@ func pipeDelayed(src, dst net.Conn, delay *atomic.Int64) {
 // leaseRowLocked reports whether some transaction holds the lease row of name locked.
 func leaseRowLocked(t *testing.T, b *bundle, name string) bool {
 	t.Helper()
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = tx.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = $1 FOR UPDATE NOWAIT`, name)
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	_, err = tx.Exec(b.Ctx, `SELECT 1 FROM fencelock.leases WHERE name = $1 FOR UPDATE NOWAIT`, name)
 	if err == nil {
 		return false
 	}
@@ -169,12 +169,12 @@ func TestRunLockedSQLCancelledInFnFreesRowOnReturn(t *testing.T) {
 		t.Run(form, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			proxy, proxyURL := newLatencyProxy(t, b.db.URL)
+			proxy, proxyURL := newLatencyProxy(t, b.DB.URL)
 			// The row exists before the run (a first run creates it).
-			l := newLessor(t, b.pool, "a")
-			require.NoError(t, l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+			l := newLessor(t, b.Pool, "a")
+			require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
 
-			ctx, cancel := context.WithCancel(b.ctx)
+			ctx, cancel := context.WithCancel(b.Ctx)
 			defer cancel()
 			inside := make(chan struct{})
 			done := make(chan error, 1)
@@ -190,7 +190,7 @@ func TestRunLockedSQLCancelledInFnFreesRowOnReturn(t *testing.T) {
 					})
 				}()
 			} else {
-				lf := newLessor(t, newPool(t, b.ctx, proxyURL), "a")
+				lf := newLessor(t, newPool(t, b.Ctx, proxyURL), "a")
 				go func() {
 					done <- lf.TryRunLocked(ctx, "job", func(ctx context.Context, _ pgx.Tx, _ fencelock.Token) error {
 						close(inside)
@@ -229,16 +229,16 @@ func TestLockTxCancelledLeavesNoAbandonedWait(t *testing.T) {
 		t.Run(form, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			proxy, proxyURL := newLatencyProxy(t, b.db.URL)
-			a, err := fencelock.NewAdvisoryLocker(b.pool)
+			proxy, proxyURL := newLatencyProxy(t, b.DB.URL)
+			a, err := fencelock.NewAdvisoryLocker(b.Pool)
 			require.NoError(t, err)
-			hold, err := b.pool.Begin(b.ctx)
+			hold, err := b.Pool.Begin(b.Ctx)
 			require.NoError(t, err)
-			defer func() { _ = hold.Rollback(b.ctx) }()
-			_, err = a.TryLockTx(b.ctx, hold, "report")
+			defer func() { _ = hold.Rollback(b.Ctx) }()
+			_, err = a.TryLockTx(b.Ctx, hold, "report")
 			require.NoError(t, err)
 
-			ctx, cancel := context.WithCancel(b.ctx)
+			ctx, cancel := context.WithCancel(b.Ctx)
 			defer cancel()
 			done := make(chan error, 1)
 			if form == "SQL" {
@@ -256,7 +256,7 @@ func TestLockTxCancelledLeavesNoAbandonedWait(t *testing.T) {
 					done <- err
 				}()
 			} else {
-				far := newPool(t, b.ctx, proxyURL)
+				far := newPool(t, b.Ctx, proxyURL)
 				go func() {
 					tx, err := far.Begin(ctx)
 					if err != nil {
@@ -270,7 +270,7 @@ func TestLockTxCancelledLeavesNoAbandonedWait(t *testing.T) {
 			}
 			waiting := func() int {
 				var n int
-				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
+				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
 					WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()`).Scan(&n))
 				return n
 			}
@@ -279,9 +279,9 @@ func TestLockTxCancelledLeavesNoAbandonedWait(t *testing.T) {
 			cancel()
 			require.ErrorIs(t, <-done, context.Canceled)
 			stillWaiting := waiting()
-			require.NoError(t, hold.Commit(b.ctx)) // the holder lets go just after
-			err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-				_, err := a.TryLockTx(b.ctx, tx, "report")
+			require.NoError(t, hold.Commit(b.Ctx)) // the holder lets go just after
+			err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+				_, err := a.TryLockTx(b.Ctx, tx, "report")
 				return err
 			})
 			require.NoError(t, err, "the lock is held by the wait of a call that returned ctx's error before (%d waiting when it returned)", stillWaiting)
@@ -299,10 +299,10 @@ func TestTryRunLockedSQLCancelledAfterGrantFreesRowOnReturn(t *testing.T) {
 		t.Run(form, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			proxy, proxyURL := newLatencyProxy(t, b.db.URL)
-			l := newLessor(t, b.pool, "a")
-			require.NoError(t, l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
-			ctx, cancel := context.WithCancel(b.ctx)
+			proxy, proxyURL := newLatencyProxy(t, b.DB.URL)
+			l := newLessor(t, b.Pool, "a")
+			require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+			ctx, cancel := context.WithCancel(b.Ctx)
 			defer cancel()
 			ran := make(chan struct{}, 1)
 			fn := func() { ran <- struct{}{} }
@@ -311,14 +311,14 @@ func TestTryRunLockedSQLCancelledAfterGrantFreesRowOnReturn(t *testing.T) {
 				sqlDB, err := sql.Open("pgx", proxyURL)
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = sqlDB.Close() })
-				require.NoError(t, sqlDB.PingContext(b.ctx))
+				require.NoError(t, sqlDB.PingContext(b.Ctx))
 				proxy.back.Store(int64(latency))
 				go func() {
 					done <- l.TryRunLockedSQL(ctx, sqlDB, "job", func(context.Context, *sql.Tx, fencelock.Token) error { fn(); return nil })
 				}()
 			} else {
-				far := newPool(t, b.ctx, proxyURL)
-				require.NoError(t, far.Ping(b.ctx))
+				far := newPool(t, b.Ctx, proxyURL)
+				require.NoError(t, far.Ping(b.Ctx))
 				lf := newLessor(t, far, "a")
 				proxy.back.Store(int64(latency))
 				go func() {
@@ -327,7 +327,7 @@ func TestTryRunLockedSQLCancelledAfterGrantFreesRowOnReturn(t *testing.T) {
 			}
 			waitFor(t, b, "the grant done on the server, its reply in flight", func() bool {
 				var n int
-				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
 					WHERE datname = current_database() AND state = 'idle in transaction' AND query LIKE '-- name: LeaseGrant%'`).Scan(&n))
 				return n == 1
 			})
@@ -351,15 +351,15 @@ func TestRunLockedSQLEndedContextRunsNothing(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			sqlDB := w.open(t, b)
-			l := newLessor(t, b.pool, "a")
-			ctx, cancel := context.WithCancel(b.ctx)
+			l := newLessor(t, b.Pool, "a")
+			ctx, cancel := context.WithCancel(b.Ctx)
 			cancel()
 			ran := false
 			fn := func(context.Context, *sql.Tx, fencelock.Token) error { ran = true; return nil }
 			require.ErrorIs(t, l.RunLockedSQL(ctx, sqlDB, "job", fn), context.Canceled)
 			require.ErrorIs(t, l.TryRunLockedSQL(ctx, sqlDB, "job", fn), context.Canceled)
 			require.False(t, ran)
-			require.NoError(t, l.TryRunLockedSQL(b.ctx, sqlDB, "job", fn))
+			require.NoError(t, l.TryRunLockedSQL(b.Ctx, sqlDB, "job", fn))
 			require.True(t, ran)
 		})
 	}

@@ -25,22 +25,22 @@ func TestSemaphoreCancelledMidGrantLeavesNothing(t *testing.T) {
 	pool, refuseNextDial := poolRefusingCancel(t, b)
 	s, err := fencelock.NewSemaphore(newLessor(t, pool, "sem-mid"), "sem:mid", 1)
 	require.NoError(t, err)
-	_, err = s.SetLimit(b.ctx, 1) // the row to block on
+	_, err = s.SetLimit(b.Ctx, 1) // the row to block on
 	require.NoError(t, err)
 	defer holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:mid' FOR UPDATE`)()
-	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
 	defer cancel()
 	refuseNextDial()
 	_, err = s.TryAcquire(ctx, 10*time.Second)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	var held, ended int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FILTER (WHERE expires_at <= clock_timestamp())
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FILTER (WHERE expires_at <= clock_timestamp())
 		FROM fencelock.leases WHERE holder = 'sem-mid'`).Scan(&held, &ended))
 	require.Zero(t, held, "a permit granted after the caller gave up is still held")
 	require.Equal(t, 1, ended, "the statement went on and granted a permit, which the cleanup ended")
-	p, err := newSemaphore(t, b, "sem-mid2", "sem:mid", 1).TryAcquire(b.ctx, time.Second)
+	p, err := newSemaphore(t, b, "sem-mid2", "sem:mid", 1).TryAcquire(b.Ctx, time.Second)
 	require.NoError(t, err)
-	require.NoError(t, p.Release(b.ctx))
+	require.NoError(t, p.Release(b.Ctx))
 }
 
 // poolRefusingCancel returns a pool on b's database with three connections open, and a func
@@ -49,7 +49,7 @@ func TestSemaphoreCancelledMidGrantLeavesNothing(t *testing.T) {
 // unknown, and the statement goes on on the server. The cleanup uses the idle connections.
 func poolRefusingCancel(t *testing.T, b *bundle) (*pgxpool.Pool, func()) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	var refuse atomic.Bool
 	var d net.Dialer
@@ -60,12 +60,12 @@ func poolRefusingCancel(t *testing.T, b *bundle) (*pgxpool.Pool, func()) {
 		return d.DialContext(ctx, network, addr)
 	}
 	cfg.MaxConns = 3
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	var conns []*pgxpool.Conn
 	for range 3 {
-		c, err := pool.Acquire(b.ctx)
+		c, err := pool.Acquire(b.Ctx)
 		require.NoError(t, err)
 		conns = append(conns, c)
 	}
@@ -85,27 +85,27 @@ func TestSemaphoreGuardedExpiredPermitBlocksNothing(t *testing.T) {
 	s := newSemaphore(t, b, "sem-guard", "sem:guard", 2, fencelock.WithoutHeartbeat())
 	// A TTL long enough for the guard to find the permit trusted on a loaded machine (with 200
 	// ms, GuardTx once came after the trust window: "trust window expired").
-	p, err := s.TryAcquire(b.ctx, 2*time.Second)
+	p, err := s.TryAcquire(b.Ctx, 2*time.Second)
 	require.NoError(t, err)
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	require.NoError(t, p.GuardTx(b.ctx, tx))
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	require.NoError(t, p.GuardTx(b.Ctx, tx))
 	require.Eventually(t, func() bool { return semState(t, b, s).Held == 0 }, 10*time.Second, 10*time.Millisecond, "the permit expires")
 	other := newSemaphore(t, b, "sem-guard2", "sem:guard", 2)
-	ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
+	ctx, cancel := context.WithTimeout(b.Ctx, 3*time.Second)
 	defer cancel()
 	q, err := other.TryAcquire(ctx, 10*time.Second)
 	require.NoError(t, err, "a free permit was not granted while an expired one is guarded")
 	require.Equal(t, "sem:guard#1", q.Name(), "the guarded permit is not granted while its transaction is open")
 	_, err = other.TryAcquire(ctx, 10*time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "refused at once, not held up")
-	require.NoError(t, tx.Rollback(b.ctx))
+	require.NoError(t, tx.Rollback(b.Ctx))
 	// Once the transaction has ended, the next reclaim (at most 100 ms after the last one, while
 	// an expired permit's row stays locked) frees the permit.
 	var r *fencelock.Lease
 	require.Eventually(t, func() bool {
-		r, err = other.TryAcquire(b.ctx, 10*time.Second)
+		r, err = other.TryAcquire(b.Ctx, 10*time.Second)
 		return err == nil
 	}, 2*time.Second, 10*time.Millisecond, "the expired permit is not reclaimed once its guard ends: %v", err)
 	require.Equal(t, "sem:guard#0", r.Name())
@@ -118,22 +118,22 @@ func TestSemaphoreAbandonedWaitLeavesNoPlace(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	h := newSemaphore(t, b, "sem-ghost-h", "sem:ghost", 1)
-	held, err := h.TryAcquire(b.ctx, 10*time.Second)
+	held, err := h.TryAcquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
 	pool, refuseNextDial := poolRefusingCancel(t, b)
 	w, err := fencelock.NewSemaphore(newLessor(t, pool, "sem-ghost-w"), "sem:ghost", 1)
 	require.NoError(t, err)
 	defer holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:ghost' FOR UPDATE`)()
-	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
 	defer cancel()
 	refuseNextDial()
 	_, err = w.Acquire(ctx, 10*time.Second)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Zero(t, semState(t, b, h).Waiting, "a place left in the queue")
-	require.NoError(t, held.Release(b.ctx))
-	p, err := newSemaphore(t, b, "sem-ghost-t", "sem:ghost", 1).TryAcquire(b.ctx, time.Second)
+	require.NoError(t, held.Release(b.Ctx))
+	p, err := newSemaphore(t, b, "sem-ghost-t", "sem:ghost", 1).TryAcquire(b.Ctx, time.Second)
 	require.NoError(t, err, "a try refused with the permit free")
-	require.NoError(t, p.Release(b.ctx))
+	require.NoError(t, p.Release(b.Ctx))
 }
 
 // A woken head waiter that gives up passes the wake-up on: the waiter behind it is granted
@@ -142,27 +142,27 @@ func TestSemaphoreWaiterGivingUpWakesTheNext(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	h := newSemaphore(t, b, "sem-gu-h", "sem:giveup", 1)
-	held, err := h.TryAcquire(b.ctx, 15*time.Second)
+	held, err := h.TryAcquire(b.Ctx, 15*time.Second)
 	require.NoError(t, err)
 	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
 	w1 := newSemaphore(t, b, "sem-gu-1", "sem:giveup", 1, slow)
 	w2 := newSemaphore(t, b, "sem-gu-2", "sem:giveup", 1, slow)
-	ctx1, cancel1 := context.WithCancel(b.ctx)
+	ctx1, cancel1 := context.WithCancel(b.Ctx)
 	defer cancel1()
 	gave := make(chan error, 1)
 	go func() { _, err := w1.Acquire(ctx1, 15*time.Second); gave <- err }()
 	waitQueued(t, b, h, 1)
-	second := permitAsync(b.ctx, w2, 15*time.Second)
+	second := permitAsync(b.Ctx, w2, 15*time.Second)
 	waitQueued(t, b, h, 2)
 	cancel1()
-	require.NoError(t, held.Release(b.ctx))
+	require.NoError(t, held.Release(b.Ctx))
 	released := time.Now()
 	require.ErrorIs(t, <-gave, context.Canceled)
 	got := receive(t, second, 10*time.Second)
 	require.NoError(t, got.err)
 	require.Less(t, got.at.Sub(released), 1200*time.Millisecond, "the next waiter waited for its refresh")
 	t.Logf("the waiter behind the one that gave up was granted %v after the release", got.at.Sub(released).Round(time.Millisecond))
-	require.NoError(t, got.lease.Release(b.ctx))
+	require.NoError(t, got.lease.Release(b.Ctx))
 }
 
 // The cleanup of an attempt of unknown outcome ends only what that attempt may have granted:
@@ -171,7 +171,7 @@ func TestSemaphoreWaiterGivingUpWakesTheNext(t *testing.T) {
 func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "sem-sib")
+	l := newLessor(t, b.Pool, "sem-sib")
 	s, err := fencelock.NewSemaphore(l, "sem:sib", 200)
 	require.NoError(t, err)
 	deadline := time.Now().Add(2 * time.Second)
@@ -180,7 +180,7 @@ func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
-				p, err := s.TryAcquire(b.ctx, 10*time.Second)
+				p, err := s.TryAcquire(b.Ctx, 10*time.Second)
 				if err != nil {
 					t.Error(err)
 					return
@@ -189,23 +189,23 @@ func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 				time.Sleep(3 * time.Millisecond)
 				if p.Err() == nil {
 					var live bool
-					err := b.pool.QueryRow(b.ctx, `SELECT expires_at > clock_timestamp() FROM fencelock.leases WHERE name = $1 AND token = $2 AND holder = 'sem-sib'`, p.Name(), int64(p.Token())).Scan(&live)
+					err := b.Pool.QueryRow(b.Ctx, `SELECT expires_at > clock_timestamp() FROM fencelock.leases WHERE name = $1 AND token = $2 AND holder = 'sem-sib'`, p.Name(), int64(p.Token())).Scan(&live)
 					if err != nil || !live {
 						t.Errorf("permit %s (token %d) trusted by its holder but ended on the server (%v)", p.Name(), p.Token(), err)
 					}
 				}
-				_ = p.Release(b.ctx)
+				_ = p.Release(b.Ctx)
 			}
 		})
 	}
 	for g := range 4 {
 		wg.Go(func() {
 			for i := 0; time.Now().Before(deadline); i++ {
-				ctx, cancel := context.WithTimeout(b.ctx, time.Duration((g*7+i)%15)*100*time.Microsecond)
+				ctx, cancel := context.WithTimeout(b.Ctx, time.Duration((g*7+i)%15)*100*time.Microsecond)
 				p, err := s.TryAcquire(ctx, 10*time.Second)
 				cancel()
 				if err == nil {
-					_ = p.Release(b.ctx)
+					_ = p.Release(b.Ctx)
 				} else {
 					cut.Add(1)
 				}
@@ -221,15 +221,15 @@ func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 // locks sql takes block others for d. The returned func waits for the commit.
 func holdFor(t *testing.T, b *bundle, d time.Duration, sql string) (wait func()) {
 	t.Helper()
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	_, err = tx.Exec(b.ctx, sql)
+	_, err = tx.Exec(b.Ctx, sql)
 	require.NoError(t, err)
 	committed := make(chan struct{})
 	go func() {
 		defer close(committed)
 		time.Sleep(d)
-		_ = tx.Commit(b.ctx)
+		_ = tx.Commit(b.Ctx)
 	}()
 	return func() { <-committed }
 }

@@ -5,6 +5,7 @@ package fencelock_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -47,6 +48,19 @@ func rvAcquireErr(ctx context.Context, q rvQuerier, sem, who string, wait int64,
 	return a, err
 }
 
+// rvFill sets sem's limit to n and takes its n permits, holders h0 to h<n-1> with wait ids 1
+// to n, each for a minute.
+func rvFill(t *testing.T, ctx context.Context, q rvQuerier, sem string, n int) []rvAttempt {
+	t.Helper()
+	rvExec(t, ctx, q, `SELECT fencelock.semaphore_set_limit($1, $2)`, sem, n)
+	ps := make([]rvAttempt, n)
+	for i := range ps {
+		ps[i] = rvAcquire(t, ctx, q, sem, fmt.Sprint("h", i), int64(i+1), time.Minute, false, "")
+		require.EqualValues(t, 1, ps[i].outcome)
+	}
+	return ps
+}
+
 func rvExec(t *testing.T, ctx context.Context, q rvQuerier, sql string, args ...any) {
 	t.Helper()
 	_, err := q.Exec(ctx, sql, args...)
@@ -66,7 +80,7 @@ func rvWaitLocked(t *testing.T, b *bundle, what string, limit time.Duration) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var n int
-		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+		err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'
 			  AND pid <> pg_backend_pid()`, what).Scan(&n)
 		return err == nil && n > 0
@@ -83,7 +97,7 @@ func rvWaitLockedOrDone(t *testing.T, b *bundle, what string, limit time.Duratio
 			return true
 		}
 		var n int
-		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+		err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'
 			  AND pid <> pg_backend_pid()`, what).Scan(&n)
 		return err == nil && n > 0
@@ -95,7 +109,7 @@ func rvWaitLockedOrDone(t *testing.T, b *bundle, what string, limit time.Duratio
 func rvRanSince(b *bundle, what string, since time.Time) func() bool {
 	return func() bool {
 		var n int
-		err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+		err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND state = 'idle' AND query LIKE '%' || $1 || '%'
 			  AND query_start > $2 AND pid <> pg_backend_pid()`, what, since).Scan(&n)
 		return err == nil && n > 0
@@ -106,19 +120,19 @@ func rvRanSince(b *bundle, what string, since time.Time) func() bool {
 // the notifications it gets within d.
 func rvListen(t *testing.T, b *bundle, channels ...string) func(d time.Duration) []*pgconn.Notification {
 	t.Helper()
-	c, err := b.pool.Acquire(b.ctx)
+	c, err := b.Pool.Acquire(b.Ctx)
 	require.NoError(t, err)
 	conn := c.Hijack()
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	for _, ch := range channels {
-		_, err := conn.Exec(b.ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+		_, err := conn.Exec(b.Ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
 		require.NoError(t, err)
 	}
 	return func(d time.Duration) []*pgconn.Notification {
 		var got []*pgconn.Notification
 		deadline := time.Now().Add(d)
 		for {
-			ctx, cancel := context.WithDeadline(b.ctx, deadline)
+			ctx, cancel := context.WithDeadline(b.Ctx, deadline)
 			n, err := conn.WaitForNotification(ctx)
 			cancel()
 			if err != nil {
@@ -147,12 +161,12 @@ func rvOn(ns []*pgconn.Notification, channel string) []string {
 func TestSemaphoreGrantedAndHandedSameWaitSQL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv1', 1)`)
-	require.EqualValues(t, 1, rvAcquire(t, ctx, b.pool, "rv1", "a", 1, 10*time.Second, false, "").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv1", "w", 100, 10*time.Second, true, "").outcome)
+	ctx := b.Ctx
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv1', 1)`)
+	require.EqualValues(t, 1, rvAcquire(t, ctx, b.Pool, "rv1", "a", 1, 10*time.Second, false, "").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv1", "w", 100, 10*time.Second, true, "").outcome)
 
-	tx, err := b.pool.Begin(ctx)
+	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	rvExec(t, ctx, tx, `SELECT fencelock.semaphore_set_limit('rv1', 3)`)
@@ -160,7 +174,7 @@ func TestSemaphoreGrantedAndHandedSameWaitSQL(t *testing.T) {
 
 	done := make(chan rvAttempt, 1)
 	go func() {
-		a, err := rvAcquireErr(ctx, b.pool, "rv1", "w", 100, 10*time.Second, true, "")
+		a, err := rvAcquireErr(ctx, b.Pool, "rv1", "w", 100, 10*time.Second, true, "")
 		if err != nil {
 			t.Error(err)
 		}
@@ -169,7 +183,7 @@ func TestSemaphoreGrantedAndHandedSameWaitSQL(t *testing.T) {
 	rvWaitLockedOrDone(t, b, "semaphore_acquire", 5*time.Second, func() bool { return len(done) > 0 })
 	require.NoError(t, tx.Commit(ctx))
 	a := <-done
-	held := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.leases WHERE holder = 'w' AND expires_at > clock_timestamp()`)
+	held := rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.leases WHERE holder = 'w' AND expires_at > clock_timestamp()`)
 	t.Logf("W's attempt: outcome %d, permit %q; permits the server has for W: %d", a.outcome, a.name, held)
 	if a.outcome == 1 || a.outcome == 3 {
 		require.EqualValues(t, 1, held, "the attempt returned one permit, the server gave the wait %d: the others are held by nobody until their TTL ends", held)
@@ -183,35 +197,35 @@ func TestSemaphoreGrantedAndHandedPermitLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	h := newSemaphore(t, b, "rv-a", "rv1g", 1)
-	pa, err := h.TryAcquire(b.ctx, 20*time.Second)
+	pa, err := h.TryAcquire(b.Ctx, 20*time.Second)
 	require.NoError(t, err)
-	defer func() { _ = pa.Release(b.ctx) }()
+	defer func() { _ = pa.Release(b.Ctx) }()
 	w := newSemaphore(t, b, "rv-w", "rv1g", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
 	// TTL 2 s: liveness 2 s, a refresh every 667 ms (the head's attempt, which runs the grant).
-	got := permitAsync(b.ctx, w, 2*time.Second)
+	got := permitAsync(b.Ctx, w, 2*time.Second)
 	waitQueued(t, b, h, 1)
 	time.Sleep(100 * time.Millisecond) // past the join recheck
 
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
+	defer func() { _ = tx.Rollback(b.Ctx) }()
 	since := time.Now()
-	rvExec(t, b.ctx, tx, `SELECT fencelock.semaphore_set_limit('rv1g', 3)`)
+	rvExec(t, b.Ctx, tx, `SELECT fencelock.semaphore_set_limit('rv1g', 3)`)
 	// W's next refresh blocks on the semaphore's row (held FOR UPDATE by SetLimit), or returns
 	// at once (its row is locked by SetLimit's hand-off).
 	rvWaitLockedOrDone(t, b, "SemaphoreAcquire", 5*time.Second, rvRanSince(b, "SemaphoreAcquire", since))
-	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, tx.Commit(b.Ctx))
 	r := receive(t, got, 5*time.Second)
 	require.NoError(t, r.err)
-	defer func() { _ = r.lease.Release(b.ctx) }()
+	defer func() { _ = r.lease.Release(b.Ctx) }()
 
 	var names []string
-	rows, err := b.pool.Query(b.ctx, `SELECT name FROM fencelock.leases WHERE holder = 'rv-w' AND expires_at > clock_timestamp() ORDER BY name`)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT name FROM fencelock.leases WHERE holder = 'rv-w' AND expires_at > clock_timestamp() ORDER BY name`)
 	require.NoError(t, err)
 	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
 	t.Logf("Acquire returned %s; the server has W holding %v", r.lease.Name(), names)
-	_, tryErr := newSemaphore(t, b, "rv-z", "rv1g", 3).TryAcquire(b.ctx, time.Second)
+	_, tryErr := newSemaphore(t, b, "rv-z", "rv1g", 3).TryAcquire(b.Ctx, time.Second)
 	require.Equal(t, []string{r.lease.Name()}, names, "a permit given to the wait is held by nobody until its TTL ends (try: %v)", tryErr)
 }
 
@@ -222,24 +236,24 @@ func TestSemaphoreReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	h := newSemaphore(t, b, "rv2-h", "rv2", 2)
-	p0, err := h.TryAcquire(b.ctx, 20*time.Second)
+	p0, err := h.TryAcquire(b.Ctx, 20*time.Second)
 	require.NoError(t, err)
-	p1, err := h.TryAcquire(b.ctx, 20*time.Second)
+	p1, err := h.TryAcquire(b.Ctx, 20*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, "rv2#1", p1.Name())
-	_, err = h.SetLimit(b.ctx, 1)
+	_, err = h.SetLimit(b.Ctx, 1)
 	require.NoError(t, err)
 	w := newSemaphore(t, b, "rv2-w", "rv2", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
-	got := permitAsync(b.ctx, w, 10*time.Second)
+	got := permitAsync(b.Ctx, w, 10*time.Second)
 	waitQueued(t, b, h, 1)
 	time.Sleep(100 * time.Millisecond)
-	require.NoError(t, p0.Release(b.ctx)) // below the limit: freed, the head woken, still 1 held
+	require.NoError(t, p0.Release(b.Ctx)) // below the limit: freed, the head woken, still 1 held
 	time.Sleep(200 * time.Millisecond)
-	require.NoError(t, p1.Release(b.ctx)) // above the limit: now nothing is held
+	require.NoError(t, p1.Release(b.Ctx)) // above the limit: now nothing is held
 	released := time.Now()
 	r := receive(t, got, 5*time.Second)
 	require.NoError(t, r.err)
-	defer func() { _ = r.lease.Release(b.ctx) }()
+	defer func() { _ = r.lease.Release(b.Ctx) }()
 	took := r.at.Sub(released)
 	t.Logf("granted %v after the release that made room", took.Round(time.Millisecond))
 	require.Less(t, took, 1200*time.Millisecond, "the release that made room woke nobody (the refresh is 1.67 s)")
@@ -251,25 +265,25 @@ func TestSemaphoreReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
 func TestSemaphoreDispatchSkipsRefreshingWaiter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv3', 1)`)
-	require.EqualValues(t, 1, rvAcquire(t, ctx, b.pool, "rv3", "a", 1, 20*time.Second, false, "").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv3", "w1", 101, 20*time.Second, true, "rvc1").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv3", "w2", 102, 20*time.Second, true, "rvc2").outcome)
+	ctx := b.Ctx
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv3', 1)`)
+	require.EqualValues(t, 1, rvAcquire(t, ctx, b.Pool, "rv3", "a", 1, 20*time.Second, false, "").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv3", "w1", 101, 20*time.Second, true, "rvc1").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv3", "w2", 102, 20*time.Second, true, "rvc2").outcome)
 	collect := rvListen(t, b, "rvc1", "rvc2")
 
-	tx, err := b.pool.Begin(ctx) // W2 refreshing its place: its row is locked
+	tx, err := b.Pool.Begin(ctx) // W2 refreshing its place: its row is locked
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	ref := rvAcquire(t, ctx, tx, "rv3", "w2", 102, 20*time.Second, true, "rvc2")
 	require.EqualValues(t, 4, ref.outcome)
 	require.EqualValues(t, 1, ref.ahead, "W2's refresh sees W1 ahead: it sleeps until its next refresh")
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv3', 3)`)
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv3', 3)`)
 	require.NoError(t, tx.Commit(ctx))
 
 	ns := collect(time.Second)
-	free := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv3'`)
-	w2 := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE wait_id = 102 AND expires_at > clock_timestamp()`)
+	free := rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv3'`)
+	w2 := rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE wait_id = 102 AND expires_at > clock_timestamp()`)
 	t.Logf("W1 told %q, W2 told %q; free permits %d, W2 waiting %d", rvOn(ns, "rvc1"), rvOn(ns, "rvc2"), free, w2)
 	require.NotEmpty(t, rvOn(ns, "rvc2"), "a permit free (%d) and W2 waiting, and W2 never told", free)
 }
@@ -282,30 +296,30 @@ func TestSemaphoreDispatchSkipsRefreshingWaiter(t *testing.T) {
 func TestSemaphoreTwoReleasesLoseWake(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv4', 2)`)
-	pa := rvAcquire(t, ctx, b.pool, "rv4", "a", 1, 20*time.Second, false, "")
-	pb := rvAcquire(t, ctx, b.pool, "rv4", "b", 2, 20*time.Second, false, "")
+	ctx := b.Ctx
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv4', 2)`)
+	pa := rvAcquire(t, ctx, b.Pool, "rv4", "a", 1, 20*time.Second, false, "")
+	pb := rvAcquire(t, ctx, b.Pool, "rv4", "b", 2, 20*time.Second, false, "")
 	require.EqualValues(t, 1, pa.outcome)
 	require.EqualValues(t, 1, pb.outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv4", "w1", 101, 20*time.Second, true, "rvd1").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv4", "w2", 102, 20*time.Second, true, "rvd2").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv4", "w1", 101, 20*time.Second, true, "rvd1").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv4", "w2", 102, 20*time.Second, true, "rvd2").outcome)
 	collect := rvListen(t, b, "rvd1", "rvd2")
 
-	t1, err := b.pool.Begin(ctx)
+	t1, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = t1.Rollback(ctx) }()
 	require.EqualValues(t, 3, rvInt(t, ctx, t1, `SELECT fencelock.semaphore_release('rv4', $1, 'a', $2)`, pa.name, pa.token), "given to W1")
-	t2, err := b.pool.Begin(ctx)
+	t2, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = t2.Rollback(ctx) }()
 	require.EqualValues(t, 4, rvAcquire(t, ctx, t2, "rv4", "w2", 102, 20*time.Second, true, "rvd2").outcome)
-	r := rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rv4', $1, 'b', $2)`, pb.name, pb.token)
+	r := rvInt(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('rv4', $1, 'b', $2)`, pb.name, pb.token)
 	require.NoError(t, t1.Commit(ctx))
 	require.NoError(t, t2.Commit(ctx))
 
 	ns := collect(time.Second)
-	free := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv4'`)
+	free := rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv4'`)
 	t.Logf("second release: %d; W1 told %q, W2 told %q; free permits %d", r, rvOn(ns, "rvd1"), rvOn(ns, "rvd2"), free)
 	require.NotEmpty(t, rvOn(ns, "rvd2"), "a permit free (%d) and W2 waiting, and W2 never told", free)
 }
@@ -319,29 +333,29 @@ func TestSemaphoreTwoReleasesLoseWake(t *testing.T) {
 func TestSemaphoreGiveTokenGoesBackwards(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `CREATE FUNCTION rv_slow() RETURNS trigger LANGUAGE plpgsql AS $$
+	ctx := b.Ctx
+	rvExec(t, ctx, b.Pool, `CREATE FUNCTION rv_slow() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.name = 'rv5#1' AND NEW.holder = 'w' THEN PERFORM pg_sleep(1); END IF;
 			RETURN NEW;
 		END $$`)
-	rvExec(t, ctx, b.pool, `CREATE TRIGGER rv_slow BEFORE INSERT ON fencelock.leases FOR EACH ROW EXECUTE FUNCTION rv_slow()`)
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv5', 1)`)
-	require.EqualValues(t, 1, rvAcquire(t, ctx, b.pool, "rv5", "a", 1, 20*time.Second, false, "").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv5", "w", 100, 20*time.Second, true, "").outcome)
+	rvExec(t, ctx, b.Pool, `CREATE TRIGGER rv_slow BEFORE INSERT ON fencelock.leases FOR EACH ROW EXECUTE FUNCTION rv_slow()`)
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv5', 1)`)
+	require.EqualValues(t, 1, rvAcquire(t, ctx, b.Pool, "rv5", "a", 1, 20*time.Second, false, "").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv5", "w", 100, 20*time.Second, true, "").outcome)
 
 	done := make(chan error, 1)
 	go func() {
-		_, err := b.pool.Exec(ctx, `SELECT fencelock.semaphore_set_limit('rv5', 2)`) // gives rv5#1 to W
+		_, err := b.Pool.Exec(ctx, `SELECT fencelock.semaphore_set_limit('rv5', 2)`) // gives rv5#1 to W
 		done <- err
 	}()
 	time.Sleep(300 * time.Millisecond)
 	var forced int64
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT new_token FROM fencelock.force_release('rv5#1', ARRAY['rv5-res'])`).Scan(&forced))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT new_token FROM fencelock.force_release('rv5#1', ARRAY['rv5-res'])`).Scan(&forced))
 	require.NoError(t, <-done)
 	var holder string
 	var tok int64
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT holder, token FROM fencelock.leases WHERE name = 'rv5#1'`).Scan(&holder, &tok))
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT holder, token FROM fencelock.leases WHERE name = 'rv5#1'`).Scan(&holder, &tok))
 	t.Logf("force_release fenced with token %d; then rv5#1 granted to %s with token %d", forced, holder, tok)
 	require.Greater(t, tok, forced, "a grant after force_release carries a smaller token than force_release recorded")
 }

@@ -21,37 +21,31 @@ import (
 func TestSemaphoreMigrationDownUp(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rm', 3)`)
-	var ps []rvAttempt
-	for i := range 3 {
-		p := rvAcquire(t, ctx, b.pool, "rm", fmt.Sprint("h", i), int64(i+1), time.Minute, false, "")
-		require.EqualValues(t, 1, p.outcome)
-		ps = append(ps, p)
-	}
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rm', 2)`)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rm", "w", 100, time.Minute, true, "").outcome)
+	ctx := b.Ctx
+	ps := rvFill(t, ctx, b.Pool, "rm", 3)
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rm', 2)`)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rm", "w", 100, time.Minute, true, "").outcome)
 
-	db := stdlib.OpenDBFromPool(b.pool)
+	db := stdlib.OpenDBFromPool(b.Pool)
 	t.Cleanup(func() { db.Close() })
 	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
 		goose.WithTableName(fencelock.VersionTable), goose.WithDisableGlobalRegistry(true), goose.WithLogger(goose.NopLogger()))
 	require.NoError(t, err)
 	_, err = p.DownTo(ctx, 11)
 	require.NoError(t, err)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rm", "x", 200, time.Minute, false, "").outcome, "3 held, limit 2")
-	require.EqualValues(t, 1, rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rm', $1, 'h2', $2)`, ps[2].name, ps[2].token), "released (00008)")
-	_, err = b.pool.Exec(ctx, `SELECT fencelock.semaphore_leave('rm', 200)`)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rm", "x", 200, time.Minute, false, "").outcome, "3 held, limit 2")
+	require.EqualValues(t, 1, rvInt(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('rm', $1, 'h2', $2)`, ps[2].name, ps[2].token), "released (00008)")
+	_, err = b.Pool.Exec(ctx, `SELECT fencelock.semaphore_leave('rm', 200)`)
 	require.NoError(t, err)
 
 	_, err = p.UpTo(ctx, 12)
 	require.NoError(t, err)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rm", "x", 201, time.Minute, false, "").outcome, "2 held, limit 2")
-	r := rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rm', $1, 'h0', $2)`, ps[0].name, ps[0].token)
-	w := rvAcquire(t, ctx, b.pool, "rm", "w", 100, time.Minute, true, "")
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rm", "x", 201, time.Minute, false, "").outcome, "2 held, limit 2")
+	r := rvInt(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('rm', $1, 'h0', $2)`, ps[0].name, ps[0].token)
+	w := rvAcquire(t, ctx, b.Pool, "rm", "w", 100, time.Minute, true, "")
 	t.Logf("after down and up: release %d, the waiter's attempt %d %q", r, w.outcome, w.name)
 	require.Contains(t, []int32{1, 3}, w.outcome, "the waiter at the head, one permit free, limit 2: granted")
-	require.EqualValues(t, 2, rvInt(t, ctx, b.pool, `SELECT held FROM fencelock.semaphore_state WHERE name = 'rm'`))
+	require.EqualValues(t, 2, rvInt(t, ctx, b.Pool, `SELECT held FROM fencelock.semaphore_state WHERE name = 'rm'`))
 }
 
 // A6. After a lowered limit (counting grants), a grant that leaves room for more wakes nobody
@@ -61,15 +55,9 @@ func TestSemaphoreMigrationDownUp(t *testing.T) {
 func TestSemaphoreCountingGrantLeavesRoomUntold(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv6', 5)`)
-	var ps []rvAttempt
-	for i := range 5 {
-		p := rvAcquire(t, ctx, b.pool, "rv6", fmt.Sprint("h", i), int64(i+1), time.Minute, false, "")
-		require.EqualValues(t, 1, p.outcome)
-		ps = append(ps, p)
-	}
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv6', 4)`) // rv6#4 held above it: counting
+	ctx := b.Ctx
+	ps := rvFill(t, ctx, b.Pool, "rv6", 5)
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv6', 4)`) // rv6#4 held above it: counting
 	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
 	w1 := newSemaphore(t, b, "rv6-w1", "rv6", 5, slow)
 	w2 := newSemaphore(t, b, "rv6-w2", "rv6", 5, slow)
@@ -78,7 +66,7 @@ func TestSemaphoreCountingGrantLeavesRoomUntold(t *testing.T) {
 	g2 := permitAsync(ctx, w2, 10*time.Second)
 	waitQueued(t, b, w1, 2)
 	time.Sleep(100 * time.Millisecond) // past the join rechecks
-	tx, err := b.pool.Begin(ctx)
+	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	for i := range 3 { // three holders finish at once
@@ -103,21 +91,21 @@ func TestSemaphoreCountingGrantLeavesRoomUntold(t *testing.T) {
 func TestSemaphoreStaleClockDropsFreePermit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv7', 3)`)
-	pa := rvAcquire(t, ctx, b.pool, "rv7", "a", 1, time.Minute, false, "")
-	pb := rvAcquire(t, ctx, b.pool, "rv7", "b", 2, time.Minute, false, "")
+	ctx := b.Ctx
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv7', 3)`)
+	pa := rvAcquire(t, ctx, b.Pool, "rv7", "a", 1, time.Minute, false, "")
+	pb := rvAcquire(t, ctx, b.Pool, "rv7", "b", 2, time.Minute, false, "")
 	require.Equal(t, "rv7#0", pa.name)
 	require.Equal(t, "rv7#1", pb.name)
 
-	x, err := b.pool.Begin(ctx) // a grant whose commit is slow
+	x, err := b.Pool.Begin(ctx) // a grant whose commit is slow
 	require.NoError(t, err)
 	defer func() { _ = x.Rollback(ctx) }()
 	require.Equal(t, "rv7#2", rvAcquire(t, ctx, x, "rv7", "x", 3, time.Minute, false, "").name)
 
 	done := make(chan rvAttempt, 1)
 	go func() {
-		a, err := rvAcquireErr(ctx, b.pool, "rv7", "g", 4, time.Minute, false, "")
+		a, err := rvAcquireErr(ctx, b.Pool, "rv7", "g", 4, time.Minute, false, "")
 		if err != nil {
 			t.Error(err)
 		}
@@ -125,11 +113,11 @@ func TestSemaphoreStaleClockDropsFreePermit(t *testing.T) {
 	}()
 	rvWaitLockedOrDone(t, b, "semaphore_acquire", 5*time.Second, func() bool { return len(done) > 0 })
 	// A releases rv7#0 while G waits: nobody waits, so it goes to the free set.
-	require.EqualValues(t, 1, rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rv7', $1, 'a', $2)`, pa.name, pa.token))
+	require.EqualValues(t, 1, rvInt(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('rv7', $1, 'a', $2)`, pa.name, pa.token))
 	require.NoError(t, x.Commit(ctx))
 	g := <-done
-	h := rvAcquire(t, ctx, b.pool, "rv7", "h", 5, time.Minute, false, "")
-	free := rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv7' AND slot = 0`)
+	h := rvAcquire(t, ctx, b.Pool, "rv7", "h", 5, time.Minute, false, "")
+	free := rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv7' AND slot = 0`)
 	t.Logf("G: outcome %d %q; a try right after: outcome %d %q; rv7#0 in the free set: %d", g.outcome, g.name, h.outcome, h.name, free)
 	require.True(t, g.outcome == 1 || h.outcome == 1, "two tries refused with rv7#0 free (2 of 3 permits held, nobody waiting)")
 }
@@ -144,31 +132,31 @@ func TestSemaphoreStaleClockDropsFreePermit(t *testing.T) {
 func TestSemaphoreRefreshWaitsForHeadsGrant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rv8', 2)`)
-	pa := rvAcquire(t, ctx, b.pool, "rv8", "a", 1, time.Minute, false, "")
-	pb := rvAcquire(t, ctx, b.pool, "rv8", "b", 2, time.Minute, false, "")
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv8", "w1", 101, time.Minute, true, "").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.pool, "rv8", "w2", 102, time.Minute, true, "").outcome)
+	ctx := b.Ctx
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv8', 2)`)
+	pa := rvAcquire(t, ctx, b.Pool, "rv8", "a", 1, time.Minute, false, "")
+	pb := rvAcquire(t, ctx, b.Pool, "rv8", "b", 2, time.Minute, false, "")
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv8", "w1", 101, time.Minute, true, "").outcome)
+	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv8", "w2", 102, time.Minute, true, "").outcome)
 	// Free permits while both wait: two releases that met both queue rows locked (both
 	// waiters refreshing: the lock of their INSERT ... ON CONFLICT DO UPDATE).
-	locks, err := b.pool.Begin(ctx)
+	locks, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = locks.Rollback(ctx) }()
 	rvExec(t, ctx, locks, `SELECT 1 FROM fencelock.semaphore_waiters WHERE semaphore = 'rv8' FOR UPDATE`)
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rv8', $1, 'a', $2)`, pa.name, pa.token)
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_release('rv8', $1, 'b', $2)`, pb.name, pb.token)
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('rv8', $1, 'a', $2)`, pa.name, pa.token)
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('rv8', $1, 'b', $2)`, pb.name, pb.token)
 	require.NoError(t, locks.Commit(ctx))
-	require.EqualValues(t, 2, rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv8'`))
+	require.EqualValues(t, 2, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rv8'`))
 
-	head, err := b.pool.Begin(ctx) // W1's attempt: granted, and it gives W2 a permit
+	head, err := b.Pool.Begin(ctx) // W1's attempt: granted, and it gives W2 a permit
 	require.NoError(t, err)
 	defer func() { _ = head.Rollback(ctx) }()
 	require.EqualValues(t, 1, rvAcquire(t, ctx, head, "rv8", "w1", 101, time.Minute, true, "").outcome)
 	start := time.Now()
 	done := make(chan rvAttempt, 1)
 	go func() {
-		a, err := rvAcquireErr(ctx, b.pool, "rv8", "w2", 102, time.Minute, true, "")
+		a, err := rvAcquireErr(ctx, b.Pool, "rv8", "w2", 102, time.Minute, true, "")
 		if err != nil {
 			t.Error(err)
 		}
@@ -191,16 +179,16 @@ func TestSemaphoreRefreshWaitsForHeadsGrant(t *testing.T) {
 func TestSemaphoreCostAfterLowerLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
+	ctx := b.Ctx
 	const n = 10_000
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rvc', $1)`, n)
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rvc', $1)`, n)
 	// n-2 permits held for an hour (as TryAcquires would leave them), slots 0 and 1 free.
-	rvExec(t, ctx, b.pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+	rvExec(t, ctx, b.Pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
 		SELECT 'rvc#' || i, 'filler', fencelock.next_token(false), clock_timestamp(), clock_timestamp() + interval '1 hour'
 		FROM generate_series(2, $1 - 1) AS i`, n)
-	rvExec(t, ctx, b.pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = 'rvc' AND slot > 1`)
-	rvExec(t, ctx, b.pool, `VACUUM ANALYZE fencelock.leases`)
-	l := newLessor(t, b.pool, "rvc-l")
+	rvExec(t, ctx, b.Pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = 'rvc' AND slot > 1`)
+	rvExec(t, ctx, b.Pool, `VACUUM ANALYZE fencelock.leases`)
+	l := newLessor(t, b.Pool, "rvc-l")
 	s, err := fencelock.NewSemaphore(l, "rvc", n)
 	require.NoError(t, err)
 	measure := func() time.Duration {
@@ -227,16 +215,16 @@ func TestSemaphoreCostAfterLowerLimit(t *testing.T) {
 func TestSemaphoreCostReclaimWhileGuarded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
+	ctx := b.Ctx
 	const n = 10_000
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rvg', $1)`, n)
-	rvExec(t, ctx, b.pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rvg', $1)`, n)
+	rvExec(t, ctx, b.Pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
 		SELECT 'rvg#' || i, 'filler', fencelock.next_token(false), clock_timestamp(),
 		       clock_timestamp() + CASE WHEN i = 0 THEN interval '0' ELSE interval '1 hour' END
 		FROM generate_series(0, $1 - 1) AS i`, n)
-	rvExec(t, ctx, b.pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = 'rvg'`)
-	rvExec(t, ctx, b.pool, `VACUUM ANALYZE fencelock.leases`)
-	s, err := fencelock.NewSemaphore(newLessor(t, b.pool, "rvg-l"), "rvg", n)
+	rvExec(t, ctx, b.Pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = 'rvg'`)
+	rvExec(t, ctx, b.Pool, `VACUUM ANALYZE fencelock.leases`)
+	s, err := fencelock.NewSemaphore(newLessor(t, b.Pool, "rvg-l"), "rvg", n)
 	require.NoError(t, err)
 	measure := func() time.Duration {
 		const k = 40
@@ -248,7 +236,7 @@ func TestSemaphoreCostReclaimWhileGuarded(t *testing.T) {
 		return time.Since(start) / k
 	}
 	// rvg#0 expired, its row locked FOR KEY SHARE (as GuardTx holds it).
-	tx, err := b.pool.Begin(ctx)
+	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	rvExec(t, ctx, tx, `SELECT 1 FROM fencelock.leases WHERE name = 'rvg#0' FOR KEY SHARE`)
@@ -265,7 +253,7 @@ func TestSemaphoreCostReclaimWhileGuarded(t *testing.T) {
 		_, err := s.TryAcquire(ctx, time.Minute)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 		var nr, now time.Time
-		require.NoError(t, b.pool.QueryRow(ctx, `SELECT next_reclaim, clock_timestamp() FROM fencelock.semaphores WHERE name = 'rvg'`).Scan(&nr, &now))
+		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT next_reclaim, clock_timestamp() FROM fencelock.semaphores WHERE name = 'rvg'`).Scan(&nr, &now))
 		seen[nr] = true
 		if i == 0 {
 			first = now

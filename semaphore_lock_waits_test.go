@@ -33,7 +33,7 @@ func lwAttempt(t *testing.T, b *bundle, sem, who string, wait int64, queue bool,
 	errc := make(chan error, 1)
 	start := time.Now()
 	go func() {
-		a, err := rvAcquireErr(b.ctx, b.pool, sem, who, wait, time.Minute, queue, "")
+		a, err := rvAcquireErr(b.Ctx, b.Pool, sem, who, wait, time.Minute, queue, "")
 		if err != nil {
 			errc <- err
 			return
@@ -48,7 +48,7 @@ func lwAttempt(t *testing.T, b *bundle, sem, who string, wait int64, queue bool,
 		require.NoError(t, err)
 	case <-time.After(limit):
 		var ev string
-		_ = b.pool.QueryRow(b.ctx, `SELECT coalesce(string_agg(wait_event_type || '/' || wait_event, ','), '') FROM pg_stat_activity
+		_ = b.Pool.QueryRow(b.Ctx, `SELECT coalesce(string_agg(wait_event_type || '/' || wait_event, ','), '') FROM pg_stat_activity
 			WHERE datname = current_database() AND query LIKE '%semaphore_acquire%' AND pid <> pg_backend_pid()`).Scan(&ev)
 		t.Fatalf("%s's attempt (queue %v) has not returned after %v: it waits behind another attempt's transaction (%s)", who, queue, limit, ev)
 	}
@@ -64,21 +64,15 @@ func lwAttempt(t *testing.T, b *bundle, sem, who string, wait int64, queue bool,
 func TestSemaphoreCountingAttemptWaitsForNoOther(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('lwc', 3)`)
-	var ps []rvAttempt
-	for i := range 3 {
-		p := rvAcquire(t, ctx, b.pool, "lwc", fmt.Sprint("h", i), int64(i+1), time.Minute, false, "")
-		require.EqualValues(t, 1, p.outcome)
-		ps = append(ps, p)
-	}
+	ctx := b.Ctx
+	ps := rvFill(t, ctx, b.Pool, "lwc", 3)
 	require.Equal(t, "lwc#2", ps[2].name)
-	rvExec(t, ctx, b.pool, `SELECT fencelock.semaphore_set_limit('lwc', 2)`) // lwc#2 held above it: counting
+	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('lwc', 2)`) // lwc#2 held above it: counting
 	for i := range 2 {
-		require.EqualValues(t, 1, rvInt(t, ctx, b.pool, `SELECT fencelock.semaphore_release('lwc', $1, $2, $3)`, ps[i].name, fmt.Sprint("h", i), ps[i].token))
+		require.EqualValues(t, 1, rvInt(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('lwc', $1, $2, $3)`, ps[i].name, fmt.Sprint("h", i), ps[i].token))
 	}
 	// 1 of 2 held: a counting grant, its transaction left open (as a slow commit would).
-	tx, err := b.pool.Begin(ctx)
+	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	g := rvAcquire(t, ctx, tx, "lwc", "g", 10, time.Minute, false, "")
@@ -90,14 +84,14 @@ func TestSemaphoreCountingAttemptWaitsForNoOther(t *testing.T) {
 	w := lwAttempt(t, b, "lwc", "w", 12, true, 3*time.Second)
 	require.EqualValues(t, 4, w.outcome)
 	require.EqualValues(t, -1, w.ahead, "busy: look again at once")
-	require.EqualValues(t, 0, rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = 'lwc'`),
+	require.EqualValues(t, 0, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = 'lwc'`),
 		"a busy attempt changes nothing: the wait takes no place")
 
 	require.NoError(t, tx.Commit(ctx))
 	w = lwAttempt(t, b, "lwc", "w", 12, true, 3*time.Second)
 	require.EqualValues(t, 4, w.outcome, "2 of 2 held: refused")
 	require.EqualValues(t, 0, w.ahead, "decided: at the head")
-	require.EqualValues(t, 2, rvInt(t, ctx, b.pool, `SELECT held FROM fencelock.semaphore_state WHERE name = 'lwc'`))
+	require.EqualValues(t, 2, rvInt(t, ctx, b.Pool, `SELECT held FROM fencelock.semaphore_state WHERE name = 'lwc'`))
 }
 
 // The first acquires of a semaphore that has no row: while one attempt's transaction creates
@@ -109,8 +103,8 @@ func TestSemaphoreCountingAttemptWaitsForNoOther(t *testing.T) {
 func TestSemaphoreFirstAcquireWaitsForNoOther(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
-	tx, err := b.pool.Begin(ctx)
+	ctx := b.Ctx
+	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	var first int32
@@ -124,19 +118,19 @@ func TestSemaphoreFirstAcquireWaitsForNoOther(t *testing.T) {
 	w := lwAttempt(t, b, "lwf", "w", 3, true, 3*time.Second)
 	require.EqualValues(t, 4, w.outcome)
 	require.EqualValues(t, -1, w.ahead, "busy: look again at once")
-	require.EqualValues(t, 0, rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphores WHERE name = 'lwf'`)+
-		rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = 'lwf'`), "a busy attempt changes nothing")
+	require.EqualValues(t, 0, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphores WHERE name = 'lwf'`)+
+		rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = 'lwf'`), "a busy attempt changes nothing")
 
 	setLimit := make(chan error, 1)
 	go func() {
-		_, err := b.pool.Exec(ctx, `SELECT fencelock.semaphore_set_limit('lwf', 3)`)
+		_, err := b.Pool.Exec(ctx, `SELECT fencelock.semaphore_set_limit('lwf', 3)`)
 		setLimit <- err
 	}()
 	rvWaitLocked(t, b, "semaphore_set_limit", 3*time.Second) // waits for the creation (the creation key)
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-setLimit)
-	require.EqualValues(t, 3, rvInt(t, ctx, b.pool, `SELECT permit_limit FROM fencelock.semaphores WHERE name = 'lwf'`))
-	require.EqualValues(t, 2, rvInt(t, ctx, b.pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'lwf'`), "slots 1 and 2 free")
+	require.EqualValues(t, 3, rvInt(t, ctx, b.Pool, `SELECT permit_limit FROM fencelock.semaphores WHERE name = 'lwf'`))
+	require.EqualValues(t, 2, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'lwf'`), "slots 1 and 2 free")
 
 	w = lwAttempt(t, b, "lwf", "w", 3, true, 3*time.Second)
 	require.EqualValues(t, 1, w.outcome, "the wait at the head, 1 of 3 held: granted")
@@ -152,9 +146,9 @@ func TestSemaphoreFirstAcquireWaitsForNoOther(t *testing.T) {
 func TestSemaphoreTryAcquireWhileCreated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
+	ctx := b.Ctx
 	create := func(sem string) pgx.Tx {
-		tx, err := b.pool.Begin(ctx)
+		tx, err := b.Pool.Begin(ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Rollback(ctx) })
 		var outcome int32
@@ -164,7 +158,7 @@ func TestSemaphoreTryAcquireWhileCreated(t *testing.T) {
 		return tx
 	}
 	lockWaits := func() int64 {
-		return rvInt(t, ctx, b.pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
+		return rvInt(t, ctx, b.Pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
 	}
 
 	t.Run("GrantedOnceCreated", func(t *testing.T) {
@@ -237,7 +231,7 @@ func lwSample(t *testing.T, b *bundle) *lwSampler {
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
-			rows, err := b.pool.Query(b.ctx, `SELECT a.pid, a.query, a.wait_event, coalesce(bl.query, '?')
+			rows, err := b.Pool.Query(b.Ctx, `SELECT a.pid, a.query, a.wait_event, coalesce(bl.query, '?')
 				FROM pg_stat_activity AS a
 				LEFT JOIN LATERAL unnest(pg_blocking_pids(a.pid)) AS p(pid) ON true
 				LEFT JOIN pg_stat_activity AS bl ON bl.pid = p.pid AND bl.datname = a.datname
@@ -325,7 +319,7 @@ func TestSemaphoreNoAttemptWaitsAfterLowerLimit(t *testing.T) {
 	b := setup(t)
 	const sem = "lwl"
 	rvInstallLog(t, b, sem)
-	ctx := b.ctx
+	ctx := b.Ctx
 	filler := newSemaphore(t, b, "lwl-filler", sem, 16)
 	_, err := filler.SetLimit(ctx, 16)
 	require.NoError(t, err)
@@ -394,7 +388,7 @@ func TestSemaphoreNoAttemptWaitsAfterLowerLimit(t *testing.T) {
 func TestSemaphoreNoAttemptWaitsOnFirstAcquires(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	ctx := b.ctx
+	ctx := b.Ctx
 	pools := []*pgxpool.Pool{rvPool(t, b, 30), rvPool(t, b, 30), rvPool(t, b, 30)}
 	lessors := make([]*fencelock.Lessor, 64)
 	for i := range lessors {
@@ -449,7 +443,7 @@ func TestSemaphoreNoAttemptWaitsOnFirstAcquires(t *testing.T) {
 // requireTokensRise fails the test if a permit's token ever went down in rv_log.
 func requireTokensRise(t *testing.T, b *bundle) {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT name, token, lag(token) OVER (PARTITION BY name ORDER BY id) FROM rv_log`)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT name, token, lag(token) OVER (PARTITION BY name ORDER BY id) FROM rv_log`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var name string

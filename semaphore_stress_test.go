@@ -32,16 +32,16 @@ type rvSpan struct {
 // statement that wrote it.
 func rvInstallLog(t *testing.T, b *bundle, sem string) {
 	t.Helper()
-	rvExec(t, b.ctx, b.pool, `CREATE TABLE rv_log (id bigserial PRIMARY KEY, name text, holder text, token bigint,
+	rvExec(t, b.Ctx, b.Pool, `CREATE TABLE rv_log (id bigserial PRIMARY KEY, name text, holder text, token bigint,
 		acquired_at timestamptz, expires_at timestamptz, lim int)`)
-	rvExec(t, b.ctx, b.pool, fmt.Sprintf(`CREATE FUNCTION rv_log() RETURNS trigger LANGUAGE plpgsql AS $$
+	rvExec(t, b.Ctx, b.Pool, fmt.Sprintf(`CREATE FUNCTION rv_log() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			INSERT INTO rv_log (name, holder, token, acquired_at, expires_at, lim)
 			VALUES (NEW.name, NEW.holder, NEW.token, NEW.acquired_at, NEW.expires_at,
 			        (SELECT s.permit_limit FROM fencelock.semaphores AS s WHERE s.name = %s));
 			RETURN NULL;
 		END $$`, quoteLiteral(sem)))
-	rvExec(t, b.ctx, b.pool, fmt.Sprintf(`CREATE TRIGGER rv_log AFTER INSERT OR UPDATE ON fencelock.leases FOR EACH ROW
+	rvExec(t, b.Ctx, b.Pool, fmt.Sprintf(`CREATE TRIGGER rv_log AFTER INSERT OR UPDATE ON fencelock.leases FOR EACH ROW
 		WHEN (NEW.name LIKE %s) EXECUTE FUNCTION rv_log()`, quoteLiteral(sem+"#%")))
 }
 
@@ -51,7 +51,7 @@ func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''
 // unexpired on the database clock.
 func rvCheckLog(t *testing.T, b *bundle) (spans []rvSpan, bad []string) {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT name, token, min(acquired_at),
+	rows, err := b.Pool.Query(b.Ctx, `SELECT name, token, min(acquired_at),
 		(array_agg(expires_at ORDER BY id DESC))[1], (array_agg(lim ORDER BY id))[1]
 		FROM rv_log WHERE holder <> 'fencelock force-release' GROUP BY name, token`)
 	require.NoError(t, err)
@@ -78,10 +78,10 @@ func rvCheckLog(t *testing.T, b *bundle) (spans []rvSpan, bad []string) {
 // rvPool returns a pool on b's database with room for a stress test.
 func rvPool(t *testing.T, b *bundle, conns int32) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.MaxConns = conns
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool
@@ -99,7 +99,7 @@ func TestSemaphoreStress(t *testing.T) {
 	const sem = "rvs"
 	rvInstallLog(t, b, sem)
 	pool := rvPool(t, b, 40)
-	_, err := b.pool.Exec(b.ctx, `SELECT fencelock.semaphore_set_limit($1, 3)`, sem)
+	_, err := b.Pool.Exec(b.Ctx, `SELECT fencelock.semaphore_set_limit($1, 3)`, sem)
 	require.NoError(t, err)
 	deadline := time.Now().Add(8 * time.Second)
 	var forcedMu sync.Mutex
@@ -118,16 +118,16 @@ func TestSemaphoreStress(t *testing.T) {
 					var err error
 					switch k := rng.IntN(10); {
 					case k < 5:
-						ctx, cancel := context.WithTimeout(b.ctx, time.Duration(5+rng.IntN(300))*time.Millisecond)
+						ctx, cancel := context.WithTimeout(b.Ctx, time.Duration(5+rng.IntN(300))*time.Millisecond)
 						p, err = s.Acquire(ctx, 500*time.Millisecond)
 						cancel()
 					case k < 8:
-						p, err = s.TryAcquire(b.ctx, 500*time.Millisecond)
+						p, err = s.TryAcquire(b.Ctx, 500*time.Millisecond)
 						if err != nil {
 							refusedTry.Add(1)
 						}
 					default:
-						ctx, cancel := context.WithTimeout(b.ctx, time.Duration(100+rng.IntN(1500))*time.Microsecond)
+						ctx, cancel := context.WithTimeout(b.Ctx, time.Duration(100+rng.IntN(1500))*time.Microsecond)
 						p, err = s.Acquire(ctx, 500*time.Millisecond)
 						cancel()
 						if err != nil {
@@ -147,7 +147,7 @@ func TestSemaphoreStress(t *testing.T) {
 						until := p.TrustedUntil()
 						sent := time.Now()
 						var n int
-						err := b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE name = $1 AND token = $2 AND holder = $3
+						err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.leases WHERE name = $1 AND token = $2 AND holder = $3
 							AND expires_at > clock_timestamp()`, p.Name(), int64(p.Token()), l.Holder()).Scan(&n)
 						if err != nil {
 							t.Error(err)
@@ -165,7 +165,7 @@ func TestSemaphoreStress(t *testing.T) {
 						}
 						time.Sleep(3 * time.Millisecond)
 					}
-					_ = p.Release(b.ctx)
+					_ = p.Release(b.Ctx)
 				}
 			})
 		}
@@ -175,7 +175,7 @@ func TestSemaphoreStress(t *testing.T) {
 	require.NoError(t, err)
 	wg.Go(func() {
 		for time.Now().Before(deadline) {
-			_, _ = dead.TryAcquire(b.ctx, 80*time.Millisecond)
+			_, _ = dead.TryAcquire(b.Ctx, 80*time.Millisecond)
 			time.Sleep(150 * time.Millisecond)
 		}
 	})
@@ -184,27 +184,27 @@ func TestSemaphoreStress(t *testing.T) {
 	require.NoError(t, err)
 	wg.Go(func() {
 		for time.Now().Before(deadline) {
-			p, err := gs.TryAcquire(b.ctx, 100*time.Millisecond)
+			p, err := gs.TryAcquire(b.Ctx, 100*time.Millisecond)
 			if err != nil {
 				time.Sleep(20 * time.Millisecond)
 				continue
 			}
-			tx, err := pool.Begin(b.ctx)
+			tx, err := pool.Begin(b.Ctx)
 			if err != nil {
 				t.Error(err)
 				return
 			}
-			if p.GuardTx(b.ctx, tx) == nil {
+			if p.GuardTx(b.Ctx, tx) == nil {
 				time.Sleep(250 * time.Millisecond)
 			}
-			_ = tx.Commit(b.ctx)
+			_ = tx.Commit(b.Ctx)
 		}
 	})
 	// SetLimit up and down.
 	wg.Go(func() {
 		rng := rand.New(rand.NewPCG(7, 7))
 		for time.Now().Before(deadline) {
-			if _, err := pool.Exec(b.ctx, `SELECT fencelock.semaphore_set_limit($1, $2)`, sem, 1+rng.IntN(5)); err != nil {
+			if _, err := pool.Exec(b.Ctx, `SELECT fencelock.semaphore_set_limit($1, $2)`, sem, 1+rng.IntN(5)); err != nil {
 				t.Error(err)
 				return
 			}
@@ -217,7 +217,7 @@ func TestSemaphoreStress(t *testing.T) {
 			time.Sleep(200 * time.Millisecond)
 			var name string
 			var tok int64
-			err := pool.QueryRow(b.ctx, `SELECT name, token FROM fencelock.leases WHERE name LIKE 'rvs#%' AND expires_at > clock_timestamp()
+			err := pool.QueryRow(b.Ctx, `SELECT name, token FROM fencelock.leases WHERE name LIKE 'rvs#%' AND expires_at > clock_timestamp()
 				ORDER BY random() LIMIT 1`).Scan(&name, &tok)
 			if err != nil {
 				continue
@@ -225,11 +225,11 @@ func TestSemaphoreStress(t *testing.T) {
 			forcedMu.Lock()
 			forced[tok] = true
 			forcedMu.Unlock()
-			_ = pgx.BeginFunc(b.ctx, pool, func(tx pgx.Tx) error {
-				if _, err := tx.Exec(b.ctx, `SET LOCAL lock_timeout = '500ms'`); err != nil {
+			_ = pgx.BeginFunc(b.Ctx, pool, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(b.Ctx, `SET LOCAL lock_timeout = '500ms'`); err != nil {
 					return err
 				}
-				_, err := tx.Exec(b.ctx, `SELECT * FROM fencelock.force_release($1, '{}', $2)`, name, tok)
+				_, err := tx.Exec(b.Ctx, `SELECT * FROM fencelock.force_release($1, '{}', $2)`, name, tok)
 				return err
 			})
 		}
@@ -239,7 +239,7 @@ func TestSemaphoreStress(t *testing.T) {
 	t.Logf("%d grants by the workers (%d tries refused, %d attempts cut short), %d trust checks (%d found a force-released permit gone), %d grants logged",
 		grants.Load(), refusedTry.Load(), cut.Load(), trusted.Load(), goneForced.Load(), len(spans))
 	require.Empty(t, bad, "more permits unexpired at once than the limit")
-	rows, err := b.pool.Query(b.ctx, `SELECT name, token, lag(token) OVER (PARTITION BY name ORDER BY id) FROM rv_log`)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT name, token, lag(token) OVER (PARTITION BY name ORDER BY id) FROM rv_log`)
 	require.NoError(t, err)
 	for rows.Next() {
 		var name string
@@ -258,8 +258,8 @@ func TestSemaphoreStressCheckerCatches(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	rvInstallLog(t, b, "rvk")
-	rvExec(t, b.ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rvk', 1)`)
-	rvExec(t, b.ctx, b.pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+	rvExec(t, b.Ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rvk', 1)`)
+	rvExec(t, b.Ctx, b.Pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
 		VALUES ('rvk#0', 'x', fencelock.next_token(false), clock_timestamp(), clock_timestamp() + interval '1 minute'),
 		       ('rvk#1', 'y', fencelock.next_token(false), clock_timestamp(), clock_timestamp() + interval '1 minute')`)
 	_, bad := rvCheckLog(t, b)
@@ -276,7 +276,7 @@ func TestSemaphoreNoWaiterWaitsForAnother(t *testing.T) {
 	pool := rvPool(t, b, 40)
 	// The semaphore's row first (concurrent first acquires would be busy, and look again,
 	// while one of them creates it: TestSemaphoreNoAttemptWaitsOnFirstAcquires).
-	rvExec(t, b.ctx, b.pool, `SELECT fencelock.semaphore_set_limit('rvw', 2)`)
+	rvExec(t, b.Ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rvw', 2)`)
 	deadline := time.Now().Add(6 * time.Second)
 	var wg sync.WaitGroup
 	var grants atomic.Int64
@@ -286,7 +286,7 @@ func TestSemaphoreNoWaiterWaitsForAnother(t *testing.T) {
 		for range 8 {
 			wg.Go(func() {
 				for time.Now().Before(deadline) {
-					ctx, cancel := context.WithDeadline(b.ctx, deadline)
+					ctx, cancel := context.WithDeadline(b.Ctx, deadline)
 					p, err := s.Acquire(ctx, 300*time.Millisecond)
 					cancel()
 					if err != nil {
@@ -294,7 +294,7 @@ func TestSemaphoreNoWaiterWaitsForAnother(t *testing.T) {
 					}
 					grants.Add(1)
 					time.Sleep(2 * time.Millisecond)
-					_ = p.Release(b.ctx)
+					_ = p.Release(b.Ctx)
 				}
 			})
 		}
@@ -302,7 +302,7 @@ func TestSemaphoreNoWaiterWaitsForAnother(t *testing.T) {
 	seen := map[string]int{}
 	samples := 0
 	for time.Now().Before(deadline) {
-		rows, err := b.pool.Query(b.ctx, `SELECT a.query, coalesce(bl.query, '?'), a.wait_event, coalesce(bl.state, '?'),
+		rows, err := b.Pool.Query(b.Ctx, `SELECT a.query, coalesce(bl.query, '?'), a.wait_event, coalesce(bl.state, '?'),
 				coalesce((SELECT string_agg(DISTINCT k.locktype || coalesce(':' || k.relation::regclass::text, ''), ',') FROM pg_locks AS k WHERE k.pid = a.pid AND (NOT k.granted OR k.locktype = 'tuple')), '')
 			FROM pg_stat_activity AS a
 			LEFT JOIN LATERAL unnest(pg_blocking_pids(a.pid)) AS p(pid) ON true

@@ -15,7 +15,7 @@ import (
 // newSemaphore returns semaphore name with limit on a lessor of its own with holder id holder.
 func newSemaphore(t *testing.T, b *bundle, holder, name string, limit int, opts ...fencelock.LessorOption) *fencelock.Semaphore {
 	t.Helper()
-	s, err := fencelock.NewSemaphore(newLessor(t, b.pool, holder, opts...), name, limit)
+	s, err := fencelock.NewSemaphore(newLessor(t, b.Pool, holder, opts...), name, limit)
 	require.NoError(t, err)
 	return s
 }
@@ -23,7 +23,7 @@ func newSemaphore(t *testing.T, b *bundle, holder, name string, limit int, opts 
 // semState reads a semaphore's state, failing the test on error.
 func semState(t *testing.T, b *bundle, s *fencelock.Semaphore) fencelock.SemaphoreState {
 	t.Helper()
-	st, err := s.State(b.ctx)
+	st, err := s.State(b.Ctx)
 	require.NoError(t, err)
 	return st
 }
@@ -36,7 +36,7 @@ func TestSemaphoreLimit(t *testing.T) {
 	s := newSemaphore(t, b, "sem-a", "sem:limit", 3)
 	var permits []*fencelock.Lease
 	for range 3 {
-		p, err := s.TryAcquire(b.ctx, 10*time.Second)
+		p, err := s.TryAcquire(b.Ctx, 10*time.Second)
 		require.NoError(t, err)
 		permits = append(permits, p)
 	}
@@ -50,27 +50,27 @@ func TestSemaphoreLimit(t *testing.T) {
 	require.Equal(t, map[string]bool{"sem:limit#0": true, "sem:limit#1": true, "sem:limit#2": true}, names)
 	require.Len(t, tokens, 3)
 	other := newSemaphore(t, b, "sem-b", "sem:limit", 3)
-	_, err := other.TryAcquire(b.ctx, 10*time.Second)
+	_, err := other.TryAcquire(b.Ctx, 10*time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 	require.Equal(t, fencelock.SemaphoreState{Limit: 3, Held: 3}, semState(t, b, s))
 
-	require.NoError(t, permits[1].Release(b.ctx))
-	p, err := other.TryAcquire(b.ctx, 10*time.Second)
+	require.NoError(t, permits[1].Release(b.Ctx))
+	p, err := other.TryAcquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, "sem:limit#1", p.Name(), "the lowest free slot")
 	require.Greater(t, p.Token(), permits[1].Token(), "a new grant of a permit carries a larger token")
-	require.Equal(t, "sem-b", readLease(t, b.ctx, b.pool, "sem:limit#1").Holder)
+	require.Equal(t, "sem-b", readLease(t, b.Ctx, b.Pool, "sem:limit#1").Holder)
 	// A permit is a lease: guarded and fenced like one.
 	createWrites(t, b)
-	require.NoError(t, fencedWrite(b.ctx, b.pool, "sem:limit#1", p.Token()))
-	require.ErrorIs(t, fencedWrite(b.ctx, b.pool, "sem:limit#1", permits[1].Token()), fencelock.ErrStaleToken)
+	require.NoError(t, fencedWrite(b.Ctx, b.Pool, "sem:limit#1", p.Token()))
+	require.ErrorIs(t, fencedWrite(b.Ctx, b.Pool, "sem:limit#1", permits[1].Token()), fencelock.ErrStaleToken)
 }
 
 // Bad input is refused before any SQL with an ArgumentError.
 func TestSemaphoreBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "sem-bad")
+	l := newLessor(t, b.Pool, "sem-bad")
 	for _, tc := range []struct {
 		name  string
 		limit int
@@ -83,14 +83,14 @@ func TestSemaphoreBadInput(t *testing.T) {
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	s, err := fencelock.NewSemaphore(l, "sem:bad", 1)
 	require.NoError(t, err)
-	_, err = s.TryAcquire(b.ctx, time.Millisecond)
+	_, err = s.TryAcquire(b.Ctx, time.Millisecond)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = s.Acquire(b.ctx, 0)
+	_, err = s.Acquire(b.Ctx, 0)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = s.SetLimit(b.ctx, 0)
+	_, err = s.SetLimit(b.Ctx, 0)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.semaphores`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.semaphores`).Scan(&n))
 	require.Zero(t, n, "no SQL ran")
 }
 
@@ -107,7 +107,7 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	holder := newSemaphore(t, b, "sem-holder", "sem:fifo", 1)
-	p, err := holder.TryAcquire(b.ctx, 10*time.Second)
+	p, err := holder.TryAcquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
 	const n = 5
 	got := make(chan int, n)
@@ -117,7 +117,7 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 		// A slow backoff: only a wake-up serves a waiter quickly.
 		s := newSemaphore(t, b, fmt.Sprintf("sem-w%d", i), "sem:fifo", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
 		wg.Go(func() {
-			lp, err := s.Acquire(b.ctx, 10*time.Second)
+			lp, err := s.Acquire(b.Ctx, 10*time.Second)
 			if err == nil {
 				permits[i] = lp
 				got <- i
@@ -125,9 +125,9 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 		})
 		waitQueued(t, b, holder, int64(i+1)) // i joined before i+1 starts
 	}
-	_, err = newSemaphore(t, b, "sem-try", "sem:fifo", 1).TryAcquire(b.ctx, time.Second)
+	_, err = newSemaphore(t, b, "sem-try", "sem:fifo", 1).TryAcquire(b.Ctx, time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
-	require.NoError(t, p.Release(b.ctx))
+	require.NoError(t, p.Release(b.Ctx))
 	for want := range n {
 		select {
 		case i := <-got:
@@ -137,10 +137,10 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 		}
 		// The try still cannot barge while others wait.
 		if want < n-1 {
-			_, err = newSemaphore(t, b, fmt.Sprintf("sem-try%d", want), "sem:fifo", 1).TryAcquire(b.ctx, time.Second)
+			_, err = newSemaphore(t, b, fmt.Sprintf("sem-try%d", want), "sem:fifo", 1).TryAcquire(b.Ctx, time.Second)
 			require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 		}
-		require.NoError(t, permits[want].Release(b.ctx))
+		require.NoError(t, permits[want].Release(b.Ctx))
 	}
 	wg.Wait()
 	require.Equal(t, fencelock.SemaphoreState{Limit: 1}, semState(t, b, holder))
@@ -152,12 +152,12 @@ func TestSemaphoreSetLimit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := newSemaphore(t, b, "sem-set", "sem:set", 1)
-	p1, err := s.TryAcquire(b.ctx, 10*time.Second)
+	p1, err := s.TryAcquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
 	w := newSemaphore(t, b, "sem-setw", "sem:set", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
-	granted := permitAsync(b.ctx, w, 10*time.Second)
+	granted := permitAsync(b.Ctx, w, 10*time.Second)
 	waitQueued(t, b, s, 1)
-	prev, err := s.SetLimit(b.ctx, 2)
+	prev, err := s.SetLimit(b.Ctx, 2)
 	require.NoError(t, err)
 	require.Equal(t, 1, prev)
 	// Not woken, the waiter would find the room at its refresh, 1.67 s.
@@ -166,17 +166,17 @@ func TestSemaphoreSetLimit(t *testing.T) {
 	p2 := got.lease
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2, Held: 2}, semState(t, b, s))
 
-	_, err = s.SetLimit(b.ctx, 1)
+	_, err = s.SetLimit(b.Ctx, 1)
 	require.NoError(t, err)
 	require.NoError(t, p1.Err(), "a lowered limit ends no permit")
 	require.NoError(t, p2.Err())
-	require.NoError(t, p1.Release(b.ctx))
-	_, err = s.TryAcquire(b.ctx, time.Second)
+	require.NoError(t, p1.Release(b.Ctx))
+	_, err = s.TryAcquire(b.Ctx, time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "one held, limit 1")
-	require.NoError(t, p2.Release(b.ctx))
-	p3, err := s.TryAcquire(b.ctx, time.Second)
+	require.NoError(t, p2.Release(b.Ctx))
+	p3, err := s.TryAcquire(b.Ctx, time.Second)
 	require.NoError(t, err)
-	require.NoError(t, p3.Release(b.ctx))
+	require.NoError(t, p3.Release(b.Ctx))
 	// NewSemaphore's limit does not override the stored one.
 	other := newSemaphore(t, b, "sem-set2", "sem:set", 5)
 	require.Equal(t, 1, semState(t, b, other).Limit)
@@ -188,11 +188,11 @@ func TestSemaphoreExpiredPermitReclaimed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	s := newSemaphore(t, b, "sem-dead", "sem:reclaim", 1, fencelock.WithoutHeartbeat())
-	p, err := s.TryAcquire(b.ctx, 300*time.Millisecond)
+	p, err := s.TryAcquire(b.Ctx, 300*time.Millisecond)
 	require.NoError(t, err)
 	w := newSemaphore(t, b, "sem-next", "sem:reclaim", 1)
 	start := time.Now()
-	p2, err := w.Acquire(b.ctx, 10*time.Second)
+	p2, err := w.Acquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
 	took := time.Since(start)
 	require.Less(t, took, 3*time.Second)
@@ -201,10 +201,10 @@ func TestSemaphoreExpiredPermitReclaimed(t *testing.T) {
 	default:
 		t.Fatal("the old holder's Done is still open after its permit was granted again")
 	}
-	require.ErrorIs(t, p.Renew(b.ctx), fencelock.ErrLeaseLost)
+	require.ErrorIs(t, p.Renew(b.Ctx), fencelock.ErrLeaseLost)
 	require.Greater(t, p2.Token(), p.Token())
 	require.Equal(t, p.Name(), p2.Name())
-	require.ErrorIs(t, p.Release(b.ctx), fencelock.ErrNotHeld)
+	require.ErrorIs(t, p.Release(b.Ctx), fencelock.ErrNotHeld)
 	require.NoError(t, p2.Err())
 }
 
@@ -213,31 +213,31 @@ func TestSemaphoreExpiredPermitReclaimed(t *testing.T) {
 func TestSemaphoreCancelAndSameLessor(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "sem-same")
+	l := newLessor(t, b.Pool, "sem-same")
 	s, err := fencelock.NewSemaphore(l, "sem:same", 2)
 	require.NoError(t, err)
-	p1, err := s.Acquire(b.ctx, 10*time.Second)
+	p1, err := s.Acquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
-	p2, err := s.Acquire(b.ctx, 10*time.Second)
+	p2, err := s.Acquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
 	require.NotEqual(t, p1.Name(), p2.Name())
-	ctx, cancel := context.WithTimeout(b.ctx, 200*time.Millisecond)
+	ctx, cancel := context.WithTimeout(b.Ctx, 200*time.Millisecond)
 	defer cancel()
 	_, err = s.Acquire(ctx, 10*time.Second)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2, Held: 2}, semState(t, b, s), "no place left in the queue")
 	var rows int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.semaphore_waiters`).Scan(&rows))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.semaphore_waiters`).Scan(&rows))
 	require.Zero(t, rows)
 	// Two goroutines of the lessor wait at once; each release lets one in.
-	first, second := permitAsync(b.ctx, s, 10*time.Second), permitAsync(b.ctx, s, 10*time.Second)
+	first, second := permitAsync(b.Ctx, s, 10*time.Second), permitAsync(b.Ctx, s, 10*time.Second)
 	waitQueued(t, b, s, 2)
-	require.NoError(t, p1.Release(b.ctx))
-	require.NoError(t, p2.Release(b.ctx))
+	require.NoError(t, p1.Release(b.Ctx))
+	require.NoError(t, p2.Release(b.Ctx))
 	for _, ch := range []<-chan acquired{first, second} {
 		got := receive(t, ch, 10*time.Second)
 		require.NoError(t, got.err)
-		require.NoError(t, got.lease.Release(b.ctx))
+		require.NoError(t, got.lease.Release(b.Ctx))
 	}
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, s))
 }

@@ -53,18 +53,18 @@ func TestSiblingCleanupSparesHandedGrant(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
-			h := newLessor(t, b.pool, "h")
-			held, err := h.TryAcquire(b.ctx, "x", 20*time.Second)
+			h := newLessor(t, b.Pool, "h")
+			held, err := h.TryAcquire(b.Ctx, "x", 20*time.Second)
 			require.NoError(t, err)
 
 			written := make(chan struct{}, 1)
 			l := newLessor(t, poolHoldingReplies(t, b, tc.hold, written), "l")
-			got := acquireAsync(b.ctx, l, "x", 20*time.Second)
-			awaitQueue(t, b.ctx, b.pool, "x", true, "l") // the head, woken by NOTIFY
+			got := acquireAsync(b.Ctx, l, "x", 20*time.Second)
+			awaitQueue(t, b.Ctx, b.Pool, "x", true, "l") // the head, woken by NOTIFY
 
 			tried := make(chan error, 1)
 			go func() {
-				ctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
+				ctx, cancel := context.WithTimeout(b.Ctx, 500*time.Millisecond)
 				defer cancel()
 				tried <- tc.try(ctx, l)
 			}()
@@ -73,9 +73,9 @@ func TestSiblingCleanupSparesHandedGrant(t *testing.T) {
 			case <-time.After(10 * time.Second):
 				t.Fatal("the sibling's statement was not written")
 			}
-			require.NoError(t, held.Release(b.ctx))
+			require.NoError(t, held.Release(b.Ctx))
 			var handed int64
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT granted_token FROM fencelock.lease_waiters WHERE name = 'x' AND holder = 'l'`).Scan(&handed))
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT granted_token FROM fencelock.lease_waiters WHERE name = 'x' AND holder = 'l'`).Scan(&handed))
 			require.NotZero(t, handed, "the release handed x to L's wait")
 			select {
 			case err := <-tried:
@@ -96,15 +96,15 @@ func TestSiblingCleanupSparesHandedGrant(t *testing.T) {
 			var holder string
 			var token int64
 			var live bool
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT holder, token, expires_at > clock_timestamp() FROM fencelock.leases WHERE name = $1`, "x").
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT holder, token, expires_at > clock_timestamp() FROM fencelock.leases WHERE name = $1`, "x").
 				Scan(&holder, &token, &live))
 			require.Equal(t, "l", holder)
 			require.Equal(t, handed, token)
 			require.True(t, live, "the grant L trusts (token %d) was ended on the server by its sibling's cleanup", handed)
-			_, err = newLessor(t, b.pool, "third").TryAcquire(b.ctx, "x", time.Second)
+			_, err = newLessor(t, b.Pool, "third").TryAcquire(b.Ctx, "x", time.Second)
 			require.ErrorIs(t, err, fencelock.ErrNotAcquired, "x was granted to a third lessor while L trusts it")
 			require.NoError(t, a.lease.Err())
-			require.NoError(t, a.lease.Release(b.ctx))
+			require.NoError(t, a.lease.Release(b.Ctx))
 		})
 	}
 }
@@ -116,7 +116,7 @@ func TestSiblingCleanupSparesHandedGrant(t *testing.T) {
 // statement's outcome is unknown to the client). written receives once, after that write.
 func poolHoldingReplies(t *testing.T, b *bundle, hold []byte, written chan<- struct{}) *pgxpool.Pool {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	var d net.Dialer
 	var armed atomic.Bool // one connection of the pool holds
@@ -127,7 +127,7 @@ func poolHoldingReplies(t *testing.T, b *bundle, hold []byte, written chan<- str
 		}
 		return &holdingConn{Conn: c, hold: hold, armed: &armed, written: written, changed: make(chan struct{})}, nil
 	}
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	return pool

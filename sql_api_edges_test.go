@@ -22,7 +22,7 @@ import (
 func TestSQLTTLOutOfRangeRaisesInvalidArgument(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	lease, err := newLessor(t, b.pool, "h").TryAcquire(b.ctx, "n", time.Minute)
+	lease, err := newLessor(t, b.Pool, "h").TryAcquire(b.Ctx, "n", time.Minute)
 	require.NoError(t, err)
 	for _, c := range []struct {
 		desc string
@@ -33,7 +33,7 @@ func TestSQLTTLOutOfRangeRaisesInvalidArgument(t *testing.T) {
 		{"renew", `SELECT fencelock.renew('n', 'h', $1, '300000 years'::interval)`, []any{int64(lease.Token())}},
 		{"try_acquire negative", `SELECT fencelock.try_acquire('m', 'h', '-300000 years'::interval)`, nil},
 	} {
-		_, err := b.pool.Exec(b.ctx, c.stmt, c.args...)
+		_, err := b.Pool.Exec(b.Ctx, c.stmt, c.args...)
 		require.Equal(t, "FL007", sqlState(err), "%s: %v", c.desc, err)
 		require.ErrorIs(t, fencelock.WrapSQLError(err), fencelock.ErrInvalidArgument, c.desc)
 	}
@@ -56,10 +56,10 @@ func TestSQLTryAcquireGrantsInAutocommitWithAnyProtocol(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			name := "acct:" + mode.String()
 			var tok *int64
-			err := b.pool.QueryRow(b.ctx, `SELECT fencelock.try_acquire($1, 'A', '1 minute'::interval)`, mode, name).Scan(&tok)
+			err := b.Pool.QueryRow(b.Ctx, `SELECT fencelock.try_acquire($1, 'A', '1 minute'::interval)`, mode, name).Scan(&tok)
 			require.NoError(t, err, "try_acquire in autocommit")
 			require.NotNil(t, tok)
-			require.Equal(t, "A", readLease(t, b.ctx, b.pool, name).Holder)
+			require.Equal(t, "A", readLease(t, b.Ctx, b.Pool, name).Holder)
 		})
 	}
 }
@@ -72,16 +72,16 @@ func TestSQLTryAcquireInTransactionBlockCountsFromItsStatement(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const ttl = 2 * time.Second
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = tx.Exec(b.ctx, `SELECT pg_sleep(2.5)`) // work in the transaction before the grant, longer than the TTL
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	_, err = tx.Exec(b.Ctx, `SELECT pg_sleep(2.5)`) // work in the transaction before the grant, longer than the TTL
 	require.NoError(t, err)
 	sent := time.Now()
 	var tokA *int64
-	require.NoError(t, tx.QueryRow(b.ctx, `SELECT fencelock.try_acquire('acct', 'A', $1)`, ttl).Scan(&tokA))
+	require.NoError(t, tx.QueryRow(b.Ctx, `SELECT fencelock.try_acquire('acct', 'A', $1)`, ttl).Scan(&tokA))
 	require.NotNil(t, tokA)
-	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, tx.Commit(b.Ctx))
 
 	var tokB fencelock.Token
 	for time.Since(sent) < ttl*3/4 {
@@ -103,15 +103,15 @@ func TestSQLRenewInTransactionCountsFromItsStatement(t *testing.T) {
 	const ttl = 2 * time.Second
 	tokA := sqlTryAcquire(t, b, "acct", "A", ttl)
 	require.NotZero(t, tokA)
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = tx.Exec(b.ctx, `SELECT pg_sleep(1.5)`)
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	_, err = tx.Exec(b.Ctx, `SELECT pg_sleep(1.5)`)
 	require.NoError(t, err)
 	sent := time.Now()
 	var expires time.Time
-	require.NoError(t, tx.QueryRow(b.ctx, `SELECT fencelock.renew('acct', 'A', $1, $2)`, int64(tokA), ttl).Scan(&expires))
-	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, tx.QueryRow(b.Ctx, `SELECT fencelock.renew('acct', 'A', $1, $2)`, int64(tokA), ttl).Scan(&expires))
+	require.NoError(t, tx.Commit(b.Ctx))
 
 	// The renewal opened a trust window up to sent + ttl. Ask inside it, once its first
 	// grant's TTL (from before the renewal) has passed on the database clock.
@@ -135,13 +135,13 @@ func TestSQLAPIRaisesSynchronousCommit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	conn := plainConn(t, b)
-	_, err := conn.Exec(b.ctx, `SET synchronous_commit = off`)
+	_, err := conn.Exec(b.Ctx, `SET synchronous_commit = off`)
 	require.NoError(t, err)
 	tryAcquire := func(desc, name, holder string, ttl time.Duration) int64 {
 		t.Helper()
 		var tok *int64
 		var sc string
-		require.NoError(t, conn.QueryRow(b.ctx, `SELECT fencelock.try_acquire($1, $2, $3), current_setting('synchronous_commit')`,
+		require.NoError(t, conn.QueryRow(b.Ctx, `SELECT fencelock.try_acquire($1, $2, $3), current_setting('synchronous_commit')`,
 			name, holder, ttl).Scan(&tok, &sc), desc)
 		require.NotNil(t, tok, desc)
 		require.Equal(t, "on", sc, desc)
@@ -149,25 +149,25 @@ func TestSQLAPIRaisesSynchronousCommit(t *testing.T) {
 	}
 	inTx := func(desc, stmt string, args ...any) {
 		t.Helper()
-		tx, err := conn.Begin(b.ctx)
+		tx, err := conn.Begin(b.Ctx)
 		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(b.ctx) }()
-		_, err = tx.Exec(b.ctx, stmt, args...)
+		defer func() { _ = tx.Rollback(b.Ctx) }()
+		_, err = tx.Exec(b.Ctx, stmt, args...)
 		require.NoError(t, err, desc)
 		var sc string
-		require.NoError(t, tx.QueryRow(b.ctx, `SELECT current_setting('synchronous_commit')`).Scan(&sc))
+		require.NoError(t, tx.QueryRow(b.Ctx, `SELECT current_setting('synchronous_commit')`).Scan(&sc))
 		require.Equal(t, "on", sc, desc)
-		require.NoError(t, tx.Commit(b.ctx), desc)
+		require.NoError(t, tx.Commit(b.Ctx), desc)
 	}
 	tok := tryAcquire("try_acquire (new row)", "n", "A", time.Minute)
 	inTx("renew", `SELECT fencelock.renew('n', 'A', $1, '1 minute'::interval)`, tok)
 	inTx("fence", `SELECT fencelock.fence('r', $1)`, tok)
 	inTx("fence_lease", `SELECT fencelock.fence_lease('n', 'A', $1, 'r')`, tok)
 	// A Go waiter queues; release hands it the lease (a new token) in the same statement.
-	w := newLessor(t, b.pool, "W")
+	w := newLessor(t, b.Pool, "W")
 	got := make(chan error, 1)
 	go func() {
-		lease, err := w.Acquire(b.ctx, "n", time.Minute)
+		lease, err := w.Acquire(b.Ctx, "n", time.Minute)
 		if err == nil && lease.Token() <= fencelock.Token(tok) {
 			err = fmt.Errorf("handed token %d not above %d", lease.Token(), tok)
 		}
@@ -187,27 +187,27 @@ func TestSQLAPIRaisesSynchronousCommit(t *testing.T) {
 func TestSQLAndGoGrantTokensRise(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "go")
+	l := newLessor(t, b.Pool, "go")
 	var last fencelock.Token
 	for i := range 5 {
-		lease, err := l.TryAcquire(b.ctx, "n", time.Minute)
+		lease, err := l.TryAcquire(b.Ctx, "n", time.Minute)
 		require.NoError(t, err)
 		require.Greater(t, lease.Token(), last, "round %d go", i)
 		last = lease.Token()
 		require.Zero(t, sqlTryAcquire(t, b, "n", "sql", time.Minute), "held by go")
 		require.Zero(t, sqlTryAcquire(t, b, "n", "go", time.Minute), "held by go, same holder id")
-		require.NoError(t, lease.Release(b.ctx))
+		require.NoError(t, lease.Release(b.Ctx))
 		tok := sqlTryAcquire(t, b, "n", "sql", time.Minute)
 		require.Greater(t, tok, last, "round %d sql", i)
 		last = tok
-		_, err = l.TryAcquire(b.ctx, "n", time.Minute)
+		_, err = l.TryAcquire(b.Ctx, "n", time.Minute)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 		var released bool
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT fencelock.release('n', 'sql', $1)`, int64(tok)).Scan(&released))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT fencelock.release('n', 'sql', $1)`, int64(tok)).Scan(&released))
 		require.True(t, released)
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT fencelock.release('n', 'sql', $1)`, int64(tok)).Scan(&released))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT fencelock.release('n', 'sql', $1)`, int64(tok)).Scan(&released))
 		require.False(t, released, "second release")
-		_, err = b.pool.Exec(b.ctx, `SELECT fencelock.renew('n', 'sql', $1, '1 minute'::interval)`, int64(tok))
+		_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.renew('n', 'sql', $1, '1 minute'::interval)`, int64(tok))
 		require.Equal(t, "FL005", sqlState(err), "renew after release revives nothing")
 	}
 }
@@ -219,17 +219,17 @@ func TestSQLGuardLeaseRefusedUnderRepeatableReadAfterTakeover(t *testing.T) {
 	b := setup(t)
 	tokA := sqlTryAcquire(t, b, "n", "A", time.Minute)
 	require.NotZero(t, tokA)
-	tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	tx, err := b.Pool.BeginTx(b.Ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = tx.Exec(b.ctx, `SELECT count(*) FROM fencelock.leases`) // the snapshot
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	_, err = tx.Exec(b.Ctx, `SELECT count(*) FROM fencelock.leases`) // the snapshot
 	require.NoError(t, err)
 	var released bool
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT fencelock.release('n', 'A', $1)`, int64(tokA)).Scan(&released))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT fencelock.release('n', 'A', $1)`, int64(tokA)).Scan(&released))
 	require.True(t, released)
 	tokB := sqlTryAcquire(t, b, "n", "B", time.Minute)
 	require.NotZero(t, tokB)
-	_, err = tx.Exec(b.ctx, `SELECT fencelock.guard_lease('n', 'A', $1)`, int64(tokA))
+	_, err = tx.Exec(b.Ctx, `SELECT fencelock.guard_lease('n', 'A', $1)`, int64(tokA))
 	require.Error(t, err, "guard_lease passed for A's grant after B took the lease (token %d)", tokB)
 }
 
@@ -240,10 +240,10 @@ func TestSQLTryAcquireDoesNotBargeAndRenewDoesNotRevive(t *testing.T) {
 	b := setup(t)
 	tokA := sqlTryAcquire(t, b, "n", "A", 300*time.Millisecond)
 	require.NotZero(t, tokA)
-	w := newLessor(t, b.pool, "W")
+	w := newLessor(t, b.Pool, "W")
 	got := make(chan *fencelock.Lease, 1)
 	go func() {
-		lease, err := w.Acquire(b.ctx, "n", time.Minute)
+		lease, err := w.Acquire(b.Ctx, "n", time.Minute)
 		if err != nil {
 			t.Error(err)
 		}
@@ -258,17 +258,17 @@ func TestSQLTryAcquireDoesNotBargeAndRenewDoesNotRevive(t *testing.T) {
 	lease := <-got
 	require.NotNil(t, lease)
 	require.Greater(t, lease.Token(), tokA)
-	_, err := b.pool.Exec(b.ctx, `SELECT fencelock.renew('n', 'A', $1, '1 minute'::interval)`, int64(tokA))
+	_, err := b.Pool.Exec(b.Ctx, `SELECT fencelock.renew('n', 'A', $1, '1 minute'::interval)`, int64(tokA))
 	require.Equal(t, "FL005", sqlState(err), "renew of an expired, taken-over grant")
 	var released bool
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT fencelock.release('n', 'A', $1)`, int64(tokA)).Scan(&released))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT fencelock.release('n', 'A', $1)`, int64(tokA)).Scan(&released))
 	require.False(t, released)
-	require.Equal(t, "W", readLease(t, b.ctx, b.pool, "n").Holder)
+	require.Equal(t, "W", readLease(t, b.Ctx, b.Pool, "n").Holder)
 	require.NoError(t, lease.Err())
 
 	tokE := sqlTryAcquire(t, b, "e", "A", 20*time.Millisecond)
 	require.NotZero(t, tokE)
 	time.Sleep(40 * time.Millisecond)
-	_, err = b.pool.Exec(b.ctx, `SELECT fencelock.renew('e', 'A', $1, '1 minute'::interval)`, int64(tokE))
+	_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.renew('e', 'A', $1, '1 minute'::interval)`, int64(tokE))
 	require.Equal(t, "FL005", sqlState(err), "renew of an expired grant nobody took")
 }

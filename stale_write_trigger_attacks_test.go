@@ -20,7 +20,7 @@ func TestProtectedTableRefusesEvasions(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	conn := plainConn(t, b)
-	_, err := conn.Exec(b.ctx, `
+	_, err := conn.Exec(b.Ctx, `
 		CREATE TABLE parent (id int PRIMARY KEY);
 		CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, fence_token bigint,
 			parent_id int REFERENCES parent ON DELETE CASCADE ON UPDATE CASCADE);
@@ -31,7 +31,7 @@ func TestProtectedTableRefusesEvasions(t *testing.T) {
 		SELECT fencelock.protect_table('pstock');`)
 	require.NoError(t, err)
 	reset := func() {
-		_, err := conn.Exec(b.ctx, `BEGIN; SET LOCAL session_replication_role = replica;
+		_, err := conn.Exec(b.Ctx, `BEGIN; SET LOCAL session_replication_role = replica;
 			DELETE FROM stock; DELETE FROM parent; DELETE FROM pstock;
 			INSERT INTO parent VALUES (1);
 			INSERT INTO stock VALUES ('A', 10, 5, 1), ('B', 10, 9, 1), ('N', 10, NULL, NULL);
@@ -41,7 +41,7 @@ func TestProtectedTableRefusesEvasions(t *testing.T) {
 	}
 	tokens := func() string {
 		var s string
-		require.NoError(t, conn.QueryRow(b.ctx, `SELECT coalesce(string_agg(sku || '=' || coalesce(fence_token::text, 'null'), ',' ORDER BY sku), '')
+		require.NoError(t, conn.QueryRow(b.Ctx, `SELECT coalesce(string_agg(sku || '=' || coalesce(fence_token::text, 'null'), ',' ORDER BY sku), '')
 			|| ';' || coalesce((SELECT string_agg(sku || region || '=' || fence_token, ',') FROM pstock), '') FROM stock`).Scan(&s))
 		return s
 	}
@@ -75,7 +75,7 @@ func TestProtectedTableRefusesEvasions(t *testing.T) {
 		{"NullRowNewToken", 1, `UPDATE stock SET n = 0 WHERE sku = 'N'`, "", "A=5,B=9,N=1;A1=9"},
 	} {
 		reset()
-		_, err := writeWith(t, b.ctx, conn, step.token, step.stmt)
+		_, err := writeWith(t, b.Ctx, conn, step.token, step.stmt)
 		require.Equal(t, step.code, sqlState(err), "%s: %v", step.desc, err)
 		require.Equal(t, step.after, tokens(), step.desc)
 	}
@@ -86,15 +86,15 @@ func TestProtectedTableRefusesEvasions(t *testing.T) {
 		code  string
 	}{{0, "FL006"}, {3, ""}} {
 		reset()
-		tx, err := conn.Begin(b.ctx)
+		tx, err := conn.Begin(b.Ctx)
 		require.NoError(t, err)
 		if c.token != 0 {
-			_, err = tx.Exec(b.ctx, `SELECT fencelock.set_token($1)`, c.token)
+			_, err = tx.Exec(b.Ctx, `SELECT fencelock.set_token($1)`, c.token)
 			require.NoError(t, err)
 		}
-		_, err = tx.Conn().PgConn().CopyFrom(b.ctx, strings.NewReader("C\t1\t\\N\t\\N\n"), `COPY stock (sku, n, fence_token, parent_id) FROM STDIN`)
+		_, err = tx.Conn().PgConn().CopyFrom(b.Ctx, strings.NewReader("C\t1\t\\N\t\\N\n"), `COPY stock (sku, n, fence_token, parent_id) FROM STDIN`)
 		require.Equal(t, c.code, sqlState(err), "COPY with token %d: %v", c.token, err)
-		_ = tx.Rollback(b.ctx)
+		_ = tx.Rollback(b.Ctx)
 	}
 }
 
@@ -105,7 +105,7 @@ func TestProtectedTableOlderConcurrentWriterRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	conn := plainConn(t, b)
-	_, err := conn.Exec(b.ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, fence_token bigint);
+	_, err := conn.Exec(b.Ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, fence_token bigint);
 		SELECT fencelock.protect_table('stock');
 		SELECT fencelock.set_token(5); INSERT INTO stock VALUES ('A', 10, NULL)`)
 	require.NoError(t, err)
@@ -114,35 +114,35 @@ func TestProtectedTableOlderConcurrentWriterRefused(t *testing.T) {
 		`DELETE FROM stock WHERE sku = 'A'`,
 		`INSERT INTO stock VALUES ('A', 1, NULL) ON CONFLICT (sku) DO UPDATE SET n = excluded.n`,
 	} {
-		newer, err := b.pool.Begin(b.ctx)
+		newer, err := b.Pool.Begin(b.Ctx)
 		require.NoError(t, err)
-		_, err = newer.Exec(b.ctx, `SELECT fencelock.set_token(7); UPDATE stock SET n = n - 1 WHERE sku = 'A'`)
+		_, err = newer.Exec(b.Ctx, `SELECT fencelock.set_token(7); UPDATE stock SET n = n - 1 WHERE sku = 'A'`)
 		require.NoError(t, err)
 		older := make(chan error, 1)
 		go func() {
-			older <- pgx.BeginFunc(b.ctx, conn, func(tx pgx.Tx) error {
-				_, err := tx.Exec(b.ctx, `SELECT fencelock.set_token(6)`)
+			older <- pgx.BeginFunc(b.Ctx, conn, func(tx pgx.Tx) error {
+				_, err := tx.Exec(b.Ctx, `SELECT fencelock.set_token(6)`)
 				if err != nil {
 					return err
 				}
-				_, err = tx.Exec(b.ctx, stmt)
+				_, err = tx.Exec(b.Ctx, stmt)
 				return err
 			})
 		}()
 		waitFor(t, b, "the older writer waiting for the row", func() bool {
 			var n int
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
 				WHERE datname = current_database() AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()`).Scan(&n))
 			return n == 1
 		})
-		require.NoError(t, newer.Commit(b.ctx))
+		require.NoError(t, newer.Commit(b.Ctx))
 		select {
 		case err := <-older:
 			require.Equal(t, "FL004", sqlState(err), "%s: %v", stmt, err)
 		case <-time.After(10 * time.Second):
 			t.Fatal("older writer still blocked")
 		}
-		_, err = b.pool.Exec(b.ctx, `BEGIN; SET LOCAL session_replication_role = replica; UPDATE stock SET fence_token = 5; COMMIT`)
+		_, err = b.Pool.Exec(b.Ctx, `BEGIN; SET LOCAL session_replication_role = replica; UPDATE stock SET fence_token = 5; COMMIT`)
 		require.NoError(t, err)
 	}
 }

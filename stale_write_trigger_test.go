@@ -18,7 +18,7 @@ import (
 // test cleanup.
 func plainConn(t *testing.T, b *bundle) *pgx.Conn {
 	t.Helper()
-	conn, err := pgx.Connect(b.ctx, b.db.URL)
+	conn, err := pgx.Connect(b.Ctx, b.DB.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	return conn
@@ -50,7 +50,7 @@ func TestProtectedTableRefusesStaleWrites(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	conn := plainConn(t, b)
-	_, err := conn.Exec(b.ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, fence_token bigint);
+	_, err := conn.Exec(b.Ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, fence_token bigint);
 		SELECT fencelock.protect_table('stock')`)
 	require.NoError(t, err)
 	ptr := func(v int64) *int64 { return &v }
@@ -77,7 +77,7 @@ func TestProtectedTableRefusesStaleWrites(t *testing.T) {
 		{"DeleteStale", 9, `DELETE FROM stock WHERE sku = 'A'`, "FL004", ptr(10)},
 		{"DeleteCurrent", 10, `DELETE FROM stock WHERE sku = 'A'`, "", nil},
 	} {
-		sync, err := writeWith(t, b.ctx, conn, step.token, step.stmt)
+		sync, err := writeWith(t, b.Ctx, conn, step.token, step.stmt)
 		if step.code == "" {
 			require.NoError(t, err, step.desc)
 			require.Equal(t, "on", sync, "%s: the trigger raises synchronous_commit from off to on", step.desc)
@@ -85,7 +85,7 @@ func TestProtectedTableRefusesStaleWrites(t *testing.T) {
 			require.Equal(t, step.code, sqlState(err), "%s: %v", step.desc, err)
 		}
 		var after *int64
-		err = conn.QueryRow(b.ctx, `SELECT fence_token FROM stock WHERE sku = 'A'`).Scan(&after)
+		err = conn.QueryRow(b.Ctx, `SELECT fence_token FROM stock WHERE sku = 'A'`).Scan(&after)
 		if step.after == nil {
 			require.ErrorIs(t, err, pgx.ErrNoRows, step.desc)
 			continue
@@ -96,11 +96,11 @@ func TestProtectedTableRefusesStaleWrites(t *testing.T) {
 
 	// UpdateFencedTx on a protected table: its token travels in the column, and the trigger
 	// reports a refusal as the Go sentinel.
-	_, err = conn.Exec(b.ctx, `SELECT fencelock.set_token(20); INSERT INTO stock VALUES ('B', 1, NULL)`)
+	_, err = conn.Exec(b.Ctx, `SELECT fencelock.set_token(20); INSERT INTO stock VALUES ('B', 1, NULL)`)
 	require.NoError(t, err)
 	updateB := func(token fencelock.Token) error {
-		return pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-			_, err := fencelock.UpdateFencedTx(b.ctx, tx, pgx.Identifier{"stock"}, "fence_token", token,
+		return pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+			_, err := fencelock.UpdateFencedTx(b.Ctx, tx, pgx.Identifier{"stock"}, "fence_token", token,
 				[]fencelock.Column{{Name: "n", Value: 0}}, []fencelock.Column{{Name: "sku", Value: "B"}})
 			return err
 		})
@@ -112,18 +112,18 @@ func TestProtectedTableRefusesStaleWrites(t *testing.T) {
 	require.ErrorAs(t, updateB(15), &stale)
 	require.Equal(t, fencelock.Token(21), stale.Current)
 	// A write after UpdateFencedTx in its transaction carries its token.
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		if _, err := fencelock.UpdateFencedTx(b.ctx, tx, pgx.Identifier{"stock"}, "fence_token", 22,
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+		if _, err := fencelock.UpdateFencedTx(b.Ctx, tx, pgx.Identifier{"stock"}, "fence_token", 22,
 			[]fencelock.Column{{Name: "n", Value: 3}}, []fencelock.Column{{Name: "sku", Value: "B"}}); err != nil {
 			return err
 		}
-		_, err := tx.Exec(b.ctx, `UPDATE stock SET n = n - 1 WHERE sku = 'B'`)
+		_, err := tx.Exec(b.Ctx, `UPDATE stock SET n = n - 1 WHERE sku = 'B'`)
 		return err
 	})
 	require.NoError(t, err)
 	// A stale write through any Go statement is reported as the sentinel.
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(b.ctx, `SELECT fencelock.set_token(19); UPDATE stock SET n = 0 WHERE sku = 'B'`)
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(b.Ctx, `SELECT fencelock.set_token(19); UPDATE stock SET n = 0 WHERE sku = 'B'`)
 		return fencelock.WrapSQLError(err)
 	})
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
@@ -135,17 +135,17 @@ func TestProtectedTableWithFence(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	conn := plainConn(t, b)
-	_, err := conn.Exec(b.ctx, `CREATE TABLE orders (id int PRIMARY KEY, token bigint);
+	_, err := conn.Exec(b.Ctx, `CREATE TABLE orders (id int PRIMARY KEY, token bigint);
 		SELECT fencelock.protect_table('orders', 'token', 'orders')`)
 	require.NoError(t, err)
-	_, err = writeWith(t, b.ctx, conn, 5, `INSERT INTO orders (id) VALUES (1)`)
+	_, err = writeWith(t, b.Ctx, conn, 5, `INSERT INTO orders (id) VALUES (1)`)
 	require.NoError(t, err)
-	_, err = writeWith(t, b.ctx, conn, 4, `INSERT INTO orders (id) VALUES (2)`)
+	_, err = writeWith(t, b.Ctx, conn, 4, `INSERT INTO orders (id) VALUES (2)`)
 	require.Equal(t, "FL004", sqlState(err))
 	require.ErrorIs(t, fencelock.WrapSQLError(err), fencelock.ErrStaleToken)
-	require.ErrorIs(t, fenceOnly(b.ctx, b.pool, "orders", 4), fencelock.ErrStaleToken, "the trigger advanced the fence")
-	require.NoError(t, fenceOnly(b.ctx, b.pool, "orders", 6))
-	_, err = writeWith(t, b.ctx, conn, 5, `INSERT INTO orders (id) VALUES (3)`)
+	require.ErrorIs(t, fenceOnly(b.Ctx, b.Pool, "orders", 4), fencelock.ErrStaleToken, "the trigger advanced the fence")
+	require.NoError(t, fenceOnly(b.Ctx, b.Pool, "orders", 6))
+	_, err = writeWith(t, b.Ctx, conn, 5, `INSERT INTO orders (id) VALUES (3)`)
 	require.Equal(t, "FL004", sqlState(err), "a Go FenceTx advanced the fence the trigger checks")
 
 	// Bad setups are refused before anything is attached.
@@ -154,14 +154,14 @@ func TestProtectedTableWithFence(t *testing.T) {
 		`SELECT fencelock.protect_table('orders', 'id')`, // not bigint
 		`SELECT fencelock.protect_table('orders', 'token', '')`,
 	} {
-		_, err := conn.Exec(b.ctx, stmt)
+		_, err := conn.Exec(b.Ctx, stmt)
 		require.Equal(t, "FL007", sqlState(err), stmt)
 	}
-	_, err = writeWith(t, b.ctx, conn, 0, `SET LOCAL fencelock.token = 'x'; INSERT INTO orders (id) VALUES (4)`)
+	_, err = writeWith(t, b.Ctx, conn, 0, `SET LOCAL fencelock.token = 'x'; INSERT INTO orders (id) VALUES (4)`)
 	require.Equal(t, "FL007", sqlState(err), "a setting that is no token")
 
-	_, err = conn.Exec(b.ctx, `SELECT fencelock.unprotect_table('orders')`)
+	_, err = conn.Exec(b.Ctx, `SELECT fencelock.unprotect_table('orders')`)
 	require.NoError(t, err)
-	_, err = conn.Exec(b.ctx, `INSERT INTO orders (id) VALUES (9)`)
+	_, err = conn.Exec(b.Ctx, `INSERT INTO orders (id) VALUES (9)`)
 	require.NoError(t, err, "unprotected again")
 }

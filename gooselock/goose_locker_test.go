@@ -28,27 +28,27 @@ const gooseVersionTable = fencetest.GooseVersionTable
 // providerLocking runs goose's own contract test, locktesting.TestProviderLocking, on
 // gooselock.Lockers, each migrator with its own pool on url (fencetest.GooseProviderLocking).
 func providerLocking(t *testing.T, b *bundle, url string) {
-	fencetest.GooseProviderLocking(t, b.ctx, b.pool, func(t *testing.T) *pgxpool.Pool { return newPool(t, b.ctx, url) }, gooselock.New)
+	fencetest.GooseProviderLocking(t, b.Ctx, b.Pool, func(t *testing.T) *pgxpool.Pool { return newPool(t, b.Ctx, url) }, gooselock.New)
 }
 
 // goose's contract test for lockers, on direct connections: one migrator applies everything.
 func TestGooseLockerProviderLocking(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	providerLocking(t, b, b.db.URL)
+	providerLocking(t, b, b.DB.URL)
 }
 
 // concurrentLocking runs goose's other contract test, locktesting.TestConcurrentLocking, on
 // gooselock.Lockers on pool (fencetest.GooseConcurrentLocking).
 func concurrentLocking(t *testing.T, b *bundle, pool *pgxpool.Pool) {
-	fencetest.GooseConcurrentLocking(t, b.ctx, b.pool, pool, gooselock.New)
+	fencetest.GooseConcurrentLocking(t, b.Ctx, b.Pool, pool, gooselock.New)
 }
 
 // goose's contract test for concurrent lockers, on direct connections.
 func TestGooseLockerConcurrentLocking(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	concurrentLocking(t, b, b.pool)
+	concurrentLocking(t, b, b.Pool)
 }
 
 // A lease lost while locked (no heartbeat, TTL 1 s): Done closes at the end of the trust
@@ -57,11 +57,11 @@ func TestGooseLockerConcurrentLocking(t *testing.T) {
 func TestGooseLockerLost(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	g, err := gooselock.New(newLessor(t, b.pool, "lost", fencelock.WithoutHeartbeat()), "goose:lost", time.Second)
+	g, err := gooselock.New(newLessor(t, b.Pool, "lost", fencelock.WithoutHeartbeat()), "goose:lost", time.Second)
 	require.NoError(t, err)
-	ctx, cancel := g.Context(b.ctx)
+	ctx, cancel := g.Context(b.Ctx)
 	defer cancel()
-	require.NoError(t, g.Lock(b.ctx, nil))
+	require.NoError(t, g.Lock(b.Ctx, nil))
 	require.NoError(t, g.Err())
 	select {
 	case <-g.Done():
@@ -78,13 +78,13 @@ func TestGooseLockerLost(t *testing.T) {
 	}
 	require.ErrorIs(t, context.Cause(ctx), fencelock.ErrLeaseLost)
 
-	err = g.Unlock(b.ctx, nil)
+	err = g.Unlock(b.Ctx, nil)
 	require.ErrorIs(t, err, fencelock.ErrNotHeld)
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
 	require.ErrorIs(t, g.Err(), fencelock.ErrLeaseLost, "Err keeps the loss after Unlock")
 
-	require.NoError(t, g.Lock(b.ctx, nil))
-	require.NoError(t, g.Unlock(b.ctx, nil))
+	require.NoError(t, g.Lock(b.Ctx, nil))
+	require.NoError(t, g.Unlock(b.Ctx, nil))
 	require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
 }
 
@@ -98,10 +98,10 @@ func TestGooseLockerContextCancelsRun(t *testing.T) {
 		"00001_first.sql": {Data: []byte("-- +goose Up\nCREATE TABLE first_table (id bigint);\n")},
 		"00002_slow.sql":  {Data: []byte("-- +goose Up\nCREATE TABLE slow_table (id bigint);\nSELECT pg_sleep(5);\n")},
 	}
-	g, err := gooselock.New(newLessor(t, b.pool, "slow", fencelock.WithoutHeartbeat()), "goose:slow", 2*time.Second)
+	g, err := gooselock.New(newLessor(t, b.Pool, "slow", fencelock.WithoutHeartbeat()), "goose:slow", 2*time.Second)
 	require.NoError(t, err)
-	p := newGooseProvider(t, b.pool, fsys, g)
-	ctx, cancel := g.Context(b.ctx)
+	p := newGooseProvider(t, b.Pool, fsys, g)
+	ctx, cancel := g.Context(b.Ctx)
 	defer cancel()
 	start := time.Now()
 	_, err = p.Up(ctx)
@@ -114,10 +114,10 @@ func TestGooseLockerContextCancelsRun(t *testing.T) {
 	require.Less(t, elapsed, 4500*time.Millisecond, "the slow migration (5 s) ran on after the loss")
 	require.ErrorIs(t, context.Cause(ctx), fencelock.ErrLeaseLost)
 	var slow *string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT to_regclass('public.slow_table')::text`).Scan(&slow))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT to_regclass('public.slow_table')::text`).Scan(&slow))
 	require.Nil(t, slow, "the cancelled migration committed")
 	var version int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT coalesce(max(version_id), 0) FROM `+gooseVersionTable).Scan(&version))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT coalesce(max(version_id), 0) FROM `+gooseVersionTable).Scan(&version))
 	require.Less(t, version, int64(2))
 }
 
@@ -126,26 +126,26 @@ func TestGooseLockerContextCancelsRun(t *testing.T) {
 func TestGooseLockerContextSurvivesUnlock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	g, err := gooselock.New(newLessor(t, b.pool, "calm"), "goose:calm", 10*time.Second)
+	g, err := gooselock.New(newLessor(t, b.Pool, "calm"), "goose:calm", 10*time.Second)
 	require.NoError(t, err)
-	ctx, cancel := g.Context(b.ctx)
-	require.NoError(t, g.Lock(b.ctx, nil))
+	ctx, cancel := g.Context(b.Ctx)
+	require.NoError(t, g.Lock(b.Ctx, nil))
 	done := g.Done()
-	require.NoError(t, g.Unlock(b.ctx, nil))
+	require.NoError(t, g.Unlock(b.Ctx, nil))
 	require.ErrorIs(t, g.Err(), fencelock.ErrReleased)
 	select {
 	case <-done:
 	default:
 		t.Fatal("Done still open after Unlock")
 	}
-	require.NoError(t, g.Lock(b.ctx, nil))
+	require.NoError(t, g.Lock(b.Ctx, nil))
 	require.NoError(t, g.Err())
 	select {
 	case <-g.Done():
 		t.Fatal("Done of the new lease closed while held")
 	default:
 	}
-	require.NoError(t, g.Unlock(b.ctx, nil))
+	require.NoError(t, g.Unlock(b.Ctx, nil))
 	require.NoError(t, ctx.Err(), "a clean Unlock cancelled the context")
 	cancel()
 	require.ErrorIs(t, context.Cause(ctx), context.Canceled)
@@ -155,8 +155,8 @@ func TestGooseLockerContextSurvivesUnlock(t *testing.T) {
 func TestGooseLockerBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "args")
-	slow := newLessor(t, b.pool, "slow-heartbeat", fencelock.WithHeartbeatInterval(5*time.Second))
+	l := newLessor(t, b.Pool, "args")
+	slow := newLessor(t, b.Pool, "slow-heartbeat", fencelock.WithHeartbeatInterval(5*time.Second))
 	tests := []struct {
 		name   string
 		lessor *fencelock.Lessor
@@ -186,10 +186,10 @@ func TestGooseLockerBadInput(t *testing.T) {
 func TestGooseLockerMisuse(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	g, err := gooselock.New(newLessor(t, b.pool, "migrator"), "goose:misuse", 10*time.Second)
+	g, err := gooselock.New(newLessor(t, b.Pool, "migrator"), "goose:misuse", 10*time.Second)
 	require.NoError(t, err)
 
-	require.ErrorIs(t, g.Unlock(b.ctx, nil), fencelock.ErrNotHeld)
+	require.ErrorIs(t, g.Unlock(b.Ctx, nil), fencelock.ErrNotHeld)
 	require.ErrorIs(t, g.Err(), fencelock.ErrNotHeld)
 	select {
 	case <-g.Done():
@@ -197,26 +197,26 @@ func TestGooseLockerMisuse(t *testing.T) {
 		t.Fatal("Done open before the first Lock")
 	}
 
-	require.NoError(t, g.Lock(b.ctx, nil))
-	require.ErrorIs(t, g.Lock(b.ctx, nil), fencelock.ErrAlreadyHeld)
+	require.NoError(t, g.Lock(b.Ctx, nil))
+	require.ErrorIs(t, g.Lock(b.Ctx, nil), fencelock.ErrAlreadyHeld)
 	require.NoError(t, g.Err(), "the refused Lock changed the held lease")
-	require.NoError(t, g.Unlock(b.ctx, nil))
-	require.ErrorIs(t, g.Unlock(b.ctx, nil), fencelock.ErrNotHeld)
+	require.NoError(t, g.Unlock(b.Ctx, nil))
+	require.ErrorIs(t, g.Unlock(b.Ctx, nil), fencelock.ErrNotHeld)
 
 	// A Lock that waits for another holder's lease: a second Lock is refused at once.
-	other := newLessor(t, b.pool, "other")
-	held, err := other.TryAcquire(b.ctx, "goose:misuse", 10*time.Second)
+	other := newLessor(t, b.Pool, "other")
+	held, err := other.TryAcquire(b.Ctx, "goose:misuse", 10*time.Second)
 	require.NoError(t, err)
 	waiting := make(chan error, 1)
-	go func() { waiting <- g.Lock(b.ctx, nil) }()
-	awaitQueue(t, b.ctx, b.pool, "goose:misuse", false, "migrator")
-	require.ErrorIs(t, g.Lock(b.ctx, nil), fencelock.ErrAlreadyHeld)
-	require.NoError(t, held.Release(b.ctx))
+	go func() { waiting <- g.Lock(b.Ctx, nil) }()
+	awaitQueue(t, b.Ctx, b.Pool, "goose:misuse", false, "migrator")
+	require.ErrorIs(t, g.Lock(b.Ctx, nil), fencelock.ErrAlreadyHeld)
+	require.NoError(t, held.Release(b.Ctx))
 	select {
 	case err := <-waiting:
 		require.NoError(t, err)
 	case <-time.After(10 * time.Second):
 		t.Fatal("the waiting Lock was not granted within 10 s of the release")
 	}
-	require.NoError(t, g.Unlock(b.ctx, nil))
+	require.NoError(t, g.Unlock(b.Ctx, nil))
 }

@@ -24,9 +24,9 @@ func TestJobFinishNotRecordedLeaseCurrent(t *testing.T) {
 	const name = "job:review-row-gone"
 	j := newJob(t, b, "review-row-gone", name, 10*time.Second, nil)
 	var lease *fencelock.Lease
-	err := j.RunSlot(b.ctx, slot, func(ctx context.Context, run *job.Run) error {
+	err := j.RunSlot(b.Ctx, slot, func(ctx context.Context, run *job.Run) error {
 		lease = run.Lease
-		_, err := b.pool.Exec(b.ctx, `DELETE FROM fencelock.job_runs WHERE job = $1`, name)
+		_, err := b.Pool.Exec(b.Ctx, `DELETE FROM fencelock.job_runs WHERE job = $1`, name)
 		return err
 	})
 	require.NotNil(t, lease)

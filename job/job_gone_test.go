@@ -33,7 +33,7 @@ func (c beforeClaim) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 // that the holder's trust window has not seen yet (a clock jump, a pause of the renewals).
 func expireLease(t *testing.T, b *bundle, name string) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() - interval '1 second' WHERE name = $1`, name)
+	_, err := b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() - interval '1 second' WHERE name = $1`, name)
 	require.NoError(t, err)
 }
 
@@ -64,7 +64,7 @@ func TestJobGrantGoneAtFinish(t *testing.T) {
 	slot := time.Date(2026, 11, 23, 14, 0, 0, 0, time.UTC)
 	j := newJob(t, b, "gone-finish", "job:gone-finish", 10*time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()})
 	var lease *fencelock.Lease
-	err := j.RunSlot(b.ctx, slot, func(ctx context.Context, run *job.Run) error {
+	err := j.RunSlot(b.Ctx, slot, func(ctx context.Context, run *job.Run) error {
 		lease = run.Lease
 		expireLease(t, b, "job:gone-finish")
 		return nil
@@ -84,16 +84,16 @@ func TestJobGrantGoneAtClaim(t *testing.T) {
 	b := setup(t)
 	slot := time.Date(2026, 11, 23, 15, 0, 0, 0, time.UTC)
 	var once sync.Once
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.ConnConfig.Tracer = beforeClaim{f: func() { once.Do(func() { expireLease(t, b, "job:gone-claim") }) }}
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	l := newLessor(t, pool, "gone-claim", fencelock.WithoutHeartbeat())
 	j, err := job.New(l, "job:gone-claim", 10*time.Second)
 	require.NoError(t, err)
-	err = j.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error {
+	err = j.RunSlot(b.Ctx, slot, func(context.Context, *job.Run) error {
 		return errors.New("fn must not run")
 	})
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
@@ -102,10 +102,10 @@ func TestJobGrantGoneAtClaim(t *testing.T) {
 	require.ErrorAs(t, err, &lost)
 	require.Equal(t, "the database no longer has this grant (expired or taken over)", lost.Cause.Error())
 	var rows int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.job_runs WHERE job = 'job:gone-claim'`).Scan(&rows))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.job_runs WHERE job = 'job:gone-claim'`).Scan(&rows))
 	require.Zero(t, rows, "the slot was claimed")
 	// The slot is still to run: a later run (the tracer has fired) takes it, attempt 1.
-	require.NoError(t, j.RunSlot(b.ctx, slot, func(_ context.Context, run *job.Run) error {
+	require.NoError(t, j.RunSlot(b.Ctx, slot, func(_ context.Context, run *job.Run) error {
 		require.Equal(t, 1, run.Attempt)
 		return nil
 	}))

@@ -19,7 +19,7 @@ import (
 // newJob returns job name on a lessor of its own with holder id holder.
 func newJob(t *testing.T, b *bundle, holder, name string, ttl time.Duration, lopts []fencelock.LessorOption, opts ...job.Option) *job.Job {
 	t.Helper()
-	j, err := job.New(newLessor(t, b.pool, holder, lopts...), name, ttl, opts...)
+	j, err := job.New(newLessor(t, b.Pool, holder, lopts...), name, ttl, opts...)
 	require.NoError(t, err)
 	return j
 }
@@ -27,7 +27,7 @@ func newJob(t *testing.T, b *bundle, holder, name string, ttl time.Duration, lop
 // ledger reads a slot's outcome and attempt from fencelock.job_ledger.
 func ledger(t *testing.T, b *bundle, name string, slot time.Time) (outcome string, attempt int) {
 	t.Helper()
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT outcome, attempt FROM fencelock.job_ledger WHERE job = $1 AND slot = $2`, name, slot).Scan(&outcome, &attempt))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT outcome, attempt FROM fencelock.job_ledger WHERE job = $1 AND slot = $2`, name, slot).Scan(&outcome, &attempt))
 	return outcome, attempt
 }
 
@@ -55,7 +55,7 @@ func TestJobRunSlotOnce(t *testing.T) {
 			errs := make([]error, 4)
 			for i := range 4 {
 				j := newJob(t, b, "replica-"+tc.name+string(rune('a'+i)), name, 5*time.Second, nil, tc.opts...)
-				wg.Go(func() { errs[i] = j.RunSlot(b.ctx, slot, fn) })
+				wg.Go(func() { errs[i] = j.RunSlot(b.Ctx, slot, fn) })
 			}
 			wg.Wait()
 			require.EqualValues(t, 1, runs.Load())
@@ -71,7 +71,7 @@ func TestJobRunSlotOnce(t *testing.T) {
 			}
 			require.Equal(t, 1, ok)
 			later := newJob(t, b, "later-"+tc.name, name, 5*time.Second, nil, tc.opts...)
-			require.ErrorIs(t, later.RunSlot(b.ctx, slot, fn), job.ErrSlotDone, "a restart runs no slot twice")
+			require.ErrorIs(t, later.RunSlot(b.Ctx, slot, fn), job.ErrSlotDone, "a restart runs no slot twice")
 			outcome, attempt := ledger(t, b, name, slot)
 			require.Equal(t, "succeeded", outcome)
 			require.Equal(t, 1, attempt)
@@ -89,12 +89,12 @@ func TestJobRetryPolicy(t *testing.T) {
 	boom := errors.New("boom")
 
 	j := newJob(t, b, "fail-1", "job:fail", 5*time.Second, nil)
-	require.Equal(t, boom, j.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return boom }))
+	require.Equal(t, boom, j.RunSlot(b.Ctx, slot, func(context.Context, *job.Run) error { return boom }))
 	outcome, _ := ledger(t, b, "job:fail", slot)
 	require.Equal(t, "failed", outcome)
-	require.ErrorIs(t, j.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone)
+	require.ErrorIs(t, j.RunSlot(b.Ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone)
 	retry := newJob(t, b, "fail-2", "job:fail", 5*time.Second, nil, job.WithRetryFailed())
-	require.NoError(t, retry.RunSlot(b.ctx, slot, func(_ context.Context, run *job.Run) error {
+	require.NoError(t, retry.RunSlot(b.Ctx, slot, func(_ context.Context, run *job.Run) error {
 		require.Equal(t, 2, run.Attempt)
 		return nil
 	}))
@@ -105,7 +105,7 @@ func TestJobRetryPolicy(t *testing.T) {
 	// A run whose lease is lost (no heartbeat, TTL 1 s): its context ends; it records nothing.
 	crashing := newJob(t, b, "crash-1", "job:crash", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()})
 	var first fencelock.Token
-	err := crashing.RunSlot(b.ctx, slot, func(ctx context.Context, run *job.Run) error {
+	err := crashing.RunSlot(b.Ctx, slot, func(ctx context.Context, run *job.Run) error {
 		first = run.Lease.Token()
 		<-ctx.Done()
 		return nil
@@ -114,10 +114,10 @@ func TestJobRetryPolicy(t *testing.T) {
 	outcome, _ = ledger(t, b, "job:crash", slot)
 	require.Equal(t, "crashed", outcome)
 	noRetry := newJob(t, b, "crash-2", "job:crash", 5*time.Second, nil)
-	require.ErrorIs(t, noRetry.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone,
+	require.ErrorIs(t, noRetry.RunSlot(b.Ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone,
 		"a crashed slot is not run again by default")
 	again := newJob(t, b, "crash-3", "job:crash", 5*time.Second, nil, job.WithRetryCrashed())
-	require.NoError(t, again.RunSlot(b.ctx, slot, func(_ context.Context, run *job.Run) error {
+	require.NoError(t, again.RunSlot(b.Ctx, slot, func(_ context.Context, run *job.Run) error {
 		require.Equal(t, 2, run.Attempt)
 		require.Greater(t, run.Lease.Token(), first)
 		return nil
@@ -139,7 +139,7 @@ func TestJobEvery(t *testing.T) {
 	const every = 200 * time.Millisecond
 	const want = 6
 	first := gridSlot(t, b, every) // a first deployment runs no past slot
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	var mu sync.Mutex
 	runs := map[time.Time]int{}
 	var wg sync.WaitGroup
@@ -186,7 +186,7 @@ func TestJobEvery(t *testing.T) {
 	lo, hi := slices.MinFunc(slots, time.Time.Compare), slices.MaxFunc(slots, time.Time.Compare)
 	require.Equal(t, int(hi.Sub(lo)/every)+1, len(runs), "a slot between %v and %v was not run", lo, hi)
 	var ledgerRows int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.job_ledger WHERE job = 'job:every' AND outcome = 'succeeded'`).Scan(&ledgerRows))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.job_ledger WHERE job = 'job:every' AND outcome = 'succeeded'`).Scan(&ledgerRows))
 	require.Equal(t, len(runs), ledgerRows)
 }
 
@@ -194,15 +194,15 @@ func TestJobEvery(t *testing.T) {
 func TestJobBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.pool, "job-bad")
+	l := newLessor(t, b.Pool, "job-bad")
 	_, err := job.New(nil, "x", time.Second)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	_, err = job.New(l, "x", time.Second, job.WithHoldAtLeast(-time.Second))
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	j, err := job.New(l, "x", time.Second)
 	require.NoError(t, err)
-	require.ErrorIs(t, j.RunSlot(b.ctx, time.Now(), nil), fencelock.ErrInvalidArgument)
-	require.ErrorIs(t, j.Every(b.ctx, 0, func(context.Context, *job.Run) error { return nil }, nil), fencelock.ErrInvalidArgument)
+	require.ErrorIs(t, j.RunSlot(b.Ctx, time.Now(), nil), fencelock.ErrInvalidArgument)
+	require.ErrorIs(t, j.Every(b.Ctx, 0, func(context.Context, *job.Run) error { return nil }, nil), fencelock.ErrInvalidArgument)
 }
 
 // A run whose lease is lost reads crashed whatever fn returns (ctx's error, as usual, or nil),
@@ -213,7 +213,7 @@ func TestJobInterruptedRunsReadCrashed(t *testing.T) {
 	b := setup(t)
 	slot := time.Date(2026, 11, 23, 12, 0, 0, 0, time.UTC)
 	lost := newJob(t, b, "lost", "job:lost", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()})
-	err := lost.RunSlot(b.ctx, slot, func(ctx context.Context, _ *job.Run) error {
+	err := lost.RunSlot(b.Ctx, slot, func(ctx context.Context, _ *job.Run) error {
 		<-ctx.Done()
 		return ctx.Err()
 	})
@@ -221,9 +221,9 @@ func TestJobInterruptedRunsReadCrashed(t *testing.T) {
 	outcome, _ := ledger(t, b, "job:lost", slot)
 	require.Equal(t, "crashed", outcome)
 	retry := newJob(t, b, "lost-retry", "job:lost", 5*time.Second, nil, job.WithRetryCrashed())
-	require.NoError(t, retry.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }))
+	require.NoError(t, retry.RunSlot(b.Ctx, slot, func(context.Context, *job.Run) error { return nil }))
 
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	shut := newJob(t, b, "shut", "job:shut", 5*time.Second, nil)
 	err = shut.RunSlot(ctx, slot, func(ctx context.Context, _ *job.Run) error {
 		cancel() // the replica shuts down mid-run
@@ -244,7 +244,7 @@ func TestJobHoldAtLeast(t *testing.T) {
 	const hold = 400 * time.Millisecond
 	j := newJob(t, b, "hold", "job:hold", 5*time.Second, nil, job.WithHoldAtLeast(hold))
 	start := time.Now()
-	require.NoError(t, j.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }))
+	require.NoError(t, j.RunSlot(b.Ctx, slot, func(context.Context, *job.Run) error { return nil }))
 	require.GreaterOrEqual(t, time.Since(start), hold, "returned before the hold")
 	// A replica with a hold of a minute finds the slot done and returns without holding. The
 	// bound is the hold, not a latency budget: a minute is far above one ledger read even on a
@@ -252,9 +252,9 @@ func TestJobHoldAtLeast(t *testing.T) {
 	const longHold = time.Minute
 	late := newJob(t, b, "hold-late", "job:hold", 5*time.Second, nil, job.WithHoldAtLeast(longHold))
 	start = time.Now()
-	require.ErrorIs(t, late.RunSlot(b.ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone)
+	require.ErrorIs(t, late.RunSlot(b.Ctx, slot, func(context.Context, *job.Run) error { return nil }), job.ErrSlotDone)
 	require.Less(t, time.Since(start), longHold, "held the lease for a slot that was done")
-	require.ErrorIs(t, j.Every(b.ctx, time.Second/3, func(context.Context, *job.Run) error { return nil }, nil), fencelock.ErrInvalidArgument)
+	require.ErrorIs(t, j.Every(b.Ctx, time.Second/3, func(context.Context, *job.Run) error { return nil }, nil), fencelock.ErrInvalidArgument)
 }
 
 // Slots that stay unclaimed past their horizon (the job's lease held by someone who never
@@ -264,10 +264,10 @@ func TestJobEveryGivesUpPastHorizon(t *testing.T) {
 	b := setup(t)
 	const every = 100 * time.Millisecond
 	const ttl = 300 * time.Millisecond // horizon: 400 ms
-	blocker, err := newLessor(t, b.pool, "blocker").TryAcquire(b.ctx, "job:horizon", 5*time.Second)
+	blocker, err := newLessor(t, b.Pool, "blocker").TryAcquire(b.Ctx, "job:horizon", 5*time.Second)
 	require.NoError(t, err)
 	j := newJob(t, b, "every-h", "job:horizon", ttl, nil)
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	done := make(chan error, 1)
 	var ran atomic.Int32
 	go func() {
@@ -275,16 +275,16 @@ func TestJobEveryGivesUpPastHorizon(t *testing.T) {
 	}()
 	waitFor(t, b, "slots given up while the lease is held", func() bool {
 		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.job_ledger WHERE job = 'job:horizon' AND outcome = 'missed'`).Scan(&n))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.job_ledger WHERE job = 'job:horizon' AND outcome = 'missed'`).Scan(&n))
 		return n >= 3
 	})
 	require.Zero(t, ran.Load(), "ran while the lease was held")
-	require.NoError(t, blocker.Release(b.ctx))
+	require.NoError(t, blocker.Release(b.Ctx))
 	waitFor(t, b, "slots run once the lease is free", func() bool { return ran.Load() >= 2 })
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
 	var dup int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) - count(DISTINCT slot) FROM fencelock.job_runs WHERE job = 'job:horizon'`).Scan(&dup))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) - count(DISTINCT slot) FROM fencelock.job_runs WHERE job = 'job:horizon'`).Scan(&dup))
 	require.Zero(t, dup)
 }
 
@@ -292,7 +292,7 @@ func TestJobEveryGivesUpPastHorizon(t *testing.T) {
 func gridSlot(t *testing.T, b *bundle, every time.Duration) time.Time {
 	t.Helper()
 	var slot time.Time
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT 'epoch'::timestamptz + (floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint / $1 * $1) * interval '1 microsecond'`,
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT 'epoch'::timestamptz + (floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint / $1 * $1) * interval '1 microsecond'`,
 		every.Microseconds()).Scan(&slot))
 	return slot
 }
@@ -303,7 +303,7 @@ func TestJobEveryStartsOnTheGrid(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const every = 100 * time.Millisecond
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	defer cancel()
 	var wg sync.WaitGroup
 	run := func(holder string) {
@@ -312,13 +312,13 @@ func TestJobEveryStartsOnTheGrid(t *testing.T) {
 	}
 	run("grid-a")
 	off := newJob(t, b, "grid-off", "job:grid", 5*time.Second, nil, job.WithOverlapWait()) // grid-a may hold the lease
-	require.NoError(t, off.RunSlot(b.ctx, gridSlot(t, b, every).Add(37*time.Millisecond), func(context.Context, *job.Run) error { return nil }))
+	require.NoError(t, off.RunSlot(b.Ctx, gridSlot(t, b, every).Add(37*time.Millisecond), func(context.Context, *job.Run) error { return nil }))
 	run("grid-b")
 	time.Sleep(800 * time.Millisecond) // eight periods of both replicas
 	cancel()
 	wg.Wait()
 	var twice int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM (
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM (
 		SELECT floor(extract(epoch FROM slot) * 10) AS period FROM fencelock.job_runs WHERE job = 'job:grid' AND token > 0
 		GROUP BY 1 HAVING count(*) > 1) AS p`).Scan(&twice))
 	require.LessOrEqual(t, twice, 1, "periods run twice (one may be the off-grid RunSlot's own period)")
@@ -332,12 +332,12 @@ func TestJobEveryRetriesCrashedSlotOnStart(t *testing.T) {
 	const every = 500 * time.Millisecond
 	slot := gridSlot(t, b, every)
 	dead := newJob(t, b, "crashing", "job:restart", time.Second, []fencelock.LessorOption{fencelock.WithoutHeartbeat()}, job.WithRetryCrashed())
-	err := dead.RunSlot(b.ctx, slot, func(ctx context.Context, _ *job.Run) error { <-ctx.Done(); return ctx.Err() })
+	err := dead.RunSlot(b.Ctx, slot, func(ctx context.Context, _ *job.Run) error { <-ctx.Done(); return ctx.Err() })
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
 	outcome, _ := ledger(t, b, "job:restart", slot)
 	require.Equal(t, "crashed", outcome)
 
-	ctx, cancel := context.WithCancel(b.ctx)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	defer cancel()
 	replacement := newJob(t, b, "replacement", "job:restart", time.Second, nil, job.WithRetryCrashed())
 	retried := make(chan int, 1)

@@ -21,42 +21,42 @@ import (
 func TestRateLimitBurstAndRetry(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r, err := ratelimit.New(b.pool, ratelimit.Limit{Rate: 10, Per: time.Second, Burst: 3})
+	r, err := ratelimit.New(b.Pool, ratelimit.Limit{Rate: 10, Per: time.Second, Burst: 3})
 	require.NoError(t, err)
 	for i := range 3 {
-		res, err := r.Allow(b.ctx, "rl:burst")
+		res, err := r.Allow(b.Ctx, "rl:burst")
 		require.NoError(t, err)
 		require.Equal(t, 1, res.Allowed, "request %d of the burst", i)
 		require.Equal(t, 2-i, res.Remaining)
 		require.Zero(t, res.RetryAfter)
 	}
-	res, err := r.Allow(b.ctx, "rl:burst")
+	res, err := r.Allow(b.Ctx, "rl:burst")
 	require.NoError(t, err)
 	require.Zero(t, res.Allowed)
 	require.Zero(t, res.Remaining)
 	// 3 allowed within microseconds: the next one is due about 100 ms after the first.
 	require.Greater(t, res.RetryAfter, 50*time.Millisecond)
 	require.LessOrEqual(t, res.RetryAfter, 100*time.Millisecond)
-	got, err := r.Wait(b.ctx, "rl:burst", 1)
+	got, err := r.Wait(b.Ctx, "rl:burst", 1)
 	require.NoError(t, err)
 	require.Equal(t, 1, got.Allowed)
 	require.GreaterOrEqual(t, got.At.Sub(res.At), res.RetryAfter-time.Millisecond, "allowed no earlier than said")
 
 	// A cost of 3 needs a full bucket.
-	res, err = r.AllowN(b.ctx, "rl:cost", 3)
+	res, err = r.AllowN(b.Ctx, "rl:cost", 3)
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Allowed)
-	res, err = r.AllowN(b.ctx, "rl:cost", 2)
+	res, err = r.AllowN(b.Ctx, "rl:cost", 2)
 	require.NoError(t, err)
 	require.Zero(t, res.Allowed)
 	require.Greater(t, res.RetryAfter, 150*time.Millisecond)
-	require.NoError(t, r.Reset(b.ctx, "rl:cost"))
-	res, err = r.AllowN(b.ctx, "rl:cost", 3)
+	require.NoError(t, r.Reset(b.Ctx, "rl:cost"))
+	res, err = r.AllowN(b.Ctx, "rl:cost", 3)
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Allowed)
 
 	// Keys are independent.
-	res, err = r.Allow(b.ctx, "rl:other")
+	res, err = r.Allow(b.Ctx, "rl:other")
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Allowed)
 }
@@ -67,35 +67,35 @@ func TestRateLimitBadInput(t *testing.T) {
 	b := setup(t)
 	for _, lim := range []ratelimit.Limit{{}, {Rate: 1, Per: 0, Burst: 1}, {Rate: 1, Per: time.Second, Burst: 0},
 		{Rate: 1, Per: time.Second, Burst: ratelimit.MaxBurst + 1}, {Rate: 1, Per: 30 * 24 * time.Hour, Burst: 1}} {
-		_, err := ratelimit.New(b.pool, lim)
+		_, err := ratelimit.New(b.Pool, lim)
 		require.ErrorIs(t, err, fencelock.ErrInvalidArgument, "%+v", lim)
 	}
 	// Extreme but valid: the interval rounds up to 1 µs (at most 1,000,000 a second); no overflow.
-	huge, err := ratelimit.New(b.pool, ratelimit.Limit{Rate: math.MaxInt64, Per: time.Second, Burst: 1})
+	huge, err := ratelimit.New(b.Pool, ratelimit.Limit{Rate: math.MaxInt64, Per: time.Second, Burst: 1})
 	require.NoError(t, err)
 	require.NotNil(t, huge)
-	_, err = ratelimit.New(b.pool, ratelimit.Limit{Rate: 1, Per: math.MaxInt64, Burst: 1})
+	_, err = ratelimit.New(b.Pool, ratelimit.Limit{Rate: 1, Per: math.MaxInt64, Burst: 1})
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = ratelimit.New(b.pool, ratelimit.Limit{Rate: 1, Per: fencelock.MaxTTL, Burst: 1})
+	_, err = ratelimit.New(b.Pool, ratelimit.Limit{Rate: 1, Per: fencelock.MaxTTL, Burst: 1})
 	require.NoError(t, err, "refills in exactly MaxTTL")
-	_, err = ratelimit.New(b.pool, ratelimit.Limit{Rate: 1, Per: fencelock.MaxTTL, Burst: 2})
+	_, err = ratelimit.New(b.Pool, ratelimit.Limit{Rate: 1, Per: fencelock.MaxTTL, Burst: 2})
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument, "refills in twice MaxTTL")
 	_, err = ratelimit.New(nil, ratelimit.PerSecond(1))
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	r, err := ratelimit.New(b.pool, ratelimit.PerSecond(5))
+	r, err := ratelimit.New(b.Pool, ratelimit.PerSecond(5))
 	require.NoError(t, err)
 	for _, n := range []int{0, -1, 6} {
-		_, err = r.AllowN(b.ctx, "k", n)
+		_, err = r.AllowN(b.Ctx, "k", n)
 		require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	}
-	_, err = r.Allow(b.ctx, "")
+	_, err = r.Allow(b.Ctx, "")
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = r.Allow(b.ctx, "a\x00b")
+	_, err = r.Allow(b.Ctx, "a\x00b")
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = ratelimit.Sweep(b.ctx, b.pool, -time.Second)
+	_, err = ratelimit.Sweep(b.Ctx, b.Pool, -time.Second)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.rate_limits`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.rate_limits`).Scan(&n))
 	require.Zero(t, n, "no SQL ran")
 }
 
@@ -103,24 +103,24 @@ func TestRateLimitBadInput(t *testing.T) {
 func TestRateLimitSweep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r, err := ratelimit.New(b.pool, ratelimit.Limit{Rate: 100, Per: time.Second, Burst: 1})
+	r, err := ratelimit.New(b.Pool, ratelimit.Limit{Rate: 100, Per: time.Second, Burst: 1})
 	require.NoError(t, err)
 	for _, k := range []string{"rl:s1", "rl:s2"} {
-		_, err := r.Allow(b.ctx, k)
+		_, err := r.Allow(b.Ctx, k)
 		require.NoError(t, err)
 	}
-	n, err := ratelimit.Sweep(b.ctx, b.pool, time.Hour)
+	n, err := ratelimit.Sweep(b.Ctx, b.Pool, time.Hour)
 	require.NoError(t, err)
 	require.Zero(t, n, "not idle for an hour")
 	waitFor(t, b, "both buckets full again on the database clock", func() bool {
 		var idle int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.rate_limits WHERE tat < clock_timestamp()`).Scan(&idle))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.rate_limits WHERE tat < clock_timestamp()`).Scan(&idle))
 		return idle == 2
 	})
-	res, err := r.Allow(b.ctx, "rl:s2")
+	res, err := r.Allow(b.Ctx, "rl:s2")
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Allowed)
-	n, err = ratelimit.Sweep(b.ctx, b.pool, 0)
+	n, err = ratelimit.Sweep(b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "rl:s1 is idle; rl:s2 was just used")
 }
@@ -160,7 +160,7 @@ func TestRateLimitNeverExceedsUnderConcurrency(t *testing.T) {
 		d = 10 * time.Second
 	}
 	lim := ratelimit.Limit{Rate: 40, Per: time.Second, Burst: 5}
-	r, err := ratelimit.New(b.pool, lim)
+	r, err := ratelimit.New(b.Pool, lim)
 	require.NoError(t, err)
 	keys := []string{"rl:soak:a", "rl:soak:b"}
 	var mu sync.Mutex
@@ -173,7 +173,7 @@ func TestRateLimitNeverExceedsUnderConcurrency(t *testing.T) {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
 				n := 1 + g%2 // costs 1 and 2
-				res, err := r.AllowN(b.ctx, key, n)
+				res, err := r.AllowN(b.Ctx, key, n)
 				if err != nil {
 					t.Error(err)
 					return
@@ -214,7 +214,7 @@ func TestRateLimitNeverExceedsUnderConcurrency(t *testing.T) {
 func TestRateLimitDecidesUnderTheRowLock(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	r, err := ratelimit.New(newPool(t, b.ctx, b.db.URL), ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
+	r, err := ratelimit.New(newPool(t, b.Ctx, b.DB.URL), ratelimit.Limit{Rate: 1_000_000, Per: time.Second, Burst: 1000})
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -222,7 +222,7 @@ func TestRateLimitDecidesUnderTheRowLock(t *testing.T) {
 	for g := range 16 {
 		wg.Go(func() {
 			for range 200 {
-				res, err := r.Allow(b.ctx, fmt.Sprint("rl:hot:", g%2))
+				res, err := r.Allow(b.Ctx, fmt.Sprint("rl:hot:", g%2))
 				if err != nil {
 					t.Error(err)
 					return
@@ -245,10 +245,10 @@ func TestRateLimitDecidesUnderTheRowLock(t *testing.T) {
 func TestRateLimitCommitModes(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.MaxConns = 1 // every statement below on the same session
-	pool, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 	for _, tc := range []struct {
@@ -262,11 +262,11 @@ func TestRateLimitCommitModes(t *testing.T) {
 		require.NoError(t, err, tc.desc)
 		key := "rl:mode:" + tc.desc
 		for i, want := range []int{1, 1, 0} {
-			res, err := r.Allow(b.ctx, key)
+			res, err := r.Allow(b.Ctx, key)
 			require.NoError(t, err, tc.desc)
 			require.Equal(t, want, res.Allowed, "%s: request %d", tc.desc, i)
 			var sc string
-			require.NoError(t, pool.QueryRow(b.ctx, `SHOW synchronous_commit`).Scan(&sc))
+			require.NoError(t, pool.QueryRow(b.Ctx, `SHOW synchronous_commit`).Scan(&sc))
 			require.Equal(t, "on", sc, "%s: the session's synchronous_commit after request %d", tc.desc, i)
 		}
 	}

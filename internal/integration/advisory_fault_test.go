@@ -27,12 +27,12 @@ const watchdogBound = 2*testWatchdog + 2*time.Second
 func TestAdvisoryBackendTerminated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a := newLocker(t, b.pool, fencelock.WithWatchdogInterval(testWatchdog))
-	c := newLocker(t, b.pool)
-	lk, err := a.TryLock(b.ctx, "job")
+	a := newLocker(t, b.Pool, fencelock.WithWatchdogInterval(testWatchdog))
+	c := newLocker(t, b.Pool)
+	lk, err := a.TryLock(b.Ctx, "job")
 	require.NoError(t, err)
-	require.NoError(t, b.db.Server.TerminateBackend(b.ctx, lk.BackendPID()))
-	lc, err := c.TryLock(b.ctx, "job")
+	require.NoError(t, b.DB.Server.TerminateBackend(b.Ctx, lk.BackendPID()))
+	lc, err := c.TryLock(b.Ctx, "job")
 	require.NoError(t, err, "the lock must be free as soon as its session is gone")
 	start := time.Now()
 	select {
@@ -42,12 +42,12 @@ func TestAdvisoryBackendTerminated(t *testing.T) {
 		t.Fatalf("Done not closed within %v", watchdogBound)
 	}
 	require.ErrorIs(t, lk.Err(), fencelock.ErrLockLost)
-	require.ErrorIs(t, lk.Unlock(b.ctx), fencelock.ErrNotHeld)
-	require.NoError(t, lc.Unlock(b.ctx))
+	require.ErrorIs(t, lk.Unlock(b.Ctx), fencelock.ErrNotHeld)
+	require.NoError(t, lc.Unlock(b.Ctx))
 	// The locker can take the name again.
-	again, err := a.TryLock(b.ctx, "job")
+	again, err := a.TryLock(b.Ctx, "job")
 	require.NoError(t, err)
-	require.NoError(t, again.Unlock(b.ctx))
+	require.NoError(t, again.Unlock(b.Ctx))
 }
 
 // Server crash and restart: Done closes within the watchdog bound; after the restart the lock
@@ -99,9 +99,9 @@ func waitLockDone(t *testing.T, lk *fencelock.AdvisoryLock, limit time.Duration)
 // Not parallel: goleak must not see other tests' goroutines.
 func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 	b := setup(t)
-	b.pool = bigPool(t, b)
+	b.Pool = bigPool(t, b)
 	ignore := goleak.IgnoreCurrent()
-	holder := newLocker(t, b.pool)
+	holder := newLocker(t, b.Pool)
 	key := keyOf(t, holder, "contended")
 
 	stop := make(chan struct{})
@@ -113,13 +113,13 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 				return
 			default:
 			}
-			lk, err := holder.Lock(b.ctx, "contended")
+			lk, err := holder.Lock(b.Ctx, "contended")
 			if err != nil {
 				t.Error(err)
 				return
 			}
 			time.Sleep(time.Duration(rand.IntN(500)) * time.Microsecond)
-			if err := lk.Unlock(b.ctx); err != nil {
+			if err := lk.Unlock(b.Ctx); err != nil {
 				t.Error(err)
 				return
 			}
@@ -136,15 +136,15 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 	}
 	close(next)
 	for range parallel {
-		w := newLocker(t, b.pool)
+		w := newLocker(t, b.Pool)
 		waiters.Go(func() {
 			for i := range next {
 				var ctx context.Context
 				var cancel context.CancelFunc
 				if i%2 == 0 {
-					ctx, cancel = context.WithTimeout(b.ctx, time.Duration(rand.IntN(3000))*time.Microsecond)
+					ctx, cancel = context.WithTimeout(b.Ctx, time.Duration(rand.IntN(3000))*time.Microsecond)
 				} else {
-					ctx, cancel = context.WithCancel(b.ctx)
+					ctx, cancel = context.WithCancel(b.Ctx)
 					time.AfterFunc(time.Duration(rand.IntN(3000))*time.Microsecond, cancel)
 				}
 				lk, err := w.Lock(ctx, "contended")
@@ -157,7 +157,7 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 				}
 				mu.Unlock()
 				if err == nil {
-					if err := lk.Unlock(b.ctx); err != nil {
+					if err := lk.Unlock(b.Ctx); err != nil {
 						t.Error(err)
 					}
 				} else if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
@@ -175,27 +175,27 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 	// Sessions closed after a cancel end on the server shortly after (pgx closes them
 	// asynchronously, by its bound); then nothing is held.
 	require.Eventually(t, func() bool {
-		return len(advisoryHolders(t, b.ctx, b.pool, key, true))+len(advisoryHolders(t, b.ctx, b.pool, key, false)) == 0
+		return len(advisoryHolders(t, b.Ctx, b.Pool, key, true))+len(advisoryHolders(t, b.Ctx, b.Pool, key, false)) == 0
 	}, cancelledCloseBound, 10*time.Millisecond, "stray advisory locks left in pg_locks")
 
 	// Every connection a lock took went back to the pool or was closed (a Lock abandoned in
 	// the pool's acquire lets the pool finish its ping in the background first).
-	require.Eventually(t, func() bool { return b.pool.Stat().AcquiredConns() == 0 },
+	require.Eventually(t, func() bool { return b.Pool.Stat().AcquiredConns() == 0 },
 		cancelledCloseBound, 10*time.Millisecond, "connections taken from the pool and never given back")
 	closed := make(chan struct{})
-	go func() { b.pool.Close(); close(closed) }()
+	go func() { b.Pool.Close(); close(closed) }()
 	select {
 	case <-closed:
 	case <-time.After(cancelledCloseBound):
 		t.Fatalf("the pool did not close within %v", cancelledCloseBound)
 	}
 	// No session of the test is left on the server: each closed connection's backend exits.
-	checker, err := pgx.Connect(b.ctx, b.db.URL)
+	checker, err := pgx.Connect(b.Ctx, b.DB.URL)
 	require.NoError(t, err)
 	var left []string
 	deadline := time.Now().Add(cancelledCloseBound)
 	for {
-		rows, err := checker.Query(b.ctx, `
+		rows, err := checker.Query(b.Ctx, `
 			SELECT format('pid %s application_name %L state %s query %L', pid, application_name, state, left(query, 80))
 			FROM pg_stat_activity
 			WHERE datname = current_database() AND backend_type = 'client backend' AND pid <> pg_backend_pid()`)
@@ -207,7 +207,7 @@ func TestAdvisoryLockCancelledLeavesNothing(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	require.NoError(t, checker.Close(b.ctx))
+	require.NoError(t, checker.Close(b.Ctx))
 	require.Empty(t, left, "sessions left on the server %v after the pool closed: connections never closed", cancelledCloseBound)
 	verifyNoLeakWithin(t, cancelledCloseBound, ignore)
 }
@@ -221,37 +221,37 @@ const cancelledCloseBound = 20 * time.Second
 func TestAdvisoryBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
-	pool := goosePool(t, b.ctx, bouncer.URL(b.db.Name), true) // PgBouncer < 1.21: no named prepared statements
+	bouncer := pgtest.NewPgBouncer(t, b.DB.Server, "transaction")
+	pool := goosePool(t, b.Ctx, bouncer.URL(b.DB.Name), true) // PgBouncer < 1.21: no named prepared statements
 
 	a := newLocker(t, pool, fencelock.WithFencingTokens())
-	_, err := a.TryLock(b.ctx, "job")
+	_, err := a.TryLock(b.Ctx, "job")
 	var pe *fencelock.PoolerError
 	require.ErrorAs(t, err, &pe)
 	require.ErrorIs(t, err, fencelock.ErrConnectionPooler)
-	require.Empty(t, advisoryHolders(t, b.ctx, b.pool, keyOf(t, a, "job"), true), "TryLock refused, yet holds")
-	_, err = a.Lock(b.ctx, "job")
+	require.Empty(t, advisoryHolders(t, b.Ctx, b.Pool, keyOf(t, a, "job"), true), "TryLock refused, yet holds")
+	_, err = a.Lock(b.Ctx, "job")
 	require.ErrorIs(t, err, fencelock.ErrConnectionPooler)
 	// Nothing is left held on the server by the refused grants.
-	require.Empty(t, advisoryHolders(t, b.ctx, b.pool, keyOf(t, a, "job"), true), "Lock refused, yet holds")
+	require.Empty(t, advisoryHolders(t, b.Ctx, b.Pool, keyOf(t, a, "job"), true), "Lock refused, yet holds")
 
 	var tok fencelock.Token
-	require.NoError(t, pgx.BeginFunc(b.ctx, pool, func(tx pgx.Tx) error {
+	require.NoError(t, pgx.BeginFunc(b.Ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		if tok, err = a.TryLockTx(b.ctx, tx, "job"); err != nil {
+		if tok, err = a.TryLockTx(b.Ctx, tx, "job"); err != nil {
 			return err
 		}
-		return fencelock.FenceTx(b.ctx, tx, "job", tok)
+		return fencelock.FenceTx(b.Ctx, tx, "job", tok)
 	}))
 	require.Positive(t, tok)
 
 	l := newLessor(t, pool, "through-bouncer")
-	lease, err := l.TryAcquire(b.ctx, "lease", time.Second)
+	lease, err := l.TryAcquire(b.Ctx, "lease", time.Second)
 	require.NoError(t, err)
-	require.NoError(t, lease.Renew(b.ctx))
-	require.NoError(t, pgx.BeginFunc(b.ctx, pool, func(tx pgx.Tx) error { return lease.GuardTx(b.ctx, tx) }))
-	require.NoError(t, lease.Release(b.ctx))
-	require.NoError(t, l.RunLocked(b.ctx, "lease", func(ctx context.Context, tx pgx.Tx, token fencelock.Token) error {
+	require.NoError(t, lease.Renew(b.Ctx))
+	require.NoError(t, pgx.BeginFunc(b.Ctx, pool, func(tx pgx.Tx) error { return lease.GuardTx(b.Ctx, tx) }))
+	require.NoError(t, lease.Release(b.Ctx))
+	require.NoError(t, l.RunLocked(b.Ctx, "lease", func(ctx context.Context, tx pgx.Tx, token fencelock.Token) error {
 		return fencelock.FenceTx(ctx, tx, "lease", token)
 	}))
 }

@@ -16,7 +16,7 @@ import (
 // connection, and the default pool (4 connections on 2 cores) is soon exhausted.
 func bigPool(t *testing.T, b *bundle) *pgxpool.Pool {
 	t.Helper()
-	return newPool(t, b.ctx, b.db.URL, testkit.MaxConns(40))
+	return newPool(t, b.Ctx, b.DB.URL, testkit.MaxConns(40))
 }
 
 // newLocker returns an advisory locker on a pool with options, failing the test on error;

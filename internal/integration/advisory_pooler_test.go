@@ -18,23 +18,23 @@ import (
 func TestAdvisoryBehindSessionPooler(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "session")
+	bouncer := pgtest.NewPgBouncer(t, b.DB.Server, "session")
 	viaBouncer := func() *pgxpool.Pool {
-		return goosePool(t, b.ctx, bouncer.URL(b.db.Name), true) // PgBouncer < 1.21: no named prepared statements
+		return goosePool(t, b.Ctx, bouncer.URL(b.DB.Name), true) // PgBouncer < 1.21: no named prepared statements
 	}
 	poolA, poolB := viaBouncer(), viaBouncer()
 
 	refusing := newLocker(t, poolA)
-	_, err := refusing.TryLock(b.ctx, "job")
+	_, err := refusing.TryLock(b.Ctx, "job")
 	require.ErrorIs(t, err, fencelock.ErrConnectionPooler, "a pooler not declared is refused")
 
 	a := newLocker(t, poolA, fencelock.WithSessionPooler(), fencelock.WithWatchdogInterval(50*time.Millisecond))
 	other := newLocker(t, poolB, fencelock.WithSessionPooler())
 	key := keyOf(t, a, "job")
-	lk, err := a.TryLock(b.ctx, "job")
+	lk, err := a.TryLock(b.Ctx, "job")
 	require.NoError(t, err)
-	require.Equal(t, []uint32{lk.BackendPID()}, advisoryHolders(t, b.ctx, b.pool, key, true), "the server session named by BackendPID holds the lock")
-	_, err = other.TryLock(b.ctx, "job")
+	require.Equal(t, []uint32{lk.BackendPID()}, advisoryHolders(t, b.Ctx, b.Pool, key, true), "the server session named by BackendPID holds the lock")
+	_, err = other.TryLock(b.Ctx, "job")
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "held through one client connection, refused through another")
 
 	// A watchdog round passes without ending the lock: the server session stays the same.
@@ -43,22 +43,22 @@ func TestAdvisoryBehindSessionPooler(t *testing.T) {
 		t.Fatalf("lock ended behind a session pooler: %v", lk.Err())
 	case <-time.After(200 * time.Millisecond):
 	}
-	require.NoError(t, lk.Unlock(b.ctx))
-	require.Empty(t, advisoryHolders(t, b.ctx, b.pool, key, true), "Unlock released it on the server")
+	require.NoError(t, lk.Unlock(b.Ctx))
+	require.Empty(t, advisoryHolders(t, b.Ctx, b.Pool, key, true), "Unlock released it on the server")
 
 	// The server session behind the holder's client connection ends: PgBouncer drops the
 	// client connection with it, the watchdog ends the lock, and another client may take it.
-	lk2, err := other.TryLock(b.ctx, "job")
+	lk2, err := other.TryLock(b.Ctx, "job")
 	require.NoError(t, err)
-	require.NoError(t, b.db.Server.TerminateBackend(b.ctx, lk2.BackendPID()))
+	require.NoError(t, b.DB.Server.TerminateBackend(b.Ctx, lk2.BackendPID()))
 	select {
 	case <-lk2.Done():
 		require.ErrorIs(t, lk2.Err(), fencelock.ErrLockLost)
 	case <-time.After(30 * time.Second):
 		t.Fatal("Done did not close after the lock's server session ended behind the session pooler")
 	}
-	require.Empty(t, advisoryHolders(t, b.ctx, b.pool, key, true))
-	lk3, err := a.TryLock(b.ctx, "job")
+	require.Empty(t, advisoryHolders(t, b.Ctx, b.Pool, key, true))
+	lk3, err := a.TryLock(b.Ctx, "job")
 	require.NoError(t, err)
-	require.NoError(t, lk3.Unlock(b.ctx))
+	require.NoError(t, lk3.Unlock(b.Ctx))
 }

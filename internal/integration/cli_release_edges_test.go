@@ -21,27 +21,27 @@ import (
 func TestCLIAdvisoryKeysAndNamespaces(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	// The locks hold a connection each: on a pool of their own, so that b.pool stays free.
-	holders := newPool(t, b.ctx, b.db.URL)
-	conn, err := holders.Acquire(b.ctx)
+	// The locks hold a connection each: on a pool of their own, so that b.Pool stays free.
+	holders := newPool(t, b.Ctx, b.DB.URL)
+	conn, err := holders.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
-	_, err = conn.Exec(b.ctx, `SELECT pg_advisory_lock(-1, 5)`)
+	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_lock(-1, 5)`)
 	require.NoError(t, err)
-	defer func() { _, _ = conn.Exec(b.ctx, `SELECT pg_advisory_unlock_all()`) }()
+	defer func() { _, _ = conn.Exec(b.Ctx, `SELECT pg_advisory_unlock_all()`) }()
 
 	a := newLocker(t, holders)
-	neg, err := a.TryLock(b.ctx, "", fencelock.AtKey(fencelock.Int64Key(-5)))
+	neg, err := a.TryLock(b.Ctx, "", fencelock.AtKey(fencelock.Int64Key(-5)))
 	require.NoError(t, err)
 	billing := newLocker(t, holders, fencelock.WithNamespace("billing"))
 	reports := newLocker(t, holders, fencelock.WithNamespace("reports"))
-	nb, err := billing.TryLock(b.ctx, "nightly")
+	nb, err := billing.TryLock(b.Ctx, "nightly")
 	require.NoError(t, err)
-	nr, err := reports.TryLock(b.ctx, "nightly")
+	nr, err := reports.TryLock(b.Ctx, "nightly")
 	require.NoError(t, err)
 	t.Cleanup(func() { // before the pool closes (cleanups run last registered first), on failure too
 		for _, lk := range []*fencelock.AdvisoryLock{neg, nb, nr} {
-			_ = lk.Unlock(b.ctx)
+			_ = lk.Unlock(b.Ctx)
 		}
 	})
 
@@ -57,7 +57,7 @@ func TestCLIAdvisoryKeysAndNamespaces(t *testing.T) {
 	require.True(t, sawPair, "locks shows the pair (-1, 5): %s", out)
 	require.True(t, sawNeg, "locks shows the key -5: %s", out)
 	var pair, single int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FILTER (WHERE key1 = -1 AND key2 = 5), count(*) FILTER (WHERE key = -5)
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FILTER (WHERE key1 = -1 AND key2 = 5), count(*) FILTER (WHERE key = -5)
 		FROM fencelock.advisory_locks WHERE granted`).Scan(&pair, &single))
 	require.Equal(t, 1, pair, "the pair (-1, 5) as taken")
 	require.Equal(t, 1, single, "the key -5 as taken")
@@ -70,7 +70,7 @@ func TestCLIAdvisoryKeysAndNamespaces(t *testing.T) {
 	require.Equal(t, 0, code, errOut)
 	awaitDone(t, b, nr.Done(), "reports' nightly")
 	// The command returns once the backends it terminated have exited: billing's is not one.
-	require.Equal(t, []uint32{nb.BackendPID()}, advisoryHolders(t, b.ctx, b.pool, keyOf(t, billing, "nightly"), true),
+	require.Equal(t, []uint32{nb.BackendPID()}, advisoryHolders(t, b.Ctx, b.Pool, keyOf(t, billing, "nightly"), true),
 		"billing's nightly is still held by its session after a release in namespace reports")
 }
 
@@ -79,7 +79,7 @@ func awaitDone(t *testing.T, b *bundle, done <-chan struct{}, what string) {
 	t.Helper()
 	select {
 	case <-done:
-	case <-b.ctx.Done():
+	case <-b.Ctx.Done():
 		t.Fatalf("%s did not end", what)
 	}
 }
@@ -90,13 +90,13 @@ func awaitDone(t *testing.T, b *bundle, done <-chan struct{}, what string) {
 func TestForceReleaseWaitsForGrantInFlight(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
+	defer func() { _ = tx.Rollback(b.Ctx) }()
 	var granted int64
 	var exp time.Time
 	// LeaseGrant's parameters: name, holder, nowait, ttl_us, may_insert.
-	require.NoError(t, tx.QueryRow(b.ctx, db.Statement("LeaseGrant"), "acct", "new", true, time.Minute.Microseconds(), true).Scan(&granted, &exp))
+	require.NoError(t, tx.QueryRow(b.Ctx, db.Statement("LeaseGrant"), "acct", "new", true, time.Minute.Microseconds(), true).Scan(&granted, &exp))
 
 	type result struct {
 		oldHolder *string
@@ -107,17 +107,17 @@ func TestForceReleaseWaitsForGrantInFlight(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		var r result
-		r.err = b.pool.QueryRow(b.ctx, `SELECT old_holder, old_token, new_token FROM fencelock.force_release('acct', ARRAY['acct'])`).
+		r.err = b.Pool.QueryRow(b.Ctx, `SELECT old_holder, old_token, new_token FROM fencelock.force_release('acct', ARRAY['acct'])`).
 			Scan(&r.oldHolder, &r.oldToken, &r.newToken)
 		done <- r
 	}()
 	waitFor(t, b, "force_release waits for the grant's row lock", func() bool {
 		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%force_release%'`).Scan(&n))
 		return n == 1
 	})
-	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, tx.Commit(b.Ctx))
 	r := <-done
 	require.NoError(t, r.err)
 	require.NotNil(t, r.oldHolder, "the grant that committed while force_release waited is the one it ends")
@@ -126,7 +126,7 @@ func TestForceReleaseWaitsForGrantInFlight(t *testing.T) {
 	require.Greater(t, *r.newToken, granted)
 	var held bool
 	var fence int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT expires_at > clock_timestamp(), (SELECT token FROM fencelock.fences WHERE resource = 'acct')
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT expires_at > clock_timestamp(), (SELECT token FROM fencelock.fences WHERE resource = 'acct')
 		FROM fencelock.leases WHERE name = 'acct'`).Scan(&held, &fence))
 	require.False(t, held, "the grant was ended")
 	require.Equal(t, *r.newToken, fence)
@@ -138,20 +138,20 @@ func TestForceReleaseWaitsForGrantInFlight(t *testing.T) {
 func TestCLIReleaseForceAfterWait(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder := newLessor(t, b.pool, "holder")
-	waiter := newLessor(t, b.pool, "waiter")
-	lease, err := holder.Acquire(b.ctx, "job", time.Minute)
+	holder := newLessor(t, b.Pool, "holder")
+	waiter := newLessor(t, b.Pool, "waiter")
+	lease, err := holder.Acquire(b.Ctx, "job", time.Minute)
 	require.NoError(t, err)
 
 	code, _, errOut := cliRun(t, b, "", "release", "--force", "--token", strconv.FormatInt(int64(lease.Token())+1, 10), "job")
 	require.Equal(t, 3, code, "a --token that is not the current grant's: %s", errOut)
 	require.Contains(t, errOut, "nothing changed")
-	require.NoError(t, lease.Renew(b.ctx), "the lease is still held")
+	require.NoError(t, lease.Renew(b.Ctx), "the lease is still held")
 
 	got := make(chan *fencelock.Lease, 1)
 	const waiterTTL = time.Second
 	go func() {
-		l, err := waiter.Acquire(b.ctx, "job", waiterTTL)
+		l, err := waiter.Acquire(b.Ctx, "job", waiterTTL)
 		if err != nil {
 			t.Error(err)
 		}
@@ -159,9 +159,9 @@ func TestCLIReleaseForceAfterWait(t *testing.T) {
 	}()
 	awaitWaiters(t, b, "job", 1)
 
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	require.NoError(t, lease.GuardTx(b.ctx, tx))
+	require.NoError(t, lease.GuardTx(b.Ctx, tx))
 	type res struct {
 		code      int
 		out, errS string
@@ -173,12 +173,12 @@ func TestCLIReleaseForceAfterWait(t *testing.T) {
 	}()
 	waitFor(t, b, "release waits for the guarded transaction", func() bool {
 		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%force_release%'`).Scan(&n))
 		return n == 1
 	})
 	time.Sleep(waiterTTL + 200*time.Millisecond) // the wait itself is what is measured: longer than the waiter's TTL
-	require.NoError(t, tx.Commit(b.ctx))
+	require.NoError(t, tx.Commit(b.Ctx))
 	r := <-released
 	require.Equal(t, 0, r.code, r.errS)
 	var out struct {
@@ -191,7 +191,7 @@ func TestCLIReleaseForceAfterWait(t *testing.T) {
 	l := <-got
 	require.NotNil(t, l)
 	require.EqualValues(t, *out.NewToken, l.Token(), "the waiter holds the grant the release handed over, not a later one")
-	require.NoError(t, l.Release(b.ctx))
+	require.NoError(t, l.Release(b.Ctx))
 	require.True(t, strings.HasPrefix(r.out, "{"))
 }
 
@@ -200,10 +200,10 @@ func TestCLIReleaseForceAfterWait(t *testing.T) {
 func TestCLIReleaseLapsedGrant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	zombie := newLessor(t, b.pool, "zombie", fencelock.WithoutHeartbeat())
-	lease, err := zombie.TryAcquire(b.ctx, "acct", 300*time.Millisecond)
+	zombie := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat())
+	lease, err := zombie.TryAcquire(b.Ctx, "acct", 300*time.Millisecond)
 	require.NoError(t, err)
-	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.ctx, b.pool, "acct").Expired })
+	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.Ctx, b.Pool, "acct").Expired })
 
 	code, out, errOut := cliRun(t, b, "", "release", "--force", "--json", "--token", strconv.FormatInt(int64(lease.Token()), 10), "acct")
 	require.Equal(t, 0, code, errOut)
@@ -220,7 +220,7 @@ func TestCLIReleaseLapsedGrant(t *testing.T) {
 	require.Equal(t, "zombie", *res.OldHolder)
 	require.EqualValues(t, lease.Token(), *res.OldToken)
 	require.Greater(t, *res.NewToken, int64(lease.Token()))
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "acct", lease.Token()) })
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, "acct", lease.Token()) })
 	require.ErrorIs(t, err, fencelock.ErrStaleToken, "the lapsed zombie's token is fenced out")
 
 	code, _, errOut = cliRun(t, b, "", "release", "--force", "--token", "0", "acct")
@@ -239,17 +239,17 @@ func TestCLIReleaseLapsedGrant(t *testing.T) {
 func TestCLIReleaseDeadlockWithHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `ALTER DATABASE `+pgx.Identifier{b.db.Name}.Sanitize()+` SET deadlock_timeout = '5s'`)
+	_, err := b.Pool.Exec(b.Ctx, `ALTER DATABASE `+pgx.Identifier{b.DB.Name}.Sanitize()+` SET deadlock_timeout = '5s'`)
 	require.NoError(t, err)
-	holder := newLessor(t, b.pool, "holder")
-	lease, err := holder.TryAcquire(b.ctx, "acct", time.Minute)
+	holder := newLessor(t, b.Pool, "holder")
+	lease, err := holder.TryAcquire(b.Ctx, "acct", time.Minute)
 	require.NoError(t, err)
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = tx.Exec(b.ctx, `SET LOCAL deadlock_timeout = '60s'`)
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	_, err = tx.Exec(b.Ctx, `SET LOCAL deadlock_timeout = '60s'`)
 	require.NoError(t, err)
-	require.NoError(t, fencelock.FenceTx(b.ctx, tx, "acct", lease.Token())) // the fence row first
+	require.NoError(t, fencelock.FenceTx(b.Ctx, tx, "acct", lease.Token())) // the fence row first
 
 	type res struct {
 		code   int
@@ -262,16 +262,16 @@ func TestCLIReleaseDeadlockWithHolder(t *testing.T) {
 	}()
 	waitFor(t, b, "release waits for the fence row", func() bool {
 		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%force_release%'`).Scan(&n))
 		return n == 1
 	})
-	guardErr := lease.GuardTx(b.ctx, tx) // then the lease row: a cycle
+	guardErr := lease.GuardTx(b.Ctx, tx) // then the lease row: a cycle
 	r := <-released
 	require.Equal(t, 4, r.code, r.stderr)
 	require.Contains(t, r.stderr, "deadlock")
 	if guardErr == nil {
-		require.NoError(t, tx.Commit(b.ctx))
+		require.NoError(t, tx.Commit(b.Ctx))
 	}
 }
 
@@ -283,8 +283,8 @@ func TestCLIReleaseForceSignalsHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const heartbeat = 500 * time.Millisecond
-	holder := newLessor(t, b.pool, "live", fencelock.WithHeartbeatInterval(heartbeat))
-	lease, err := holder.TryAcquire(b.ctx, "acct", 3*time.Second)
+	holder := newLessor(t, b.Pool, "live", fencelock.WithHeartbeatInterval(heartbeat))
+	lease, err := holder.TryAcquire(b.Ctx, "acct", 3*time.Second)
 	require.NoError(t, err)
 	code, _, errOut := cliRun(t, b, "", "release", "--force", "acct")
 	require.Equal(t, 0, code, errOut)

@@ -21,22 +21,22 @@ import (
 func TestCLIReleaseForce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	zombie, err := newLessor(t, b.pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.ctx, "cli:job", time.Minute)
+	zombie, err := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.Ctx, "cli:job", time.Minute)
 	require.NoError(t, err)
-	waiting := acquireAsync(b.ctx, newLessor(t, b.pool, "waiter"), "cli:job", time.Minute)
+	waiting := acquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter"), "cli:job", time.Minute)
 	awaitWaiters(t, b, "cli:job", 1)
 
 	// Without --force: a usage error, nothing changes.
 	code, _, errOut := cliRun(t, b, "", "release", "cli:job")
 	require.Equal(t, cli.ExitUsage, code)
 	require.Contains(t, errOut, "needs --force")
-	require.Equal(t, leaseRow{Holder: "zombie", Token: int64(zombie.Token())}, readLease(t, b.ctx, b.pool, "cli:job"))
+	require.Equal(t, leaseRow{Holder: "zombie", Token: int64(zombie.Token())}, readLease(t, b.Ctx, b.Pool, "cli:job"))
 
 	// The holder inside a guarded transaction: the lease row stays locked until it ends.
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(b.ctx) }() // on failure too: the pool closes at cleanup
-	require.NoError(t, zombie.GuardTx(b.ctx, tx))
+	defer func() { _ = tx.Rollback(b.Ctx) }() // on failure too: the pool closes at cleanup
+	require.NoError(t, zombie.GuardTx(b.Ctx, tx))
 	guardPID := tx.Conn().PgConn().PID()
 	start := time.Now()
 	code, out, errOut := cliRun(t, b, "", "release", "--force", "--lock-timeout", "200ms", "cli:job")
@@ -44,8 +44,8 @@ func TestCLIReleaseForce(t *testing.T) {
 	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
 	require.Regexp(t, `^fencelock: release lease "cli:job": the lease row is locked by another transaction: .*guarded transaction of its holder.*; `+
 		fmt.Sprintf(`pg_blocking_pids: pid %d \(`, guardPID)+`.*--lock-timeout 200ms.*raise --lock-timeout\n$`, errOut)
-	require.NoError(t, tx.Rollback(b.ctx))
-	require.Equal(t, leaseRow{Holder: "zombie", Token: int64(zombie.Token())}, readLease(t, b.ctx, b.pool, "cli:job"))
+	require.NoError(t, tx.Rollback(b.Ctx))
+	require.Equal(t, leaseRow{Holder: "zombie", Token: int64(zombie.Token())}, readLease(t, b.Ctx, b.Pool, "cli:job"))
 
 	// The forced release: handed to the waiter, both resources fenced with its token.
 	code, out, errOut = cliRun(t, b, "", "release", "--force", "cli:job", "--fence", "cli:other")
@@ -56,13 +56,13 @@ func TestCLIReleaseForce(t *testing.T) {
 	require.Equal(t, strconv.FormatInt(int64(zombie.Token()), 10), m[1])
 	got := receive(t, waiting, 10*time.Second)
 	require.NoError(t, got.err)
-	defer got.lease.Release(b.ctx)
+	defer got.lease.Release(b.Ctx)
 	require.Equal(t, m[2], strconv.FormatInt(int64(got.lease.Token()), 10))
 
 	// The zombie wakes up: its lease is gone, and its token is stale on the other resource.
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return zombie.FenceTx(b.ctx, tx, "cli:job") })
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return zombie.FenceTx(b.Ctx, tx, "cli:job") })
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "cli:other", zombie.Token()) })
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, "cli:other", zombie.Token()) })
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
 
 }
@@ -87,7 +87,7 @@ func TestCLIReleaseForceNotHeld(t *testing.T) {
 	}
 	count := func(query, name string) int {
 		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, query, name).Scan(&n))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, query, name).Scan(&n))
 		return n
 	}
 	const leaseRows = `SELECT count(*) FROM fencelock.leases WHERE name = $1`
@@ -108,9 +108,9 @@ func TestCLIReleaseForceNotHeld(t *testing.T) {
 	require.Zero(t, count(fenceRows, "cli:idle-other"), "a fence was raised")
 
 	// A lapsed grant, nobody after it: exit 3, and its holder is fenced out.
-	zombie, err := newLessor(t, b.pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.ctx, "cli:lapsed", 300*time.Millisecond)
+	zombie, err := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.Ctx, "cli:lapsed", 300*time.Millisecond)
 	require.NoError(t, err)
-	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.ctx, b.pool, "cli:lapsed").Expired })
+	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.Ctx, b.Pool, "cli:lapsed").Expired })
 	code, out, errOut = cliRun(t, b, "", "release", "--force", "--json", "cli:lapsed", "--fence", "cli:lapsed-other")
 	require.Equal(t, cli.ExitNotFound, code, errOut)
 	res = result{}
@@ -125,7 +125,7 @@ func TestCLIReleaseForceNotHeld(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("fencelock: release lease \"cli:lapsed\": not held: the grant of zombie (token %d) had lapsed; fenced with token %d (cli:lapsed, cli:lapsed-other), so its holder's fenced writes are refused\n",
 		zombie.Token(), *res.NewToken), errOut)
 	for _, r := range res.Fenced {
-		err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, r, zombie.Token()) })
+		err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, r, zombie.Token()) })
 		require.ErrorIs(t, err, fencelock.ErrStaleToken, "the lapsed holder is not fenced out of %q", r)
 	}
 
@@ -134,14 +134,14 @@ func TestCLIReleaseForceNotHeld(t *testing.T) {
 	require.Equal(t, cli.ExitNotFound, code, errOut)
 	require.Contains(t, errOut, "nothing changed, no fence raised")
 	var fence int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT token FROM fencelock.fences WHERE resource = 'cli:lapsed'`).Scan(&fence))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT token FROM fencelock.fences WHERE resource = 'cli:lapsed'`).Scan(&fence))
 	require.Equal(t, *res.NewToken, fence, "the fence moved")
 
 	// The lease is granted as usual afterwards, with a token above the fence.
-	lease, err := newLessor(t, b.pool, "next").TryAcquire(b.ctx, "cli:lapsed", time.Minute)
+	lease, err := newLessor(t, b.Pool, "next").TryAcquire(b.Ctx, "cli:lapsed", time.Minute)
 	require.NoError(t, err)
 	require.Greater(t, int64(lease.Token()), fence)
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 
 	// --help says the same.
 	code, out, _ = cliRun(t, b, "", "help", "release")
@@ -156,14 +156,14 @@ func TestCLIReleaseForceNotHeld(t *testing.T) {
 func TestCLIReleaseAdvisory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder, err := fencelock.NewAdvisoryLocker(newPool(t, b.ctx, b.db.URL), fencelock.WithWatchdogInterval(50*time.Millisecond))
+	holder, err := fencelock.NewAdvisoryLocker(newPool(t, b.Ctx, b.DB.URL), fencelock.WithWatchdogInterval(50*time.Millisecond))
 	require.NoError(t, err)
-	lk, err := holder.TryLock(b.ctx, "cli-report")
+	lk, err := holder.TryLock(b.Ctx, "cli-report")
 	require.NoError(t, err)
 	pid := lk.BackendPID()
 	heldBy := func(pid uint32) int {
 		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.advisory_locks WHERE granted AND pid = $1`, int32(pid)).Scan(&n))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.advisory_locks WHERE granted AND pid = $1`, int32(pid)).Scan(&n))
 		return n
 	}
 
@@ -184,14 +184,14 @@ func TestCLIReleaseAdvisory(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the terminated holder's Done did not close within 5s")
 	}
-	other, err := fencelock.NewAdvisoryLocker(b.pool)
+	other, err := fencelock.NewAdvisoryLocker(b.Pool)
 	require.NoError(t, err)
-	again, err := other.TryLock(b.ctx, "cli-report")
+	again, err := other.TryLock(b.Ctx, "cli-report")
 	require.NoError(t, err)
-	require.NoError(t, again.Unlock(b.ctx))
+	require.NoError(t, again.Unlock(b.Ctx))
 
 	// By key pair.
-	pair, err := holder.TryLock(b.ctx, "", fencelock.AtKey(fencelock.Int32PairKey(7, 8)))
+	pair, err := holder.TryLock(b.Ctx, "", fencelock.AtKey(fencelock.Int32PairKey(7, 8)))
 	require.NoError(t, err)
 	code, out, errOut = cliRun(t, b, "", "release", "--force", "--advisory", "--yes", "--json", "7,8")
 	require.Equal(t, cli.ExitOK, code, errOut)

@@ -31,12 +31,12 @@ func cliRun(t *testing.T, b *bundle, stdin string, args ...string) (code int, st
 	t.Helper()
 	env := func(k string) string {
 		if k == "DATABASE_URL" {
-			return b.db.URL
+			return b.DB.URL
 		}
 		return ""
 	}
 	var out, errOut strings.Builder
-	code = cli.Run(b.ctx, args, env, strings.NewReader(stdin), &out, &errOut)
+	code = cli.Run(b.Ctx, args, env, strings.NewReader(stdin), &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 
@@ -44,7 +44,7 @@ func cliRun(t *testing.T, b *bundle, stdin string, args ...string) (code int, st
 // after 10 s.
 func awaitWaiters(t *testing.T, b *bundle, name string, waiters int64) {
 	t.Helper()
-	testkit.AwaitWaiters(t, b.ctx, b.pool, name, waiters)
+	testkit.AwaitWaiters(t, b.Ctx, b.Pool, name, waiters)
 }
 
 // columnGap separates the columns of the command's tables (cells hold single spaces at most).
@@ -123,25 +123,25 @@ func TestCLILocksGolden(t *testing.T) {
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, "[]\n", out)
 
-	alpha, err := newLessor(t, b.pool, "worker-1").TryAcquire(b.ctx, "cli:alpha", time.Minute)
+	alpha, err := newLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "cli:alpha", time.Minute)
 	require.NoError(t, err)
-	defer alpha.Release(b.ctx)
-	beta, err := newLessor(t, b.pool, "worker-3").TryAcquire(b.ctx, "cli:beta", time.Minute)
+	defer alpha.Release(b.Ctx)
+	beta, err := newLessor(t, b.Pool, "worker-3").TryAcquire(b.Ctx, "cli:beta", time.Minute)
 	require.NoError(t, err)
-	defer beta.Release(b.ctx)
-	waitCtx, stopWaiting := context.WithCancel(b.ctx)
-	waiting := acquireAsync(waitCtx, newLessor(t, b.pool, "worker-2"), "cli:alpha", time.Minute)
+	defer beta.Release(b.Ctx)
+	waitCtx, stopWaiting := context.WithCancel(b.Ctx)
+	waiting := acquireAsync(waitCtx, newLessor(t, b.Pool, "worker-2"), "cli:alpha", time.Minute)
 	defer func() {
 		stopWaiting()
 		require.ErrorIs(t, receive(t, waiting, 10*time.Second).err, context.Canceled)
 	}()
 	awaitWaiters(t, b, "cli:alpha", 1)
 	// No watchdog probe during the test: the holder's session stays idle (HELD FOR "-").
-	locker, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithWatchdogInterval(time.Hour))
+	locker, err := fencelock.NewAdvisoryLocker(b.Pool, fencelock.WithWatchdogInterval(time.Hour))
 	require.NoError(t, err)
-	lk, err := locker.TryLock(b.ctx, "cli-nightly-report")
+	lk, err := locker.TryLock(b.Ctx, "cli-nightly-report")
 	require.NoError(t, err)
-	defer lk.Unlock(b.ctx)
+	defer lk.Unlock(b.Ctx)
 
 	code, out, errOut = cliRun(t, b, "", "locks")
 	require.Equal(t, cli.ExitOK, code, errOut)
@@ -209,7 +209,7 @@ func TestCLIUsage(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	var stdout, stderr strings.Builder
-	require.Equal(t, cli.ExitUsage, cli.Run(b.ctx, []string{"locks"}, func(string) string { return "" }, nil, &stdout, &stderr))
+	require.Equal(t, cli.ExitUsage, cli.Run(b.Ctx, []string{"locks"}, func(string) string { return "" }, nil, &stdout, &stderr))
 	require.Equal(t, "fencelock: no database: give --database-url or set DATABASE_URL\n", stderr.String())
 
 	code, _, errOut := cliRun(t, b, "", "unlock")
@@ -224,15 +224,15 @@ func TestCLIUsage(t *testing.T) {
 	stderr.Reset()
 	stdout.Reset()
 	unreachable := func(string) string { return "postgres://nobody@127.0.0.1:1/none?connect_timeout=1" }
-	require.Equal(t, cli.ExitOK, cli.Run(b.ctx, []string{"--database-url", b.db.URL, "migrate"}, unreachable, nil, &stdout, &stderr), stderr.String())
+	require.Equal(t, cli.ExitOK, cli.Run(b.Ctx, []string{"--database-url", b.DB.URL, "migrate"}, unreachable, nil, &stdout, &stderr), stderr.String())
 	require.Equal(t, fmt.Sprintf("fencelock schema at version %d\n", latestMigration(t)), stdout.String())
 
 	// fences: the high-water mark with the lease of the same name, or none.
-	lease, err := newLessor(t, b.pool, "ledger-writer").TryAcquire(b.ctx, "cli:ledger", time.Minute)
+	lease, err := newLessor(t, b.Pool, "ledger-writer").TryAcquire(b.Ctx, "cli:ledger", time.Minute)
 	require.NoError(t, err)
-	defer lease.Release(b.ctx)
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return lease.FenceTx(b.ctx, tx, "cli:ledger") }))
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "cli:orphan", 7) }))
+	defer lease.Release(b.Ctx)
+	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return lease.FenceTx(b.Ctx, tx, "cli:ledger") }))
+	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, "cli:orphan", 7) }))
 	code, out, errOut = cliRun(t, b, "", "fences")
 	require.Equal(t, cli.ExitOK, code, errOut)
 	tok := strconv.FormatInt(int64(lease.Token()), 10)
@@ -244,7 +244,7 @@ func TestCLIUsage(t *testing.T) {
 
 	// sweep: a row expired two hours ago goes, the held one stays; a rate-limit key idle for two
 	// hours goes, one used now stays.
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
 		VALUES ('cli:old', 'h', now() - interval '3 hours', now() - interval '2 hours');
 		INSERT INTO fencelock.rate_limits (key, tat, allowed, decided_at) VALUES
 			('cli:idle', now() - interval '2 hours', true, now() - interval '2 hours'), ('cli:busy', now() + interval '1 second', true, now())`)
@@ -252,12 +252,12 @@ func TestCLIUsage(t *testing.T) {
 	code, out, errOut = cliRun(t, b, "", "sweep")
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Equal(t, "swept 1 lease row expired more than 1h00m ago, and 1 rate-limit key idle as long\n", out)
-	keys, err := b.pool.Query(b.ctx, `SELECT key FROM fencelock.rate_limits`)
+	keys, err := b.Pool.Query(b.Ctx, `SELECT key FROM fencelock.rate_limits`)
 	require.NoError(t, err)
 	kept, err := pgx.CollectRows(keys, pgx.RowTo[string])
 	require.NoError(t, err)
 	require.Equal(t, []string{"cli:busy"}, kept)
-	rows, err := b.pool.Query(b.ctx, `SELECT name FROM fencelock.leases ORDER BY name`)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT name FROM fencelock.leases ORDER BY name`)
 	require.NoError(t, err)
 	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

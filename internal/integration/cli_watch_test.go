@@ -29,10 +29,10 @@ func TestCLIWatchJSON(t *testing.T) {
 	// Ends watch's reader of stdin; and, should the test fail early, watch itself (its next
 	// write fails).
 	t.Cleanup(func() { stdinW.Close(); stdoutR.Close() })
-	env := func(k string) string { return map[string]string{"DATABASE_URL": b.db.URL}[k] }
+	env := func(k string) string { return map[string]string{"DATABASE_URL": b.DB.URL}[k] }
 	exited := make(chan int, 1)
 	go func() {
-		exited <- cli.Run(b.ctx, []string{"watch", "--json", "--interval", "20ms"}, env, stdinR, stdoutW, io.Discard)
+		exited <- cli.Run(b.Ctx, []string{"watch", "--json", "--interval", "20ms"}, env, stdinR, stdoutW, io.Discard)
 		stdoutW.Close()
 	}()
 	lines := bufio.NewScanner(stdoutR)
@@ -44,9 +44,9 @@ func TestCLIWatchJSON(t *testing.T) {
 		return rows
 	}
 	require.Empty(t, next())
-	lease, err := newLessor(t, b.pool, "watched").TryAcquire(b.ctx, "cli:watched", time.Minute)
+	lease, err := newLessor(t, b.Pool, "watched").TryAcquire(b.Ctx, "cli:watched", time.Minute)
 	require.NoError(t, err)
-	defer lease.Release(b.ctx)
+	defer lease.Release(b.Ctx)
 	deadline := time.Now().Add(10 * time.Second)
 	for rows := next(); len(rows) != 1 || rows[0].Resource != "cli:watched" || *rows[0].Token != int64(lease.Token()); rows = next() {
 		require.True(t, time.Now().Before(deadline), "watch did not show the lease within 10s: %+v", rows)
@@ -71,20 +71,20 @@ func TestCLIWatchInTmux(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "fencelock")
 	// go test puts its own GOROOT/bin first on the PATH of the test.
-	build := exec.CommandContext(b.ctx, "go", "build", "-o", bin, "github.com/fencelock/fencelock/cmd/fencelock")
+	build := exec.CommandContext(b.Ctx, "go", "build", "-o", bin, "github.com/fencelock/fencelock/cmd/fencelock")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 	rc := filepath.Join(dir, "rc")
 	script := filepath.Join(dir, "watch.sh")
 	require.NoError(t, os.WriteFile(script, []byte(fmt.Sprintf("#!/bin/sh\nDATABASE_URL=%s %s watch --interval 200ms\necho $? > %s\n",
-		shellQuote(b.db.URL), shellQuote(bin), shellQuote(rc))), 0o755))
+		shellQuote(b.DB.URL), shellQuote(bin), shellQuote(rc))), 0o755))
 
 	// A server of its own, its socket in the test's directory (tmux -L would leave it in
 	// /tmp/tmux-UID after kill-server).
 	socket := filepath.Join(dir, "tmux.sock")
 	tm := func(args ...string) (string, error) {
 		// -u: the pane is UTF-8 whatever the locale; -f /dev/null: no user configuration.
-		cmd := exec.CommandContext(b.ctx, tmux, append([]string{"-u", "-S", socket, "-f", "/dev/null"}, args...)...)
+		cmd := exec.CommandContext(b.Ctx, tmux, append([]string{"-u", "-S", socket, "-f", "/dev/null"}, args...)...)
 		cmd.Env = append(envWithout("TMUX"), "TERM=xterm")
 		out, err := cmd.CombinedOutput()
 		return string(out), err
@@ -106,12 +106,12 @@ func TestCLIWatchInTmux(t *testing.T) {
 		t.Fatalf("the pane did not show %s within 10s; it shows:\n%s", what, pane)
 	}
 	awaitPane("the header and no locks", func(p string) bool {
-		return strings.Contains(p, "fencelock watch — ") && strings.Contains(p, "/"+b.db.Name+" — ") &&
+		return strings.Contains(p, "fencelock watch — ") && strings.Contains(p, "/"+b.DB.Name+" — ") &&
 			strings.Contains(p, "— q to quit") && strings.Contains(p, "no locks held")
 	})
-	lease, err := newLessor(t, b.pool, "worker-tmux").TryAcquire(b.ctx, "cli:tmux-job", time.Minute)
+	lease, err := newLessor(t, b.Pool, "worker-tmux").TryAcquire(b.Ctx, "cli:tmux-job", time.Minute)
 	require.NoError(t, err)
-	defer lease.Release(b.ctx)
+	defer lease.Release(b.Ctx)
 	awaitPane("the lease", func(p string) bool {
 		return regexp.MustCompile(`(?m)^lease +cli:tmux-job +worker-tmux +` + strconv.FormatInt(int64(lease.Token()), 10) + ` `).MatchString(p)
 	})

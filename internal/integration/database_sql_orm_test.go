@@ -33,7 +33,7 @@ type item struct {
 // createItems creates the items table in b's database.
 func createItems(t *testing.T, b *bundle) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `CREATE TABLE items (id text PRIMARY KEY, qty bigint NOT NULL, fence_token bigint)`)
+	_, err := b.Pool.Exec(b.Ctx, `CREATE TABLE items (id text PRIMARY KEY, qty bigint NOT NULL, fence_token bigint)`)
 	require.NoError(t, err)
 }
 
@@ -59,15 +59,15 @@ var orms = []struct {
 	open func(t *testing.T, b *bundle) func(ctx context.Context, fn func(ormTx) error) error
 }{
 	{"GORM", func(t *testing.T, b *bundle) func(context.Context, func(ormTx) error) error {
-		return gormInTx(openGORM(t, postgres.Open(b.db.URL)))
+		return gormInTx(openGORM(t, postgres.Open(b.DB.URL)))
 	}},
 	{"GORMSharedPool", func(t *testing.T, b *bundle) func(context.Context, func(ormTx) error) error {
-		sqlDB := stdlib.OpenDBFromPool(b.pool)
+		sqlDB := stdlib.OpenDBFromPool(b.Pool)
 		t.Cleanup(func() { _ = sqlDB.Close() })
 		return gormInTx(openGORM(t, postgres.New(postgres.Config{Conn: sqlDB})))
 	}},
 	{"Bun", func(t *testing.T, b *bundle) func(context.Context, func(ormTx) error) error {
-		sqlDB, err := sql.Open("pgx", b.db.URL)
+		sqlDB, err := sql.Open("pgx", b.DB.URL)
 		require.NoError(t, err)
 		db := bun.NewDB(sqlDB, pgdialect.New())
 		t.Cleanup(func() { _ = db.Close() })
@@ -76,35 +76,21 @@ var orms = []struct {
 		}
 	}},
 	{"Sqlx", func(t *testing.T, b *bundle) func(context.Context, func(ormTx) error) error {
-		db, err := sqlx.Open("postgres", b.db.URL)
+		db, err := sqlx.Open("postgres", b.DB.URL)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
 		return func(ctx context.Context, fn func(ormTx) error) error {
 			tx, err := db.BeginTxx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = tx.Rollback() }()
-			if err := fn(sqlxTx{tx}); err != nil {
-				return err
-			}
-			return tx.Commit()
+			return inTx(tx, err, func() error { return fn(sqlxTx{tx}) })
 		}
 	}},
 	{"LibPQ", func(t *testing.T, b *bundle) func(context.Context, func(ormTx) error) error {
-		db, err := sql.Open("postgres", b.db.URL)
+		db, err := sql.Open("postgres", b.DB.URL)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
 		return func(ctx context.Context, fn func(ormTx) error) error {
 			tx, err := db.BeginTx(ctx, nil)
-			if err != nil {
-				return err
-			}
-			defer func() { _ = tx.Rollback() }()
-			if err := fn(plainTx{tx}); err != nil {
-				return err
-			}
-			return tx.Commit()
+			return inTx(tx, err, func() error { return fn(plainTx{tx}) })
 		}
 	}},
 }
@@ -223,7 +209,7 @@ func fencedInsert(ctx context.Context, tx ormTx, it item, fence func(*sql.Tx) er
 func readItems(t *testing.T, b *bundle) []string {
 	t.Helper()
 	ids := []string{}
-	rows, err := b.pool.Query(b.ctx, `SELECT id FROM items ORDER BY id`)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT id FROM items ORDER BY id`)
 	require.NoError(t, err)
 	defer rows.Close()
 	for rows.Next() {
@@ -245,22 +231,22 @@ func TestORMCurrentFencedWriteCommits(t *testing.T) {
 			b := setup(t)
 			createItems(t, b)
 			inTx := o.open(t, b)
-			lease, err := newLessor(t, b.pool, "a").TryAcquire(b.ctx, "job", time.Minute)
+			lease, err := newLessor(t, b.Pool, "a").TryAcquire(b.Ctx, "job", time.Minute)
 			require.NoError(t, err)
 
-			require.NoError(t, inTx(b.ctx, func(tx ormTx) error {
-				return fencedInsert(b.ctx, tx, item{ID: "lease", Qty: 1}, func(sqlTx *sql.Tx) error {
-					return lease.FenceSQLTx(b.ctx, sqlTx, "job")
+			require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
+				return fencedInsert(b.Ctx, tx, item{ID: "lease", Qty: 1}, func(sqlTx *sql.Tx) error {
+					return lease.FenceSQLTx(b.Ctx, sqlTx, "job")
 				})
 			}))
-			require.NoError(t, inTx(b.ctx, func(tx ormTx) error {
-				return fencedInsert(b.ctx, tx, item{ID: "token", Qty: 2}, func(sqlTx *sql.Tx) error {
-					return fencelock.FenceSQLTx(b.ctx, sqlTx, "job", lease.Token())
+			require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
+				return fencedInsert(b.Ctx, tx, item{ID: "token", Qty: 2}, func(sqlTx *sql.Tx) error {
+					return fencelock.FenceSQLTx(b.Ctx, sqlTx, "job", lease.Token())
 				})
 			}))
 			require.Equal(t, []string{"lease", "token"}, readItems(t, b))
 			var mark int64
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT token FROM fencelock.fences WHERE resource = 'job'`).Scan(&mark))
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT token FROM fencelock.fences WHERE resource = 'job'`).Scan(&mark))
 			require.Equal(t, int64(lease.Token()), mark)
 		})
 	}
@@ -277,28 +263,28 @@ func TestORMStaleFencedWriteRolledBack(t *testing.T) {
 			b := setup(t)
 			createItems(t, b)
 			inTx := o.open(t, b)
-			old, err := newLessor(t, b.pool, "old").TryAcquire(b.ctx, "job", time.Minute)
+			old, err := newLessor(t, b.Pool, "old").TryAcquire(b.Ctx, "job", time.Minute)
 			require.NoError(t, err)
-			_, err = b.pool.Exec(b.ctx, `SELECT fencelock.force_release('job', ARRAY[]::text[])`)
+			_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.force_release('job', ARRAY[]::text[])`)
 			require.NoError(t, err)
-			cur, err := newLessor(t, b.pool, "cur").TryAcquire(b.ctx, "job", time.Minute)
+			cur, err := newLessor(t, b.Pool, "cur").TryAcquire(b.Ctx, "job", time.Minute)
 			require.NoError(t, err)
-			require.NoError(t, inTx(b.ctx, func(tx ormTx) error {
-				return fencedInsert(b.ctx, tx, item{ID: "cur", Qty: 1}, func(sqlTx *sql.Tx) error {
-					return cur.FenceSQLTx(b.ctx, sqlTx, "job")
+			require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
+				return fencedInsert(b.Ctx, tx, item{ID: "cur", Qty: 1}, func(sqlTx *sql.Tx) error {
+					return cur.FenceSQLTx(b.Ctx, sqlTx, "job")
 				})
 			}))
 
-			err = inTx(b.ctx, func(tx ormTx) error {
-				return fencedInsert(b.ctx, tx, item{ID: "stale", Qty: 2}, func(sqlTx *sql.Tx) error {
-					return fencelock.FenceSQLTx(b.ctx, sqlTx, "job", old.Token())
+			err = inTx(b.Ctx, func(tx ormTx) error {
+				return fencedInsert(b.Ctx, tx, item{ID: "stale", Qty: 2}, func(sqlTx *sql.Tx) error {
+					return fencelock.FenceSQLTx(b.Ctx, sqlTx, "job", old.Token())
 				})
 			})
 			require.Equal(t, &fencelock.StaleTokenError{Resource: "job", Token: old.Token(), Current: cur.Token()}, errorsAsStale(t, err))
 
-			err = inTx(b.ctx, func(tx ormTx) error {
-				return fencedInsert(b.ctx, tx, item{ID: "lost", Qty: 3}, func(sqlTx *sql.Tx) error {
-					return old.FenceSQLTx(b.ctx, sqlTx, "job")
+			err = inTx(b.Ctx, func(tx ormTx) error {
+				return fencedInsert(b.Ctx, tx, item{ID: "lost", Qty: 3}, func(sqlTx *sql.Tx) error {
+					return old.FenceSQLTx(b.Ctx, sqlTx, "job")
 				})
 			})
 			var lost *fencelock.LeaseLostError
@@ -321,28 +307,28 @@ func TestORMProtectedTableRefusesStaleWrite(t *testing.T) {
 			t.Parallel()
 			b := setup(t)
 			createItems(t, b)
-			_, err := b.pool.Exec(b.ctx, `SELECT fencelock.protect_table('items')`)
+			_, err := b.Pool.Exec(b.Ctx, `SELECT fencelock.protect_table('items')`)
 			require.NoError(t, err)
 			inTx := o.open(t, b)
 			write := func(token fencelock.Token, qty int64) error {
-				return inTx(b.ctx, func(tx ormTx) error {
-					if err := tx.setToken(b.ctx, token); err != nil {
+				return inTx(b.Ctx, func(tx ormTx) error {
+					if err := tx.setToken(b.Ctx, token); err != nil {
 						return err
 					}
-					return tx.setQty(b.ctx, "A-1", qty)
+					return tx.setQty(b.Ctx, "A-1", qty)
 				})
 			}
 			requireRow := func(qty, token int64) {
 				t.Helper()
 				var got [2]int64
-				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT qty, fence_token FROM items WHERE id = 'A-1'`).Scan(&got[0], &got[1]))
+				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT qty, fence_token FROM items WHERE id = 'A-1'`).Scan(&got[0], &got[1]))
 				require.Equal(t, [2]int64{qty, token}, got, "qty and fence_token of the row")
 			}
-			require.NoError(t, inTx(b.ctx, func(tx ormTx) error {
-				if err := tx.setToken(b.ctx, 7); err != nil {
+			require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
+				if err := tx.setToken(b.Ctx, 7); err != nil {
 					return err
 				}
-				return tx.insert(b.ctx, item{ID: "A-1", Qty: 10})
+				return tx.insert(b.Ctx, item{ID: "A-1", Qty: 10})
 			}))
 			requireRow(10, 7)
 
@@ -353,7 +339,7 @@ func TestORMProtectedTableRefusesStaleWrite(t *testing.T) {
 			require.Equal(t, "FL004", driverErr.SQLState())
 			requireRow(10, 7)
 
-			err = inTx(b.ctx, func(tx ormTx) error { return tx.setQty(b.ctx, "A-1", 9) })
+			err = inTx(b.Ctx, func(tx ormTx) error { return tx.setQty(b.Ctx, "A-1", 9) })
 			require.ErrorIs(t, fencelock.WrapSQLError(err), fencelock.ErrNoToken)
 			requireRow(10, 7)
 
@@ -372,14 +358,14 @@ func TestGORMSharedPoolRunLockedSQL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	createItems(t, b)
-	sqlDB := stdlib.OpenDBFromPool(b.pool)
+	sqlDB := stdlib.OpenDBFromPool(b.Pool)
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	db := openGORM(t, postgres.New(postgres.Config{Conn: sqlDB}))
 	shared, err := db.DB()
 	require.NoError(t, err)
-	l := newLessor(t, b.pool, "a")
+	l := newLessor(t, b.Pool, "a")
 	write := func(id string, result error) error {
-		return l.RunLockedSQL(b.ctx, shared, "job", func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
+		return l.RunLockedSQL(b.Ctx, shared, "job", func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
 			gtx, err := gorm.Open(postgres.New(postgres.Config{Conn: tx}), &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
 			if err != nil {
 				return err
@@ -399,6 +385,21 @@ func TestGORMSharedPoolRunLockedSQL(t *testing.T) {
 	require.NoError(t, write("second", nil))
 	require.Equal(t, []string{"first", "second"}, readItems(t, b))
 	var tokens [2]int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT (SELECT qty FROM items WHERE id = 'first'), (SELECT qty FROM items WHERE id = 'second')`).Scan(&tokens[0], &tokens[1]))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT (SELECT qty FROM items WHERE id = 'first'), (SELECT qty FROM items WHERE id = 'second')`).Scan(&tokens[0], &tokens[1]))
 	require.Less(t, tokens[0], tokens[1], "the second grant's token is not larger")
+}
+
+// inTx runs fn in tx, begun with err, and commits it; tx is rolled back when fn fails.
+func inTx(tx interface {
+	Commit() error
+	Rollback() error
+}, err error, fn func() error) error {
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if err := fn(); err != nil {
+		return err
+	}
+	return tx.Commit()
 }

@@ -17,28 +17,28 @@ import (
 // Not parallel: goleak must not see other tests' goroutines.
 func TestEndedContextLeaseReleaseBounded(t *testing.T) {
 	b := setup(t)
-	l := newLessor(t, b.pool, "holder")
+	l := newLessor(t, b.Pool, "holder")
 	ignore := goleak.IgnoreCurrent()
-	lease, err := l.TryAcquire(b.ctx, "ended:bounded", time.Minute)
+	lease, err := l.TryAcquire(b.Ctx, "ended:bounded", time.Minute)
 	require.NoError(t, err)
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.Background()) }()
-	_, err = tx.Exec(b.ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'ended:bounded' FOR UPDATE`)
+	_, err = tx.Exec(b.Ctx, `SELECT 1 FROM fencelock.leases WHERE name = 'ended:bounded' FOR UPDATE`)
 	require.NoError(t, err)
 
 	start := time.Now()
-	err = lease.Release(endedCtx(b.ctx))
+	err = lease.Release(endedCtx(b.Ctx))
 	elapsed := time.Since(start)
 	require.ErrorIs(t, err, context.DeadlineExceeded, "the release's own bound, not the caller's ended ctx")
 	require.GreaterOrEqual(t, elapsed, 5*time.Second, "the release did not wait its own bound")
 	require.Less(t, elapsed, 8*time.Second, "the release ran past its bound")
 	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased, "Done closes before the statement, whatever it does")
-	require.NoError(t, tx.Rollback(b.ctx))
+	require.NoError(t, tx.Rollback(b.Ctx))
 	// The client gave the statement up; its backend may still run it once the row is free
 	// (the release is scoped to the grant, so that is harmless), else the grant stays until
 	// its TTL. Either way a second Release ends it.
-	if err := lease.Release(b.ctx); err != nil {
+	if err := lease.Release(b.Ctx); err != nil {
 		require.ErrorIs(t, err, fencelock.ErrNotHeld)
 	}
 	requireFree(t, b, "ended:bounded")

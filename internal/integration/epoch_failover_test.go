@@ -121,56 +121,56 @@ func TestRebaseTokenEpochAfterLogicalCopy(t *testing.T) {
 	fences = collect(`SELECT resource, token FROM fencelock.fences`)
 	require.NoError(t, srcPool.QueryRow(ctx, `SELECT last_value FROM fencelock.leases_token_seq`).Scan(&seq))
 	for _, r := range leases {
-		_, err := dst.pool.Exec(ctx, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at) VALUES ($1, $2, $3, $4, $5)`, r...)
+		_, err := dst.Pool.Exec(ctx, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at) VALUES ($1, $2, $3, $4, $5)`, r...)
 		require.NoError(t, err)
 	}
 	for _, r := range fences {
-		_, err := dst.pool.Exec(ctx, `INSERT INTO fencelock.fences (resource, token) VALUES ($1, $2)`, r...)
+		_, err := dst.Pool.Exec(ctx, `INSERT INTO fencelock.fences (resource, token) VALUES ($1, $2)`, r...)
 		require.NoError(t, err)
 	}
-	_, err = dst.pool.Exec(ctx, `SELECT setval('fencelock.leases_token_seq', $1)`, seq)
+	_, err = dst.Pool.Exec(ctx, `SELECT setval('fencelock.leases_token_seq', $1)`, seq)
 	require.NoError(t, err)
 	var lastEpoch int32
 	require.NoError(t, srcPool.QueryRow(ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&lastEpoch))
 	require.EqualValues(t, 2, lastEpoch, "the source recorded the epoch it issued tokens in")
 
 	// A copy without fencelock.token_epoch's row cannot know: its tokens are smaller.
-	l := newLessor(t, dst.pool, "dst")
+	l := newLessor(t, dst.Pool, "dst")
 	before, err := l.TryAcquire(ctx, "control", time.Minute)
 	require.NoError(t, err)
 	require.Less(t, before.Token(), lease.Token(), "control: without the row and before the rebase, the copy's tokens are below the source's")
 	require.NoError(t, before.Release(ctx))
 
 	// With it, as pg_dump carries it, every grant is refused until the rebase.
-	_, err = dst.pool.Exec(ctx, `UPDATE fencelock.token_epoch SET last_epoch = $1`, lastEpoch)
+	_, err = dst.Pool.Exec(ctx, `UPDATE fencelock.token_epoch SET last_epoch = $1`, lastEpoch)
 	require.NoError(t, err)
 	for i, tc := range tokenPaths {
-		_, err := tc.issue(t, ctx, dst.pool, 100+i)
+		_, err := tc.issue(t, ctx, dst.Pool, 100+i)
 		require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, tc.desc)
 	}
-	requireNothingHeld(t, ctx, dst.pool, "control")
+	requireNothingHeld(t, ctx, dst.Pool, "control")
 
-	epoch, err := fencelock.RebaseTokenEpoch(ctx, dst.pool, 0)
+	epoch, err := fencelock.RebaseTokenEpoch(ctx, dst.Pool, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, epoch, "above the source's epoch 2")
 	after, err := l.TryAcquire(ctx, "copied", time.Minute)
 	require.NoError(t, err)
 	require.Greater(t, after.Token(), lease.Token())
 	require.Equal(t, epoch, after.Token().Epoch())
-	require.NoError(t, fenceOnly(ctx, dst.pool, "copied", after.Token()), "the new holder passes the copied fence")
+	require.NoError(t, fenceOnly(ctx, dst.Pool, "copied", after.Token()), "the new holder passes the copied fence")
 
-	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.pool, 10)
+	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.Pool, 10)
 	require.NoError(t, err)
 	require.EqualValues(t, 10, epoch)
-	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.pool, 0)
+	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.Pool, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 10, epoch, "a rebase never lowers the epoch")
 
 	_, err = fencelock.RebaseTokenEpoch(ctx, nil, 0)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	_, err = fencelock.RebaseTokenEpoch(ctx, dst.pool, 65536)
+	_, err = fencelock.RebaseTokenEpoch(ctx, dst.Pool, 65536)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
-	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.pool, 65535)
+	epoch, err = fencelock.RebaseTokenEpoch(ctx, dst.Pool, 65535)
 	require.NoError(t, err)
 	require.EqualValues(t, 65535, epoch)
 	last, err := l.TryAcquire(ctx, "last-epoch", time.Minute)

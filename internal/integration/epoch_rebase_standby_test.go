@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -29,6 +30,17 @@ const rebaseApplyDelay = 500 * time.Millisecond
 var rebaseStandbySettings = []pgtest.Option{
 	pgtest.Crashable(),
 	pgtest.WithSetting("wal_receiver_status_interval", "1h"),
+}
+
+// rebaseStandbyPair starts a primary with rebaseStandbySettings, a fresh database on it and
+// one standby, and returns once the standby has replayed the database's creation.
+func rebaseStandbyPair(t *testing.T, ctx context.Context) (primary *pgtest.Server, db *pgtest.DB, standby *pgtest.Server) {
+	t.Helper()
+	primary = pgtest.NewServer(t, rebaseStandbySettings...)
+	db = primary.NewDB(t)
+	standby = primary.NewStandby(t)
+	require.NoError(t, primary.WaitReplay(ctx, standby))
+	return primary, db, standby
 }
 
 // epochOffset reads fencelock.token_epoch.epoch_offset on pool's server (a standby too).
@@ -142,12 +154,8 @@ func TestRebaseTokenEpochWaitsForStandbys(t *testing.T) {
 // for on the promoted server (atLeast = Epoch + 1) puts them above it again.
 func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	primary := pgtest.NewServer(t, rebaseStandbySettings...)
-	db := primary.NewDB(t)
-	standby := primary.NewStandby(t)
-	require.NoError(t, primary.WaitReplay(ctx, standby))
+	ctx := testkit.Context(t)
+	primary, db, standby := rebaseStandbyPair(t, ctx)
 	senders := walSenderNames(t, ctx, db.Pool)
 	require.Len(t, senders, 1)
 	before, err := tokenPaths[0].issue(t, ctx, db.Pool, 0)
@@ -213,12 +221,8 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 // rebase.
 func TestRebaseTokenEpochReplayPaused(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	primary := pgtest.NewServer(t, rebaseStandbySettings...)
-	db := primary.NewDB(t)
-	standby := primary.NewStandby(t)
-	require.NoError(t, primary.WaitReplay(ctx, standby))
+	ctx := testkit.Context(t)
+	_, db, standby := rebaseStandbyPair(t, ctx)
 	standbyPool := newPool(t, ctx, standby.URL(db.Name))
 	_, err := standbyPool.Exec(ctx, `SELECT pg_wal_replay_pause()`)
 	require.NoError(t, err)
@@ -292,12 +296,8 @@ func TestRebaseTokenEpochReplayPaused(t *testing.T) {
 // rebase waits for the standby like the superuser's.
 func TestRebaseTokenEpochReplayNotVisible(t *testing.T) {
 	t.Parallel()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	primary := pgtest.NewServer(t, rebaseStandbySettings...)
-	db := primary.NewDB(t)
-	standby := primary.NewStandby(t)
-	require.NoError(t, primary.WaitReplay(ctx, standby))
+	ctx := testkit.Context(t)
+	_, db, standby := rebaseStandbyPair(t, ctx)
 	senders := walSenderNames(t, ctx, db.Pool)
 	require.Len(t, senders, 1)
 

@@ -58,22 +58,22 @@ func maxOf(xs []int64) int64 {
 func TestTokensAfterBackendTerminated(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a := newLessor(t, b.pool, "a", fencelock.WithHeartbeatInterval(30*time.Millisecond))
-	before := grantTokens(t, b.ctx, a, "job", 5)
-	held, err := a.TryAcquire(b.ctx, "held", time.Second)
+	a := newLessor(t, b.Pool, "a", fencelock.WithHeartbeatInterval(30*time.Millisecond))
+	before := grantTokens(t, b.Ctx, a, "job", 5)
+	held, err := a.TryAcquire(b.Ctx, "held", time.Second)
 	require.NoError(t, err)
 
 	// Make sure the pool has several connections, then kill every one of them.
 	var conns []*pgxpool.Conn
 	for range 3 {
-		c, err := b.pool.Acquire(b.ctx)
+		c, err := b.Pool.Acquire(b.Ctx)
 		require.NoError(t, err)
 		conns = append(conns, c)
 	}
 	for _, c := range conns {
 		c.Release()
 	}
-	rows, err := b.pool.Query(b.ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
+	rows, err := b.Pool.Query(b.Ctx, `SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
 	require.NoError(t, err)
 	var pids []uint32
 	for rows.Next() {
@@ -84,16 +84,16 @@ func TestTokensAfterBackendTerminated(t *testing.T) {
 	require.NoError(t, rows.Err())
 	require.NotEmpty(t, pids)
 	for _, pid := range pids {
-		require.NoError(t, b.db.Server.TerminateBackend(b.ctx, pid))
+		require.NoError(t, b.DB.Server.TerminateBackend(b.Ctx, pid))
 	}
 
-	after := acquireRetrying(t, b.ctx, a, "job", 10*time.Second)
+	after := acquireRetrying(t, b.Ctx, a, "job", 10*time.Second)
 	require.Greater(t, int64(after.Token()), maxOf(before))
-	require.NoError(t, after.Release(b.ctx))
+	require.NoError(t, after.Release(b.Ctx))
 	// Two TTLs later, the held lease is still held: renewals resumed on fresh connections.
-	_, err = b.pool.Exec(b.ctx, `SELECT pg_sleep(2)`)
+	_, err = b.Pool.Exec(b.Ctx, `SELECT pg_sleep(2)`)
 	require.NoError(t, err)
 	require.NoError(t, held.Err())
-	require.NoError(t, held.Renew(b.ctx))
-	require.NoError(t, held.Release(b.ctx))
+	require.NoError(t, held.Renew(b.Ctx))
+	require.NoError(t, held.Release(b.Ctx))
 }

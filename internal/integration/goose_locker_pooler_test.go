@@ -38,7 +38,7 @@ const gooseVersionTable = fencetest.GooseVersionTable
 // gooselock.Lockers, each migrator with its own pool on url (goosePool, with execMode)
 // (fencetest.GooseProviderLocking).
 func providerLocking(t *testing.T, b *bundle, url string, execMode bool) {
-	fencetest.GooseProviderLocking(t, b.ctx, b.pool, func(t *testing.T) *pgxpool.Pool { return goosePool(t, b.ctx, url, execMode) }, gooselock.New)
+	fencetest.GooseProviderLocking(t, b.Ctx, b.Pool, func(t *testing.T) *pgxpool.Pool { return goosePool(t, b.Ctx, url, execMode) }, gooselock.New)
 }
 
 // goose's contract test for lockers behind PgBouncer in transaction mode, where the lessors
@@ -47,14 +47,14 @@ func providerLocking(t *testing.T, b *bundle, url string, execMode bool) {
 func TestGooseLockerProviderLockingBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
-	providerLocking(t, b, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+	bouncer := pgtest.NewPgBouncer(t, b.DB.Server, "transaction")
+	providerLocking(t, b, bouncer.URL(b.DB.Name), !bouncer.PreparedStatements())
 }
 
 // concurrentLocking runs goose's other contract test, locktesting.TestConcurrentLocking, on
 // gooselock.Lockers on pool (fencetest.GooseConcurrentLocking).
 func concurrentLocking(t *testing.T, b *bundle, pool *pgxpool.Pool) {
-	fencetest.GooseConcurrentLocking(t, b.ctx, b.pool, pool, gooselock.New)
+	fencetest.GooseConcurrentLocking(t, b.Ctx, b.Pool, pool, gooselock.New)
 }
 
 // goose's contract test for concurrent lockers behind PgBouncer in transaction mode, where the
@@ -77,14 +77,14 @@ func TestGooseLockerConcurrentLockingBehindPgBouncer(t *testing.T) {
 func TestGooseLockerSessionLockerUnsafeBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
-	url, execMode := bouncer.URL(b.db.Name), !bouncer.PreparedStatements()
+	bouncer := pgtest.NewPgBouncer(t, b.DB.Server, "transaction")
+	url, execMode := bouncer.URL(b.DB.Name), !bouncer.PreparedStatements()
 	const lockID = 4242
 	conns := make([]*sql.Conn, 2)
 	for i := range conns {
-		db := stdlib.OpenDBFromPool(goosePool(t, b.ctx, url, execMode))
+		db := stdlib.OpenDBFromPool(goosePool(t, b.Ctx, url, execMode))
 		t.Cleanup(func() { require.NoError(t, db.Close()) })
-		c, err := db.Conn(b.ctx)
+		c, err := db.Conn(b.Ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { require.NoError(t, c.Close()) })
 		conns[i] = c
@@ -92,31 +92,31 @@ func TestGooseLockerSessionLockerUnsafeBehindPgBouncer(t *testing.T) {
 	// A safe lock would refuse the second migrator: one try a second, for two seconds.
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockID(lockID), lock.WithLockTimeout(1, 2))
 	require.NoError(t, err)
-	require.NoError(t, locker.SessionLock(b.ctx, conns[0]))
-	require.NoError(t, locker.SessionLock(b.ctx, conns[1]), "the second migrator was refused: the unsafe case did not show")
+	require.NoError(t, locker.SessionLock(b.Ctx, conns[0]))
+	require.NoError(t, locker.SessionLock(b.Ctx, conns[1]), "the second migrator was refused: the unsafe case did not show")
 	// Both hold "the" lock: the same server session, which neither client owns, holds it twice.
 	var holders []int32
-	rows, err := b.pool.Query(b.ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1
+	rows, err := b.Pool.Query(b.Ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, lockID)
 	require.NoError(t, err)
 	holders, err = pgx.CollectRows(rows, pgx.RowTo[int32])
 	require.NoError(t, err)
 	require.Len(t, holders, 1, "one server session holds the lock for both clients")
-	require.NoError(t, locker.SessionUnlock(b.ctx, conns[0]))
-	require.NoError(t, locker.SessionUnlock(b.ctx, conns[1]))
+	require.NoError(t, locker.SessionUnlock(b.Ctx, conns[0]))
+	require.NoError(t, locker.SessionUnlock(b.Ctx, conns[1]))
 
 	// The gooselock.Locker behind the same PgBouncer: the second migrator waits until the first
 	// unlocks.
-	pool := goosePool(t, b.ctx, url, execMode)
+	pool := goosePool(t, b.Ctx, url, execMode)
 	first, err := gooselock.New(newLessor(t, pool, "first"), "goose:app", 10*time.Second)
 	require.NoError(t, err)
 	second, err := gooselock.New(newLessor(t, pool, "second"), "goose:app", 10*time.Second)
 	require.NoError(t, err)
-	require.NoError(t, first.Lock(b.ctx, nil))
-	wctx, cancel := context.WithTimeout(b.ctx, 500*time.Millisecond)
+	require.NoError(t, first.Lock(b.Ctx, nil))
+	wctx, cancel := context.WithTimeout(b.Ctx, 500*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, second.Lock(wctx, nil), context.DeadlineExceeded)
-	require.NoError(t, first.Unlock(b.ctx, nil))
-	require.NoError(t, second.Lock(b.ctx, nil))
-	require.NoError(t, second.Unlock(b.ctx, nil))
+	require.NoError(t, first.Unlock(b.Ctx, nil))
+	require.NoError(t, second.Lock(b.Ctx, nil))
+	require.NoError(t, second.Unlock(b.Ctx, nil))
 }

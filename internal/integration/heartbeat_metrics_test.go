@@ -30,15 +30,15 @@ func TestPollersCannotCostHolderItsLease(t *testing.T) {
 	// power to catch pollers that lock the row comes from the renewals' "locked" count, which
 	// must stay 0 (with the old pollers, most renewals skipped).
 	metrics := newMetricsReader(t)
-	holder := newLessor(t, b.pool, "holder", fencelock.WithHeartbeatInterval(100*time.Millisecond), fencelock.WithMeterProvider(metrics.mp))
-	lease, err := holder.Acquire(b.ctx, "hot", time.Second)
+	holder := newLessor(t, b.Pool, "holder", fencelock.WithHeartbeatInterval(100*time.Millisecond), fencelock.WithMeterProvider(metrics.mp))
+	lease, err := holder.Acquire(b.Ctx, "hot", time.Second)
 	require.NoError(t, err)
-	ctx, stop := context.WithTimeout(b.ctx, 4*time.Second)
+	ctx, stop := context.WithTimeout(b.Ctx, 4*time.Second)
 	defer stop()
-	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
 	require.NoError(t, err)
 	cfg.MaxConns = 16 // the pollers' own pool: they never wait for the holder's connections
-	pollers, err := pgxpool.NewWithConfig(b.ctx, cfg)
+	pollers, err := pgxpool.NewWithConfig(b.Ctx, cfg)
 	require.NoError(t, err)
 	defer pollers.Close()
 	var polls, granted atomic.Int64
@@ -85,6 +85,6 @@ func TestPollersCannotCostHolderItsLease(t *testing.T) {
 	renewed := metrics.value("fencelock.lease.renewals", outcome("renewed"))
 	require.Positive(t, renewed, "the holder never renewed")
 	require.Zero(t, metrics.value("fencelock.lease.renewals", outcome("locked")), "a renewal found the holder's row locked by a poller or waiter")
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 	t.Logf("%d refused polls in 4 s; the holder kept its lease (%d renewals, none locked)", polls.Load(), renewed)
 }

@@ -22,20 +22,15 @@ import (
 // TestMain runs the tests through pgtest.Main, which stops the shared server afterwards.
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// bundle is what most tests need: a fresh migrated database and a context bounded so that a
-// hung test fails instead of stalling the suite.
-type bundle struct {
-	ctx  context.Context
-	pool *pgxpool.Pool
-	db   *pgtest.DB
-}
+// bundle is what most server tests need: a fresh migrated database, its pool (b.Pool) and a
+// context (b.Ctx) that ends at test cleanup or after two minutes (testkit.Bundle).
+type bundle = testkit.Bundle[*pgtest.DB]
 
-// setup returns a bundle on a fresh database of the shared server, its context ending at
-// test cleanup or after two minutes.
+// setup returns a bundle on a fresh database of the shared server.
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := pgtest.NewDB(t)
-	return &bundle{ctx: testkit.Context(t), pool: db.Pool, db: db}
+	return testkit.NewBundle(t, db.Pool, db)
 }
 
 // fastBackoff keeps waits short in tests where many waiters contend.
@@ -71,14 +66,14 @@ func goosePool(t *testing.T, ctx context.Context, url string, execMode bool) *pg
 // through it on b's database (goosePool, with execMode where it keeps no prepared statements).
 func viaPgBouncer(t *testing.T, b *bundle, mode string) (*pgtest.PgBouncer, *pgxpool.Pool) {
 	t.Helper()
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, mode)
-	return bouncer, goosePool(t, b.ctx, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+	bouncer := pgtest.NewPgBouncer(t, b.DB.Server, mode)
+	return bouncer, goosePool(t, b.Ctx, bouncer.URL(b.DB.Name), !bouncer.PreparedStatements())
 }
 
 // writtenTokens returns the tokens of the rows fencedWrite wrote for resource, in ascending order.
 func writtenTokens(t *testing.T, b *bundle, resource string) []int64 {
 	t.Helper()
-	return fencetest.WrittenTokens(t, b.ctx, b.pool, resource)
+	return fencetest.WrittenTokens(t, b.Ctx, b.Pool, resource)
 }
 
 // fenceOnly advances the fence of resource to token in a transaction of its own.
@@ -142,7 +137,7 @@ func receive(t *testing.T, ch <-chan acquired, limit time.Duration) acquired {
 // newElection returns the election name on a lessor of its own with holder id holder.
 func newElection(t *testing.T, b *bundle, holder, name string, ttl time.Duration, opts ...fencelock.LessorOption) *fencelock.Election {
 	t.Helper()
-	return fencetest.NewElection(t, b.pool, holder, name, ttl, opts...)
+	return fencetest.NewElection(t, b.Pool, holder, name, ttl, opts...)
 }
 
 // Observers: next receives an observer's next state, failing the test after 10 s; nextWhere
@@ -156,7 +151,7 @@ var (
 // releases that grant.
 func requireFree(t *testing.T, b *bundle, name string) {
 	t.Helper()
-	fencetest.RequireFree(t, b.ctx, b.pool, name)
+	fencetest.RequireFree(t, b.Ctx, b.Pool, name)
 }
 
 // The database's state: requireNothingHeld checks that refused grants left nothing behind;
@@ -177,17 +172,17 @@ type queued = testkit.Queued
 // newSemaphore returns semaphore name with limit on a lessor of its own with holder id holder.
 func newSemaphore(t *testing.T, b *bundle, holder, name string, limit int, opts ...fencelock.LessorOption) *fencelock.Semaphore {
 	t.Helper()
-	return fencetest.NewSemaphore(t, b.pool, holder, name, limit, opts...)
+	return fencetest.NewSemaphore(t, b.Pool, holder, name, limit, opts...)
 }
 
 // semState reads a semaphore's state, failing the test on error.
 func semState(t *testing.T, b *bundle, s *fencelock.Semaphore) fencelock.SemaphoreState {
 	t.Helper()
-	return fencetest.SemState(t, b.ctx, s)
+	return fencetest.SemState(t, b.Ctx, s)
 }
 
 // waitQueued waits until sem has n live waiters.
 func waitQueued(t *testing.T, b *bundle, s *fencelock.Semaphore, n int64) {
 	t.Helper()
-	fencetest.WaitQueued(t, b.ctx, s, n)
+	fencetest.WaitQueued(t, b.Ctx, s, n)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -26,7 +26,7 @@ import (
 // openLibPQ returns a *sql.DB on b's database through lib/pq, closed at test cleanup.
 func openLibPQ(t *testing.T, b *bundle) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("postgres", b.db.URL)
+	db, err := sql.Open("postgres", b.DB.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
@@ -39,48 +39,9 @@ func openLibPQ(t *testing.T, b *bundle) *sql.DB {
 func TestLibpqRunLockedSQLCancelledOnRowLockReturnsAtOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	sqlDB := openLibPQ(t, b)
-	l := newLessor(t, b.pool, "a")
-	inside, leave := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	letGo := func() { once.Do(func() { close(leave) }) }
-	defer letGo()
-	held := make(chan error, 1)
-	go func() {
-		held <- l.TryRunLocked(b.ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error {
-			close(inside)
-			<-leave
-			return nil
-		})
-	}()
-	<-inside
-
-	ctx, cancel := context.WithCancel(b.ctx)
-	waited := make(chan error, 1)
-	w := newLessor(t, b.pool, "w")
-	go func() {
-		waited <- w.RunLockedSQL(ctx, sqlDB, "job", func(context.Context, *sql.Tx, fencelock.Token) error {
-			return errors.New("granted after cancellation")
-		})
-	}()
-	waitFor(t, b, "the grant waits on the row lock", func() bool {
-		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%LeaseGrant%'`).Scan(&n))
-		return n == 1
-	})
-	cancelled := time.Now()
-	cancel()
-	err := <-waited
-	took := time.Since(cancelled)
+	took, err := fencetest.CancelRunLockedSQLOnRowLock(t, b.Ctx, b.Pool, openLibPQ(t, b))
 	require.Less(t, took, time.Second, "RunLockedSQL returned %v after ctx ended: %v", took, err)
 	require.ErrorIs(t, err, context.Canceled, "returned %v after ctx ended", took)
-	var waiting int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND query LIKE '%LeaseGrant%' AND state = 'active' AND pid <> pg_backend_pid()`).Scan(&waiting))
-	require.Zero(t, waiting, "a backend still runs the abandoned grant after RunLockedSQL returned")
-	letGo()
-	require.NoError(t, <-held)
 }
 
 // The sentinels through lib/pq: the twins wrap lib/pq's *pq.Error (SQLState) as they wrap
@@ -89,8 +50,8 @@ func TestLibpqErrorsMatchSentinels(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	sqlDB := openLibPQ(t, b)
-	ctx := b.ctx
-	l := newLessor(t, b.pool, "a")
+	ctx := b.Ctx
+	l := newLessor(t, b.Pool, "a")
 	lease, err := l.TryAcquire(ctx, "job", time.Minute)
 	require.NoError(t, err)
 
@@ -107,7 +68,7 @@ func TestLibpqErrorsMatchSentinels(t *testing.T) {
 	require.ErrorIs(t, inTx(true, func(tx *sql.Tx) error { return fencelock.FenceSQLTx(ctx, tx, "r", 5) }), fencelock.ErrReadOnly, "FenceSQLTx")
 	require.ErrorIs(t, inTx(true, func(tx *sql.Tx) error { return lease.GuardSQLTx(ctx, tx) }), fencelock.ErrReadOnly, "GuardSQLTx")
 	require.ErrorIs(t, inTx(true, func(tx *sql.Tx) error { return lease.FenceSQLTx(ctx, tx, "r") }), fencelock.ErrReadOnly, "Lease.FenceSQLTx")
-	a, err := fencelock.NewAdvisoryLocker(b.pool, fencelock.WithFencingTokens())
+	a, err := fencelock.NewAdvisoryLocker(b.Pool, fencelock.WithFencingTokens())
 	require.NoError(t, err)
 	require.ErrorIs(t, inTx(true, func(tx *sql.Tx) error { _, err := a.TryLockSQLTx(ctx, tx, "x"); return err }), fencelock.ErrReadOnly, "TryLockSQLTx with tokens")
 	select {
@@ -126,7 +87,7 @@ func TestLibpqErrorsMatchSentinels(t *testing.T) {
 	require.Equal(t, fencelock.Token(7), stale.Current)
 
 	// A protected table's refusals through lib/pq.
-	_, err = b.pool.Exec(ctx, `CREATE TABLE items (id text PRIMARY KEY, qty bigint NOT NULL, fence_token bigint);
+	_, err = b.Pool.Exec(ctx, `CREATE TABLE items (id text PRIMARY KEY, qty bigint NOT NULL, fence_token bigint);
 		SELECT fencelock.protect_table('items')`)
 	require.NoError(t, err)
 	err = inTx(false, func(tx *sql.Tx) error {
@@ -172,23 +133,23 @@ func TestLibpqRunLockedSQLRunsOnRelease(t *testing.T) {
 	b := setup(t)
 	sqlDB := openLibPQ(t, b)
 	sqlDB.SetMaxOpenConns(1)
-	l := newLessor(t, b.pool, "a", fastBackoff)
-	h := newLessor(t, b.pool, "h")
-	lease, err := h.TryAcquire(b.ctx, "job", time.Minute)
+	l := newLessor(t, b.Pool, "a", fastBackoff)
+	h := newLessor(t, b.Pool, "h")
+	lease, err := h.TryAcquire(b.Ctx, "job", time.Minute)
 	require.NoError(t, err)
 	done := make(chan error, 1)
 	var got fencelock.Token
 	go func() {
-		done <- l.RunLockedSQL(b.ctx, sqlDB, "job", func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
+		done <- l.RunLockedSQL(b.Ctx, sqlDB, "job", func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
 			got = token
 			return fencelock.FenceSQLTx(ctx, tx, "job", token)
 		})
 	}()
 	started := time.Now()
-	awaitQueue(t, b.ctx, b.pool, "job", false, "a")
+	awaitQueue(t, b.Ctx, b.Pool, "job", false, "a")
 	t.Logf("queued %v after the call", time.Since(started))
 	released := time.Now()
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 	select {
 	case err := <-done:
 		require.NoError(t, err)

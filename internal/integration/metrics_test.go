@@ -86,12 +86,12 @@ func TestMetrics(t *testing.T) {
 	b := setup(t)
 	r := newMetricsReader(t)
 	withMP := fencelock.WithMeterProvider(r.mp)
-	a := newLessor(t, b.pool, "metrics-a", withMP)
-	o := newLessor(t, b.pool, "metrics-b", withMP)
+	a := newLessor(t, b.Pool, "metrics-a", withMP)
+	o := newLessor(t, b.Pool, "metrics-b", withMP)
 
-	lease, err := a.TryAcquire(b.ctx, "m", 5*time.Second)
+	lease, err := a.TryAcquire(b.Ctx, "m", 5*time.Second)
 	require.NoError(t, err)
-	_, err = o.TryAcquire(b.ctx, "m", 5*time.Second)
+	_, err = o.TryAcquire(b.Ctx, "m", 5*time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 	require.EqualValues(t, 1, r.value("fencelock.lease.acquire.duration", method("try_acquire"), outcome("granted")))
 	require.EqualValues(t, 1, r.value("fencelock.lease.acquire.duration", method("try_acquire"), outcome("refused")))
@@ -102,7 +102,7 @@ func TestMetrics(t *testing.T) {
 	// A waiter queues, then is handed the lease by the release.
 	got := make(chan *fencelock.Lease, 1)
 	go func() {
-		l, err := o.Acquire(b.ctx, "m", 5*time.Second)
+		l, err := o.Acquire(b.Ctx, "m", 5*time.Second)
 		if err != nil {
 			t.Error(err)
 		}
@@ -110,9 +110,9 @@ func TestMetrics(t *testing.T) {
 	}()
 	waitFor(t, b, "the waiter is queued", func() bool { return r.value("fencelock.lease.queue.waiting") == 1 })
 	require.EqualValues(t, 1, r.value("fencelock.lease.contended", method("acquire")))
-	require.NoError(t, lease.Renew(b.ctx))
+	require.NoError(t, lease.Renew(b.Ctx))
 	require.EqualValues(t, 1, r.value("fencelock.lease.renewals", outcome("renewed")))
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 	handed := <-got
 	require.NotNil(t, handed)
 	require.EqualValues(t, 0, r.value("fencelock.lease.queue.waiting"))
@@ -121,21 +121,21 @@ func TestMetrics(t *testing.T) {
 	require.EqualValues(t, 1, r.value("fencelock.lease.held"), "one released, one handed over")
 
 	// A fenced write with a token older than the resource's high-water mark.
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		return fencelock.FenceTx(b.ctx, tx, "m-resource", handed.Token()+1)
+	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+		return fencelock.FenceTx(b.Ctx, tx, "m-resource", handed.Token()+1)
 	}))
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return handed.FenceTx(b.ctx, tx, "m-resource") })
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return handed.FenceTx(b.Ctx, tx, "m-resource") })
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
 	require.EqualValues(t, 1, r.value("fencelock.fence.stale_rejections", method("lease_fence_tx")))
-	require.NoError(t, handed.Release(b.ctx))
+	require.NoError(t, handed.Release(b.Ctx))
 
 	// A lease without heartbeat is lost when its trust window ends.
-	z := newLessor(t, b.pool, "metrics-z", withMP, fencelock.WithoutHeartbeat())
-	zl, err := z.TryAcquire(b.ctx, "z", time.Second)
+	z := newLessor(t, b.Pool, "metrics-z", withMP, fencelock.WithoutHeartbeat())
+	zl, err := z.TryAcquire(b.Ctx, "z", time.Second)
 	require.NoError(t, err)
 	select {
 	case <-zl.Done():
-	case <-b.ctx.Done():
+	case <-b.Ctx.Done():
 		t.Fatal("the lease without heartbeat never ended")
 	}
 	require.EqualValues(t, 1, r.value("fencelock.lease.lost", cause("trust_window_expired")))
@@ -146,37 +146,37 @@ func TestMetrics(t *testing.T) {
 
 	// RunLocked grants; a RunLocked that queued counts as waiting until its transaction has
 	// the row, not while its fn runs.
-	require.NoError(t, a.RunLocked(b.ctx, "tx", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+	require.NoError(t, a.RunLocked(b.Ctx, "tx", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
 	require.EqualValues(t, 1, r.value("fencelock.lease.grants", method("run_locked")))
-	blocker, err := a.TryAcquire(b.ctx, "rq", 5*time.Second)
+	blocker, err := a.TryAcquire(b.Ctx, "rq", 5*time.Second)
 	require.NoError(t, err)
 	inFn := make(chan int64, 1)
 	ran := make(chan error, 1)
 	go func() {
-		ran <- o.RunLocked(b.ctx, "rq", func(context.Context, pgx.Tx, fencelock.Token) error {
+		ran <- o.RunLocked(b.Ctx, "rq", func(context.Context, pgx.Tx, fencelock.Token) error {
 			inFn <- r.value("fencelock.lease.queue.waiting")
 			return nil
 		})
 	}()
 	waitFor(t, b, "the RunLocked is queued", func() bool { return r.value("fencelock.lease.queue.waiting") == 1 })
-	require.NoError(t, blocker.Release(b.ctx))
+	require.NoError(t, blocker.Release(b.Ctx))
 	require.EqualValues(t, 0, <-inFn, "waiting while its fn runs")
 	require.NoError(t, <-ran)
 	require.EqualValues(t, 1, r.value("fencelock.lease.contended", method("run_locked")))
 
 	// Advisory locks: a grant, a refusal, a session lost.
-	lk := newLocker(t, b.pool, withMP, fencelock.WithWatchdogInterval(50*time.Millisecond))
-	other := newLocker(t, b.pool, withMP)
-	held, err := lk.TryLock(b.ctx, "adv")
+	lk := newLocker(t, b.Pool, withMP, fencelock.WithWatchdogInterval(50*time.Millisecond))
+	other := newLocker(t, b.Pool, withMP)
+	held, err := lk.TryLock(b.Ctx, "adv")
 	require.NoError(t, err)
-	_, err = other.TryLock(b.ctx, "adv")
+	_, err = other.TryLock(b.Ctx, "adv")
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 	require.EqualValues(t, 1, r.value("fencelock.advisory.acquire.duration", method("try_lock"), outcome("granted")))
 	require.EqualValues(t, 1, r.value("fencelock.advisory.acquire.duration", method("try_lock"), outcome("refused")))
-	require.NoError(t, b.db.Server.TerminateBackend(b.ctx, held.BackendPID()))
+	require.NoError(t, b.DB.Server.TerminateBackend(b.Ctx, held.BackendPID()))
 	select {
 	case <-held.Done():
-	case <-b.ctx.Done():
+	case <-b.Ctx.Done():
 		t.Fatal("the lost session was never noticed")
 	}
 	require.EqualValues(t, 1, r.value("fencelock.advisory.sessions_lost"))
@@ -185,7 +185,7 @@ func TestMetrics(t *testing.T) {
 // waitFor polls cond every 5 ms until it holds, failing the test when b's context ends first.
 func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
 	t.Helper()
-	testkit.WaitFor(t, b.ctx, what, cond)
+	testkit.WaitFor(t, b.Ctx, what, cond)
 }
 
 // FenceTx and UpdateFencedTx take no lessor: their stale rejections go to the default provider
@@ -195,26 +195,26 @@ func TestMetricsDefaultProvider(t *testing.T) {
 	b := setup(t)
 	r := newMetricsReader(t)
 	require.ErrorIs(t, fencelock.SetDefaultMeterProvider(nil), fencelock.ErrInvalidArgument)
-	before := newLessor(t, b.pool, "metrics-before")
+	before := newLessor(t, b.Pool, "metrics-before")
 	require.NoError(t, fencelock.SetDefaultMeterProvider(r.mp))
 	t.Cleanup(func() { require.NoError(t, fencelock.SetDefaultMeterProvider(noop.NewMeterProvider())) })
-	after := newLessor(t, b.pool, "metrics-after")
-	lb, err := before.TryAcquire(b.ctx, "before", time.Minute)
+	after := newLessor(t, b.Pool, "metrics-after")
+	lb, err := before.TryAcquire(b.Ctx, "before", time.Minute)
 	require.NoError(t, err)
-	la, err := after.TryAcquire(b.ctx, "after", time.Minute)
+	la, err := after.TryAcquire(b.Ctx, "after", time.Minute)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, r.value("fencelock.lease.held"), "only the lessor made after the default was set records on it")
-	require.NoError(t, lb.Release(b.ctx))
-	require.NoError(t, la.Release(b.ctx))
+	require.NoError(t, lb.Release(b.Ctx))
+	require.NoError(t, la.Release(b.Ctx))
 	require.EqualValues(t, 0, r.value("fencelock.lease.held"))
-	_, err = b.pool.Exec(b.ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, tok bigint)`+
+	_, err = b.Pool.Exec(b.Ctx, `CREATE TABLE stock (sku text PRIMARY KEY, n int NOT NULL, tok bigint)`+
 		`; INSERT INTO stock VALUES ('A-1', 5, 9)`)
 	require.NoError(t, err)
-	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "g", 9) }))
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, "g", 8) })
+	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, "g", 9) }))
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, "g", 8) })
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-		_, err := fencelock.UpdateFencedTx(b.ctx, tx, pgx.Identifier{"stock"}, "tok", 8,
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+		_, err := fencelock.UpdateFencedTx(b.Ctx, tx, pgx.Identifier{"stock"}, "tok", 8,
 			[]fencelock.Column{{Name: "n", Value: 4}}, []fencelock.Column{{Name: "sku", Value: "A-1"}})
 		return err
 	})

@@ -25,30 +25,30 @@ import (
 func TestMigrateConcurrentlyBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `DROP SCHEMA fencelock CASCADE`)
+	_, err := b.Pool.Exec(b.Ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction")
-	url, execMode := bouncer.URL(b.db.Name), !bouncer.PreparedStatements()
+	bouncer := pgtest.NewPgBouncer(t, b.DB.Server, "transaction")
+	url, execMode := bouncer.URL(b.DB.Name), !bouncer.PreparedStatements()
 
 	pools := make([]*pgxpool.Pool, 4)
 	for i := range pools {
-		pools[i] = goosePool(t, b.ctx, url, execMode)
+		pools[i] = goosePool(t, b.Ctx, url, execMode)
 	}
 	errs := make(chan error, len(pools))
 	for _, pool := range pools {
-		go func() { errs <- fencelock.Migrate(context.WithoutCancel(b.ctx), pool) }()
+		go func() { errs <- fencelock.Migrate(context.WithoutCancel(b.Ctx), pool) }()
 	}
 	for range pools {
 		require.NoError(t, <-errs)
 	}
 	requireEachVersionOnce(t, b)
-	require.NoError(t, fencelock.Migrate(b.ctx, pools[0])) // nothing pending
+	require.NoError(t, fencelock.Migrate(b.Ctx, pools[0])) // nothing pending
 
 	// The schema works through PgBouncer.
 	l := newLessor(t, pools[0], "a")
-	lease, err := l.TryAcquire(b.ctx, "job", 10*time.Second)
+	lease, err := l.TryAcquire(b.Ctx, "job", 10*time.Second)
 	require.NoError(t, err)
-	require.NoError(t, lease.Release(b.ctx))
+	require.NoError(t, lease.Release(b.Ctx))
 }
 
 // Behind PgBouncer in transaction mode, Migrate's lock stays held while a migration runs: a
@@ -60,32 +60,32 @@ func TestMigrateConcurrentlyBehindPgBouncer(t *testing.T) {
 func TestMigrateLockHeldAcrossMigrationBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := gooseProvider(t, b.pool).DownTo(b.ctx, 4)
+	_, err := gooseProvider(t, b.Pool).DownTo(b.Ctx, 4)
 	require.NoError(t, err)
 	const idleTimeout = 500 * time.Millisecond
-	_, err = b.pool.Exec(b.ctx, fmt.Sprintf(`ALTER DATABASE %s SET idle_in_transaction_session_timeout = %d`,
-		pgx.Identifier{b.db.Name}.Sanitize(), idleTimeout.Milliseconds()))
+	_, err = b.Pool.Exec(b.Ctx, fmt.Sprintf(`ALTER DATABASE %s SET idle_in_transaction_session_timeout = %d`,
+		pgx.Identifier{b.DB.Name}.Sanitize(), idleTimeout.Milliseconds()))
 	require.NoError(t, err)
-	bouncer := pgtest.NewPgBouncer(t, b.db.Server, "transaction") // its server sessions start now
-	url, execMode := bouncer.URL(b.db.Name), !bouncer.PreparedStatements()
+	bouncer := pgtest.NewPgBouncer(t, b.DB.Server, "transaction") // its server sessions start now
+	url, execMode := bouncer.URL(b.DB.Name), !bouncer.PreparedStatements()
 
-	hold, err := b.pool.Begin(b.ctx)
+	hold, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer hold.Rollback(context.Background())
-	_, err = hold.Exec(b.ctx, `SET LOCAL idle_in_transaction_session_timeout = 0; LOCK TABLE fencelock.leases IN ACCESS SHARE MODE`)
+	_, err = hold.Exec(b.Ctx, `SET LOCAL idle_in_transaction_session_timeout = 0; LOCK TABLE fencelock.leases IN ACCESS SHARE MODE`)
 	require.NoError(t, err)
 	locked := time.Now()
 
-	poolA, poolB := goosePool(t, b.ctx, url, execMode), goosePool(t, b.ctx, url, execMode)
+	poolA, poolB := goosePool(t, b.Ctx, url, execMode), goosePool(t, b.Ctx, url, execMode)
 	first, second := make(chan error, 1), make(chan error, 1)
-	go func() { first <- fencelock.Migrate(context.WithoutCancel(b.ctx), poolA) }()
+	go func() { first <- fencelock.Migrate(context.WithoutCancel(b.Ctx), poolA) }()
 	require.Eventually(t, func() bool {
 		var waiting bool
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
 			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting))
 		return waiting
 	}, 10*time.Second, 5*time.Millisecond, "the first Migrate did not reach migration 00005")
-	go func() { second <- fencelock.Migrate(context.WithoutCancel(b.ctx), poolB) }()
+	go func() { second <- fencelock.Migrate(context.WithoutCancel(b.Ctx), poolB) }()
 	require.Eventually(t, func() bool { return migrateWaiting(t, b) }, 10*time.Second, 5*time.Millisecond,
 		"the second Migrate did not wait for the first's lock")
 	select {
@@ -94,21 +94,21 @@ func TestMigrateLockHeldAcrossMigrationBehindPgBouncer(t *testing.T) {
 	case <-time.After(time.Until(locked.Add(2 * idleTimeout))):
 	}
 	var migrating int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = 'fencelock.leases'::regclass
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&migrating))
 	require.Equal(t, 1, migrating, "both Migrate calls run migration 00005")
 	// Migrate of earlier versions (goose's session locker, pg_try_advisory_lock on the same key)
 	// is refused too: session and transaction advisory locks of one key are one lock.
-	conn, err := b.pool.Acquire(b.ctx)
+	conn, err := b.Pool.Acquire(b.Ctx)
 	require.NoError(t, err)
 	defer conn.Release()
 	var took bool
-	require.NoError(t, conn.QueryRow(b.ctx, `SELECT pg_try_advisory_lock($1)`, migrateLockKey).Scan(&took))
+	require.NoError(t, conn.QueryRow(b.Ctx, `SELECT pg_try_advisory_lock($1)`, migrateLockKey).Scan(&took))
 	if took {
-		_, _ = conn.Exec(b.ctx, `SELECT pg_advisory_unlock($1)`, migrateLockKey)
+		_, _ = conn.Exec(b.Ctx, `SELECT pg_advisory_unlock($1)`, migrateLockKey)
 	}
 	require.False(t, took, "a session lock was granted while Migrate held its lock")
-	require.NoError(t, hold.Commit(b.ctx))
+	require.NoError(t, hold.Commit(b.Ctx))
 	require.NoError(t, <-first)
 	require.NoError(t, <-second)
 	requireEachVersionOnce(t, b)
@@ -120,12 +120,12 @@ const migrateLockKey = testkit.MigrateLockKey
 // migrateWaiting reports whether a session of pool's database waits for Migrate's advisory lock.
 func migrateWaiting(t *testing.T, b *bundle) bool {
 	t.Helper()
-	return testkit.MigrateWaiting(t, b.ctx, b.pool)
+	return testkit.MigrateWaiting(t, b.Ctx, b.Pool)
 }
 
 // requireEachVersionOnce fails the test unless fencelock's version table lists every migration
 // exactly once (and goose's version 0 once).
 func requireEachVersionOnce(t *testing.T, b *bundle) {
 	t.Helper()
-	testkit.RequireEachVersionOnce(t, b.ctx, b.pool)
+	testkit.RequireEachVersionOnce(t, b.Ctx, b.Pool)
 }

@@ -15,21 +15,21 @@ import (
 func TestMultiLockAcquireWaits(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	a := newLessor(t, b.pool, "mlw-a")
+	a := newLessor(t, b.Pool, "mlw-a")
 	r := newMetricsReader(t)
-	c := newLessor(t, b.pool, "mlw-c", fastBackoff, fencelock.WithMeterProvider(r.mp))
-	held, err := a.TryAcquire(b.ctx, "mlw:2", 10*time.Second)
+	c := newLessor(t, b.Pool, "mlw-c", fastBackoff, fencelock.WithMeterProvider(r.mp))
+	held, err := a.TryAcquire(b.Ctx, "mlw:2", 10*time.Second)
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(b.ctx, 100*time.Millisecond)
+	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
 	defer cancel()
 	_, err = c.AcquireAll(ctx, []string{"mlw:1", "mlw:2"}, time.Second)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM fencelock.leases WHERE holder = 'mlw-c' AND expires_at > clock_timestamp()`).Scan(&n))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.leases WHERE holder = 'mlw-c' AND expires_at > clock_timestamp()`).Scan(&n))
 	require.Zero(t, n, "nothing held after a cancelled wait")
 	got := make(chan *fencelock.LeaseSet, 1)
 	go func() {
-		set, err := c.AcquireAll(b.ctx, []string{"mlw:2", "mlw:1"}, time.Second)
+		set, err := c.AcquireAll(b.Ctx, []string{"mlw:2", "mlw:1"}, time.Second)
 		if err == nil {
 			got <- set
 		}
@@ -38,10 +38,10 @@ func TestMultiLockAcquireWaits(t *testing.T) {
 	waitFor(t, b, "AcquireAll refused while mlw:2 is held", func() bool {
 		return r.value("fencelock.lease.contended", method("acquire_all")) == 2 // the cancelled wait's and this one's
 	})
-	require.NoError(t, held.Release(b.ctx))
+	require.NoError(t, held.Release(b.Ctx))
 	select {
 	case set := <-got:
-		require.NoError(t, set.Release(b.ctx))
+		require.NoError(t, set.Release(b.Ctx))
 	case <-time.After(5 * time.Second):
 		t.Fatal("AcquireAll did not get the set after the release")
 	}

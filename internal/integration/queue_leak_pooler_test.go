@@ -19,37 +19,37 @@ import (
 // Not parallel: goleak must not see other tests' goroutines.
 func TestQueueListenerTerminated(t *testing.T) {
 	b := setup(t)
-	pool := newPool(t, b.ctx, b.db.URL) // the waiter's own, for one listening connection of its own
+	pool := newPool(t, b.Ctx, b.DB.URL) // the waiter's own, for one listening connection of its own
 	ignore := goleak.IgnoreCurrent()
-	holder := newLessor(t, b.pool, "holder")
+	holder := newLessor(t, b.Pool, "holder")
 	waiter := newLessor(t, pool, "waiter", fastBackoff)
-	lh, err := holder.TryAcquire(b.ctx, "deaf", time.Minute)
+	lh, err := holder.TryAcquire(b.Ctx, "deaf", time.Minute)
 	require.NoError(t, err)
-	w := acquireAsync(b.ctx, waiter, "deaf", time.Minute)
-	awaitQueue(t, b.ctx, b.pool, "deaf", true, "waiter")
-	pids := listeners(t, b.ctx, b.pool)
+	w := acquireAsync(b.Ctx, waiter, "deaf", time.Minute)
+	awaitQueue(t, b.Ctx, b.Pool, "deaf", true, "waiter")
+	pids := listeners(t, b.Ctx, b.Pool)
 	require.Len(t, pids, 1)
 	var ok bool
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_terminate_backend($1)`, pids[0]).Scan(&ok))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT pg_terminate_backend($1)`, pids[0]).Scan(&ok))
 	require.True(t, ok)
 	// The waiter refreshes its place without a channel: it polls now.
-	awaitQueue(t, b.ctx, b.pool, "deaf", false, "waiter")
-	require.NoError(t, lh.Release(b.ctx))
+	awaitQueue(t, b.Ctx, b.Pool, "deaf", false, "waiter")
+	require.NoError(t, lh.Release(b.Ctx))
 	got := receive(t, w, 2*time.Second)
 	require.NoError(t, got.err)
 	require.Equal(t, "waiter", got.lease.Holder())
 	// It listens again, on a new session.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if now := listeners(t, b.ctx, b.pool); len(now) == 1 && now[0] != pids[0] {
+		if now := listeners(t, b.Ctx, b.Pool); len(now) == 1 && now[0] != pids[0] {
 			break
 		}
 		require.True(t, time.Now().Before(deadline), "the listening connection was not opened again")
 		time.Sleep(10 * time.Millisecond)
 	}
-	require.NoError(t, got.lease.Release(b.ctx))
+	require.NoError(t, got.lease.Release(b.Ctx))
 	verifyNoLeakWithin(t, 3*time.Second, ignore)
-	require.Empty(t, listeners(t, b.ctx, b.pool))
+	require.Empty(t, listeners(t, b.Ctx, b.Pool))
 }
 
 // Behind PgBouncer in transaction mode LISTEN cannot work (the next statement may run on
@@ -60,32 +60,32 @@ func TestQueueBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	pgtest.NeedPgBouncer(t)
-	bouncer, err := pgtest.StartPgBouncer(b.ctx, b.db.Server, "transaction")
+	bouncer, err := pgtest.StartPgBouncer(b.Ctx, b.DB.Server, "transaction")
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, bouncer.Close()) })
-	pooled := goosePool(t, b.ctx, bouncer.URL(b.db.Name), !bouncer.PreparedStatements())
+	pooled := goosePool(t, b.Ctx, bouncer.URL(b.DB.Name), !bouncer.PreparedStatements())
 
 	holder := newLessor(t, pooled, "holder")
-	lh, err := holder.TryAcquire(b.ctx, "bounced", time.Minute)
+	lh, err := holder.TryAcquire(b.Ctx, "bounced", time.Minute)
 	require.NoError(t, err)
 	var names []string
 	var results []<-chan acquired
 	for i := range 3 {
 		names = append(names, fmt.Sprintf("w%d", i))
-		results = append(results, acquireAsync(b.ctx, newLessor(t, pooled, names[i], fastBackoff), "bounced", time.Minute))
-		awaitQueue(t, b.ctx, b.pool, "bounced", false, names...)
+		results = append(results, acquireAsync(b.Ctx, newLessor(t, pooled, names[i], fastBackoff), "bounced", time.Minute))
+		awaitQueue(t, b.Ctx, b.Pool, "bounced", false, names...)
 	}
-	for _, e := range readQueue(t, b.ctx, b.pool, "bounced") {
+	for _, e := range readQueue(t, b.Ctx, b.Pool, "bounced") {
 		require.False(t, e.Notify, "%s listens behind a transaction pooler", e.Holder)
 	}
-	require.Empty(t, listeners(t, b.ctx, b.pool))
+	require.Empty(t, listeners(t, b.Ctx, b.Pool))
 	prev := lh
 	for i := range names {
-		require.NoError(t, prev.Release(b.ctx))
+		require.NoError(t, prev.Release(b.Ctx))
 		got := receive(t, results[i], 2*time.Second)
 		require.NoError(t, got.err)
 		require.Equal(t, names[i], got.lease.Holder())
 		prev = got.lease
 	}
-	require.NoError(t, prev.Release(b.ctx))
+	require.NoError(t, prev.Release(b.Ctx))
 }

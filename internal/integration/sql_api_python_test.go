@@ -49,7 +49,7 @@ func requirePsycopg(t *testing.T) {
 // database is dropped).
 func startPyWorker(t *testing.T, b *bundle) *pyWorker {
 	t.Helper()
-	cmd := exec.CommandContext(b.ctx, systemPython, "testdata/sql_api_worker.py", b.db.URL)
+	cmd := exec.CommandContext(b.Ctx, systemPython, "testdata/sql_api_worker.py", b.DB.URL)
 	in, err := cmd.StdinPipe()
 	require.NoError(t, err)
 	out, err := cmd.StdoutPipe()
@@ -111,17 +111,17 @@ func TestSQLAPIPythonWorker(t *testing.T) {
 	t.Parallel()
 	requirePsycopg(t)
 	b := setup(t)
-	_, err := b.pool.Exec(b.ctx, `CREATE TABLE writes (resource text NOT NULL, token bigint NOT NULL)`)
+	_, err := b.Pool.Exec(b.Ctx, `CREATE TABLE writes (resource text NOT NULL, token bigint NOT NULL)`)
 	require.NoError(t, err)
 	py := startPyWorker(t, b)
-	g := newLessor(t, b.pool, "go")
+	g := newLessor(t, b.Pool, "go")
 	const name, resource = "acct:1", "acct:1"
 	goWrite := func(lease *fencelock.Lease) error {
-		return pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-			if err := lease.FenceTx(b.ctx, tx, resource); err != nil {
+		return pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+			if err := lease.FenceTx(b.Ctx, tx, resource); err != nil {
 				return err
 			}
-			_, err := tx.Exec(b.ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, resource, int64(lease.Token()))
+			_, err := tx.Exec(b.Ctx, `INSERT INTO writes (resource, token) VALUES ($1, $2)`, resource, int64(lease.Token()))
 			return err
 		})
 	}
@@ -131,19 +131,19 @@ func TestSQLAPIPythonWorker(t *testing.T) {
 	pyTTLms := pyTTL.Milliseconds()
 
 	// Go holds; Python is refused, then granted once Go releases.
-	g0, err := g.TryAcquire(b.ctx, name, time.Minute)
+	g0, err := g.TryAcquire(b.Ctx, name, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, pyReply{Value: "null"}, py.do("try", name, "py", 60000))
-	require.NoError(t, g0.Release(b.ctx))
+	require.NoError(t, g0.Release(b.Ctx))
 	t1 := py.token("try", name, "py", pyTTLms)
 	require.Greater(t, t1, g0.Token())
 	require.Equal(t, pyReply{}, py.do("fence_lease", name, "py", t1, resource))
-	_, err = g.TryAcquire(b.ctx, name, time.Minute)
+	_, err = g.TryAcquire(b.Ctx, name, time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "Go was granted the lease Python holds")
 
 	// Python's lease runs out; Go takes over and fences Python out.
-	waitFor(t, b, "python's lease expired", func() bool { return readLease(t, b.ctx, b.pool, name).Expired })
-	g2, err := g.TryAcquire(b.ctx, name, time.Minute)
+	waitFor(t, b, "python's lease expired", func() bool { return readLease(t, b.Ctx, b.Pool, name).Expired })
+	g2, err := g.TryAcquire(b.Ctx, name, time.Minute)
 	require.NoError(t, err)
 	require.Greater(t, g2.Token(), t1)
 	require.NoError(t, goWrite(g2))
@@ -153,7 +153,7 @@ func TestSQLAPIPythonWorker(t *testing.T) {
 
 	// The other way: Go's grant is taken away on the server (as an operator's force_release
 	// does) while Go still trusts it; Python is granted and fences Go out.
-	_, err = b.pool.Exec(b.ctx, `SELECT fencelock.force_release($1, ARRAY[]::text[])`, name)
+	_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.force_release($1, ARRAY[]::text[])`, name)
 	require.NoError(t, err)
 	t3 := py.token("try", name, "py", 60000)
 	require.Greater(t, t3, g2.Token())
@@ -161,22 +161,22 @@ func TestSQLAPIPythonWorker(t *testing.T) {
 	var lost *fencelock.LeaseLostError
 	require.ErrorAs(t, goWrite(g2), &lost)
 	require.Equal(t, g2.Token(), lost.Token)
-	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.ctx, tx, resource, g2.Token()) })
+	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, resource, g2.Token()) })
 	require.Equal(t, &fencelock.StaleTokenError{Resource: resource, Token: g2.Token(), Current: t3}, errorsAsStale(t, err))
 
 	// A Go lessor waiting in the queue is handed the lease by Python's release in SQL, in the
 	// release's own transaction: the row names the Go waiter as soon as the release returns.
-	waiter := newLessor(t, b.pool, "go-waiter")
-	got := acquireAsync(b.ctx, waiter, name, time.Minute)
+	waiter := newLessor(t, b.Pool, "go-waiter")
+	got := acquireAsync(b.Ctx, waiter, name, time.Minute)
 	awaitWaiters(t, b, name, 1)
 	require.Equal(t, pyReply{Value: "true"}, py.do("release", name, "py", t3))
-	row := readLease(t, b.ctx, b.pool, name)
+	row := readLease(t, b.Ctx, b.Pool, name)
 	require.Equal(t, "go-waiter", row.Holder, "python's release did not hand the lease to the waiter")
 	require.Greater(t, row.Token, int64(t3))
 	a := receive(t, got, 10*time.Second)
 	require.NoError(t, a.err)
 	require.Equal(t, fencelock.Token(row.Token), a.lease.Token())
-	require.NoError(t, a.lease.Release(b.ctx))
+	require.NoError(t, a.lease.Release(b.Ctx))
 
 	require.Equal(t, []int64{int64(t1), int64(g2.Token()), int64(t3)}, writtenTokens(t, b, resource),
 		"only the current holders' writes landed")

@@ -8,6 +8,8 @@
 // tests use it too. The helpers that drive the library's API (lessors, elections, semaphores,
 // advisory lockers, fencing tokens) are in [github.com/fencelock/fencelock/internal/testkit/fencetest].
 //
+// [Setup] gives a test package its setup(t): a [Bundle] on pgserver's shared server.
+//
 // A test package keeps its own short names for these (setup, newPool, readQueue, awaitQueue,
 // waitFor, ...), each a one-line alias or wrapper, so that its tests read as before.
 //
