@@ -90,9 +90,18 @@ func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
 	up, down := migrationSections(t, "00004_lease_queue.sql")
 	_, err = b.Pool.Exec(b.Ctx, up)
 	require.NoError(t, err)
+	// Today's lease grant draws its token inline from what migrations 00003 and 00011 create,
+	// so at version 2 the lease paths' tokens are the ones that version's grant drew:
+	// fencelock.next_token(false) of migration 00002.
 	var before []fencelock.Token
 	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.Ctx, b.Pool, i)
+		var token fencelock.Token
+		var err error
+		if tc.desc == "LeaseGrant" || tc.desc == "RunLocked" {
+			err = b.Pool.QueryRow(b.Ctx, `SELECT fencelock.next_token(false)`).Scan(&token)
+		} else {
+			token, err = tc.issue(t, b.Ctx, b.Pool, i)
+		}
 		require.NoError(t, err, tc.desc)
 		require.Zero(t, token.Epoch(), "%s: before migration 00003, a plain sequence value", tc.desc)
 		before = append(before, token)

@@ -89,7 +89,16 @@ const leaseGrant = `-- name: LeaseGrant :one
 INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
 SELECT $1::text, $2::text,
        CASE WHEN $3::boolean AND EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = $1::text)
-            THEN 0 ELSE fencelock.next_token(false) END,
+            THEN 0 ELSE (SELECT CASE WHEN t.epoch IS NULL THEN fencelock.next_token(false)
+                         WHEN pg_catalog.current_setting('synchronous_commit') = 'off'
+                              AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
+                         ELSE (t.epoch << 47) | pg_catalog.nextval('fencelock.leases_token_seq') END
+             FROM (SELECT (SELECT e.last_epoch::bigint FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
+                           WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
+                             AND q.seqrelid = 'fencelock.leases_token_seq'::regclass
+                             AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
+                             AND coalesce(pg_catalog.pg_sequence_last_value('fencelock.leases_token_seq'), 0) < 140737487306752
+                             AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)) AS epoch) AS t) END,
        now(), now() + $4::bigint * interval '1 microsecond'
 WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                   WHERE cur.name = $1::text AND cur.expires_at > clock_timestamp())
@@ -108,7 +117,17 @@ WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                                             AND m.granted_token = 0 AND m.expires_at > clock_timestamp()),
                                          9223372036854775807))
 ON CONFLICT (name) DO UPDATE
-    SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
+    SET name = excluded.name, holder = excluded.holder,
+        token = (SELECT CASE WHEN t.epoch IS NULL OR (l.token >> 47) > t.epoch THEN fencelock.next_token(false)
+                         WHEN pg_catalog.current_setting('synchronous_commit') = 'off'
+                              AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
+                         ELSE (t.epoch << 47) | pg_catalog.nextval('fencelock.leases_token_seq') END
+             FROM (SELECT (SELECT e.last_epoch::bigint FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
+                           WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
+                             AND q.seqrelid = 'fencelock.leases_token_seq'::regclass
+                             AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
+                             AND coalesce(pg_catalog.pg_sequence_last_value('fencelock.leases_token_seq'), 0) < 140737487306752
+                             AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)) AS epoch) AS t),
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
     WHERE l.expires_at <= clock_timestamp()
 RETURNING l.token, l.expires_at
@@ -156,6 +175,21 @@ type LeaseGrantRow struct {
 //     xid and WAL of its own, and next_token raises synchronous_commit from off to on, so the commit flushes
 //     the WAL up to its own record, the sequence's logged range included. (This is the reason
 //     next_token(false) suffices here; see migrations/00002_durable_tokens.sql.)
+//   - The token is drawn inline on the common path (issue 31: next_token's PL/pgSQL call and
+//     its two queries cost the grant about 19 us of its 52 us of server time): when the epoch
+//     this server draws in (its timeline plus epoch_offset) is the one token_epoch records,
+//     no mark waits to be folded, the sequence is CACHE 1, INCREMENT > 0, NO CYCLE, and its
+//     last value is at least 2^20 below the 2^47 budget (more than max_connections draws can
+//     cross between the check and the draw), the token is (epoch << 47) | nextval, exactly
+//     what next_token(false) returns then, with synchronous_commit raised from off to on as it
+//     does. Anything else (a new epoch to record, marks, a sequence altered, the budget near,
+//     the epoch row missing or behind) calls next_token(false), which records, folds or raises
+//     FL001-FL003 as before. The inline check reads token_epoch in the statement's snapshot,
+//     which may predate the wait for the row lock (and, inside RunLocked's REPEATABLE READ or
+//     SERIALIZABLE transaction, the statement); a rebase committed in that wait could have
+//     given the name a token of a higher epoch meanwhile, so the DO UPDATE path also calls
+//     next_token (which reads the row anew) when the locked row's token has a higher epoch
+//     than the one read: tokens of a name still rise.
 //   - @ttl_us is the TTL in microseconds; 0 (transaction-scoped grants) makes the row expire at
 //     transaction start, so it is free again as soon as the holding transaction ends.
 //   - A NOT EXISTS pre-check (the snapshot's view) refuses a lease that is plainly held without

@@ -136,9 +136,13 @@ type floorOp struct {
 	newClient func(client int) (func() error, error)
 }
 
+// controlRow is the name of a floor table's control row (floorTable).
+const controlRow = "control"
+
 // floorRow is what floorTable measured of one row.
 type floorRow struct {
-	name    string
+	name     string
+	controls string // the control row's: the name of the row it repeats
 	perSec  []float64       // operations per second, one per round
 	samples []time.Duration // every call's latency, all rounds
 	ops     int             // calls measured, all rounds
@@ -199,9 +203,16 @@ func floorRounds() (int, time.Duration) {
 // turns in each of floorRounds rounds (so a machine that slows down weighs on every row), after
 // a warm-up of each. Calls of one turn run back to back; a failed call fails the benchmark.
 // It ignores b.N: run floor benchmarks with -benchtime=1x.
+//
+// The table gets one more row, its control: ops[0] again under the name "control", with
+// clients of its own, taking its turn last in each round. The same work measured twice in one
+// run, it tells how far a ratio can move by noise on the machine it ran on: report gives
+// control/<ops[0]> (median, worst and best round), and a ratio of two other rows that differs
+// from 1 by less than the control's spread says nothing.
 func floorTable(b *testing.B, clients int, ops []floorOp) []*floorRow {
 	b.Helper()
 	rounds, turn := floorRounds()
+	ops = append(slices.Clip(ops), floorOp{controlRow, ops[0].newClient})
 	calls := make([][]func() error, len(ops))
 	for i, op := range ops {
 		for c := range clients {
@@ -216,6 +227,7 @@ func floorTable(b *testing.B, clients int, ops []floorOp) []*floorRow {
 	for i, op := range ops {
 		rows[i] = &floorRow{name: op.name}
 	}
+	rows[len(rows)-1].controls = ops[0].name
 	run := func(i int, d time.Duration, record bool) {
 		var (
 			wg    sync.WaitGroup
@@ -271,7 +283,8 @@ func floorTable(b *testing.B, clients int, ops []floorOp) []*floorRow {
 
 // report reports each row's median throughput and latency quantiles, and for each pair
 // (num, den) of row names the ratio of num's throughput to den's: the median over the rounds
-// as "<num>/<den>" and the worst round as "<num>/<den>-min".
+// as "<num>/<den>" and the worst round as "<num>/<den>-min". It adds the control row's ratio to
+// the row it repeats, with its best round too ("control/<row>-max").
 func report(b *testing.B, rows []*floorRow, pairs ...[2]string) {
 	b.Helper()
 	byName := map[string]*floorRow{}
@@ -282,19 +295,31 @@ func report(b *testing.B, rows []*floorRow, pairs ...[2]string) {
 		b.ReportMetric(float64(r.quantile(0.99).Nanoseconds())/1e3, r.name+"-p99-us")
 		b.ReportMetric(r.cpuPerOp(), r.name+"-client-cpu-us")
 	}
+	for _, r := range rows {
+		if r.controls != "" {
+			pairs = append(pairs, [2]string{r.name, r.controls})
+		}
+	}
 	for _, p := range pairs {
 		num, den := byName[p[0]], byName[p[1]]
 		if num == nil || den == nil {
 			b.Fatalf("report: no row %q or %q", p[0], p[1])
 		}
-		worst := 0.0
+		worst, best := 0.0, 0.0
 		for k := range min(len(num.perSec), len(den.perSec)) {
-			if r := num.perSec[k] / den.perSec[k]; k == 0 || r < worst {
+			r := num.perSec[k] / den.perSec[k]
+			if k == 0 || r < worst {
 				worst = r
+			}
+			if k == 0 || r > best {
+				best = r
 			}
 		}
 		b.ReportMetric(num.median()/den.median(), p[0]+"/"+p[1])
 		b.ReportMetric(worst, p[0]+"/"+p[1]+"-min")
+		if num.controls != "" {
+			b.ReportMetric(best, p[0]+"/"+p[1]+"-max")
+		}
 	}
 }
 
