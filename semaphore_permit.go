@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/notify"
 	"github.com/fencelock/fencelock/internal/queue"
 	"github.com/fencelock/fencelock/internal/timing"
 )
@@ -191,10 +192,13 @@ func (l *Lessor) releasePermit(ctx context.Context, sem, slot string, token Toke
 	if err != nil {
 		return false, wrapPg(fmt.Sprintf("release permit %q of semaphore %q", slot, sem), err)
 	}
-	if row.NotifyChannel != "" {
-		// The hand-off has committed; tell its waiter now, in a commit that waits for no
-		// flush (see fencelock.semaphore_release). Should this fail, the waiter finds the
-		// permit at its next refresh: logged, not an error of the release.
+	if row.NotifyChannel != "" && !notify.Deliver(row.NotifyChannel, row.NotifyPayload) {
+		// The hand-off has committed; tell its waiter now. A waiter of this process (its
+		// pool's notifier listens on the channel: any pool of the process, not only this
+		// lessor's) is told directly (notify.Deliver), without a NOTIFY (issue 31); one of
+		// another process by NOTIFY, in a commit that waits for no flush (see
+		// fencelock.semaphore_release). Should this fail, the waiter finds the permit at its
+		// next refresh: logged, not an error of the release.
 		if err := l.q.SemaphoreNotify(ctx, l.pool, db.SemaphoreNotifyParams{Channel: row.NotifyChannel, Payload: row.NotifyPayload}); err != nil {
 			l.cfg.common.logger.Warn("fencelock: could not tell a waiter of the permit given to it; it finds it at its next refresh",
 				"semaphore", sem, "lease", slot, "error", err)

@@ -83,7 +83,9 @@ const (
 
 // Handler receives a subscription's events. Both functions run on the notifier's goroutine
 // with none of its locks held; they must not block for long (a non-blocking send, a short
-// critical section), since the notifier reads no notification meanwhile.
+// critical section), since the notifier reads no notification meanwhile. Notify may also run
+// on the goroutine of a [Deliver] call, concurrently with the notifier's: it must be safe for
+// concurrent use.
 type Handler struct {
 	// Notify receives a notification routed to the subscription (nil: none wanted).
 	Notify func(payload string)
@@ -136,6 +138,35 @@ type Subscription struct {
 // empty until LISTEN is in place, and h.Ready is told then. Safe for concurrent use.
 func Subscribe(pool *pgxpool.Pool, topic Topic, key string, h Handler, opts Options) *Subscription {
 	return pools.subscribe(pool, topic, key, h, opts)
+}
+
+// Deliver hands the notification (channel, payload) straight to the subscriptions it is
+// routed to, when channel is the own channel of one of this process's notifiers: a NOTIFY this
+// process would send to itself, delivered without a statement, a commit and the listening
+// connection's round trip. It reports whether it did; false (no notifier of this process has
+// that channel: the waiter is in another process, or its notifier was retired) means the
+// caller must send the NOTIFY. The notifier need not be ready: a subscriber of a notifier
+// whose connection is down polls, and is woken as well. Safe for concurrent use.
+func Deliver(channel, payload string) bool { return pools.deliver(channel, payload) }
+
+func (r *registry) deliver(channel, payload string) bool {
+	if channel == "" || channel == ElectionChannel {
+		return false
+	}
+	r.mu.Lock()
+	var to *notifier
+	for _, n := range r.byPool {
+		if n.channel == channel {
+			to = n
+			break
+		}
+	}
+	r.mu.Unlock()
+	if to == nil {
+		return false
+	}
+	to.dispatch(channel, payload)
+	return true
 }
 
 // Channel returns the notifier's own channel while LISTEN is in place, else "" (the

@@ -141,3 +141,31 @@ func TestLingerAfterLastSubscription(t *testing.T) {
 		return len(reg.byPool) == 0
 	}, 5*time.Second, 5*time.Millisecond)
 }
+
+// Deliver hands a notification on one of the process's notifier channels to the
+// subscriptions it is routed to, as the notifier would on receiving the NOTIFY, and reports
+// true; a channel no notifier of the process has (another process's waiter), the election
+// channel and the empty channel are not delivered (false: the caller sends the NOTIFY). A
+// retired notifier's channel is no longer delivered to.
+func TestDeliverToThisProcess(t *testing.T) {
+	reg, _ := testRegistry(time.Millisecond)
+	p1, p2 := &pgxpool.Pool{}, &pgxpool.Pool{}
+	var w7, w8 recorder
+	s7 := reg.subscribe(p1, Wakeups, "7", w7.handler(), Options{})
+	s8 := reg.subscribe(p2, Wakeups, "8", w8.handler(), Options{})
+	require.True(t, reg.deliver(s7.n.channel, "7 42 100 1 hx"))
+	require.True(t, reg.deliver(s8.n.channel, "8 43 100 1 hy"))
+	require.True(t, reg.deliver(s8.n.channel, "9 44 100 1 hz"), "the channel is this process's: delivered, and dropped as nobody's")
+	require.False(t, reg.deliver("fencelock_0000000000000000", "7 45 100 1 hx"), "another process's channel")
+	require.False(t, reg.deliver(ElectionChannel, "a"))
+	require.False(t, reg.deliver("", "7 46 100 1 hx"))
+	p, _ := w7.got()
+	require.Equal(t, []string{"7 42 100 1 hx"}, p)
+	p, _ = w8.got()
+	require.Equal(t, []string{"8 43 100 1 hy"}, p)
+
+	ch := s7.n.channel
+	s7.Close()
+	require.Eventually(t, func() bool { return !reg.deliver(ch, "7 47 100 1 hx") }, 10*time.Second, time.Millisecond,
+		"a retired notifier's channel is not delivered to")
+}

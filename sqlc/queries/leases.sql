@@ -64,7 +64,8 @@
 --    row deleted by a sweep in between (a waiting RunLocked then inserts it). Without @nowait
 --    (RunLocked) the grant queues on the row lock in the server's queue.
 --  * While anyone waits in the name's queue (a live row of fencelock.lease_waiters) ahead of
---    this holder, nothing is granted here: the lease goes to the head of the queue
+--    this holder (the first in seq order: see LeaseRelease for why not EXISTS), nothing is
+--    granted here: the lease goes to the head of the queue
 --    (LeaseRelease hands a TTL grant over, or wakes a waiting RunLocked, whose grant this is;
 --    the head's own attempt takes it once it expires). Try grants (no row in the queue) never
 --    barge past waiters.
@@ -95,13 +96,14 @@ WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                   FOR UPDATE SKIP LOCKED))
   AND (sqlc.arg(may_insert)::boolean
        OR EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = sqlc.arg(name)::text))
-  AND NOT EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
-                  WHERE w.name = sqlc.arg(name)::text AND w.holder <> sqlc.arg(holder)::text
-                    AND w.granted_token = 0 AND w.expires_at > clock_timestamp()
-                    AND w.seq < coalesce((SELECT m.seq FROM fencelock.lease_waiters AS m
-                                          WHERE m.name = sqlc.arg(name)::text AND m.holder = sqlc.arg(holder)::text
-                                            AND m.granted_token = 0 AND m.expires_at > clock_timestamp()),
-                                         9223372036854775807))
+  AND (SELECT w.seq FROM fencelock.lease_waiters AS w
+       WHERE w.name = sqlc.arg(name)::text AND w.holder <> sqlc.arg(holder)::text
+         AND w.granted_token = 0 AND w.expires_at > clock_timestamp()
+         AND w.seq < coalesce((SELECT m.seq FROM fencelock.lease_waiters AS m
+                               WHERE m.name = sqlc.arg(name)::text AND m.holder = sqlc.arg(holder)::text
+                                 AND m.granted_token = 0 AND m.expires_at > clock_timestamp()),
+                              9223372036854775807)
+       ORDER BY w.seq LIMIT 1) IS NULL
 ON CONFLICT (name) DO UPDATE
     SET name = excluded.name, holder = excluded.holder,
         token = (SELECT CASE WHEN t.epoch IS NULL OR (l.token >> 47) > t.epoch THEN fencelock.next_token(false)
