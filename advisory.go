@@ -39,9 +39,14 @@ import (
 //   - a cap on held session locks ([WithMaxSessionLocks], [ErrTooManyLocks]).
 //
 // Names map to int64 keys by [SHA256KeyHash] in the locker's namespace; the int64 and int32
-// pair forms are taken as they are with [AtKey]. A session holding a lock sets its
-// application_name to "fencelock <name>", so the view fencelock.advisory_locks (pg_locks joined
-// with pg_stat_activity) shows who holds what.
+// pair forms are taken as they are with [AtKey]. A session holding a lock is labelled: the
+// watchdog's first probe of the lock sets its application_name to "fencelock <name>" (or
+// "fencelock key <key>"), so the view fencelock.advisory_locks (pg_locks joined with
+// pg_stat_activity) shows who holds what, and Unlock puts the previous application_name back.
+// The label comes within one [WithWatchdogInterval] of the grant (a watchdog round's length
+// more at worst), not with it: a lock released sooner is never labelled, and the view shows
+// it by key, with a NULL name. (Labelling in the lock statement cost the lock and unlock pair
+// a quarter of its rate.)
 //
 // An AdvisoryLocker is safe for concurrent use. It needs no Close: it runs no goroutine of its
 // own but a watchdog round, every [WithWatchdogInterval] while it holds session locks.
@@ -227,8 +232,9 @@ func (a *AdvisoryLocker) acquire(ctx context.Context, name string, key AdvisoryK
 	if a.cfg.sessionPooler {
 		checkPID = 0 // a declared session pooler: the pids differ, and that is safe
 	}
-	// The application_name to put back on unlock is the one the server last reported (it
-	// reports every change of it), so the lock statement need not read it.
+	// The application_name to put back on unlock, once the watchdog has labelled the session,
+	// is the one the server last reported (it reports every change of it), so the lock
+	// statement need not read it.
 	row, err := advisory.LockSession(ctx, conn, advisory.Request{
 		Name: name, Key: key.k, Shared: mode == Shared, Wait: wait, Tokens: a.cfg.tokens,
 	}, checkPID, pgConn.ParameterStatus("application_name"))

@@ -21,11 +21,12 @@ type AdvisoryLock struct {
 	mode    LockMode
 	token   Token
 	pid     uint32
-	prevApp string
+	prevApp string // the session's application_name at the grant, put back on unlock once labelled
 	ending  grantEnd
 
-	connMu sync.Mutex    // serialises use of conn: the watchdog's probe, Unlock
-	conn   *pgxpool.Conn // nil once unlocked or lost
+	connMu   sync.Mutex    // serialises use of conn: the watchdog's probe, Unlock
+	conn     *pgxpool.Conn // nil once unlocked or lost
+	labelled bool          // the watchdog's first probe named the session after the lock; guarded by connMu
 }
 
 // lockOwner is what a lock needs of its locker ([AdvisoryLocker]): to leave its held set when
@@ -98,7 +99,9 @@ func (lk *AdvisoryLock) end(cause error, doneFirst bool, settle func(conn *pgxpo
 	}), true
 }
 
-// Unlock releases the lock and puts the connection back in the pool, in one statement. When
+// Unlock releases the lock and puts the connection back in the pool, in one statement; when
+// the watchdog labelled the session (a lock held past its first probe), the statement also
+// puts back the application_name the session had at the grant. When
 // the release cannot be confirmed (the statement failed, or the session did not hold the lock)
 // the connection is closed instead, which ends the session and any lock it held. Done closes
 // first, before the statement is sent (Err then reports [ErrUnlocked]): the statement may hang
@@ -117,7 +120,7 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 	what := func() string { return "unlock " + describeLock(lk.name, lk.key) } // for errors only
 	var err error
 	ended, settled := lk.end(ErrUnlocked, true, func(conn *pgxpool.Conn) {
-		released, uerr := unlockSession(ctx, conn, lk.key, lk.mode, lk.prevApp)
+		released, uerr := unlockSession(ctx, conn, lk.key, lk.mode, lk.labelled, lk.prevApp)
 		switch {
 		case uerr != nil:
 			destroySession(ctx, conn, false)
@@ -146,8 +149,11 @@ func (lk *AdvisoryLock) Unlock(ctx context.Context) error {
 // (issue 23). Past the deadline the read fails and pgx closes the connection as it does then
 // (a cancel request, Terminate, the socket closed once the server has closed its end or 15 s
 // have passed), which ends the session and its lock; the caller destroys the session. On
-// success the deadline is cleared before the connection goes back to the pool.
-func unlockSession(ctx context.Context, conn *pgxpool.Conn, key AdvisoryKey, mode LockMode, prevApp string) (released bool, err error) {
+// success the deadline is cleared before the connection goes back to the pool. labelled says
+// whether the watchdog labelled the session, whose application_name prevApp then is to put
+// back; an unlabelled lock takes the bare unlock statement and leaves application_name alone.
+// The caller holds connMu.
+func unlockSession(ctx context.Context, conn *pgxpool.Conn, key AdvisoryKey, mode LockMode, labelled bool, prevApp string) (released bool, err error) {
 	if ctx.Done() != nil {
 		ctx = context.WithoutCancel(ctx)
 	}
@@ -155,7 +161,7 @@ func unlockSession(ctx context.Context, conn *pgxpool.Conn, key AdvisoryKey, mod
 	if err := nc.SetDeadline(time.Now().Add(cleanupTimeout)); err != nil {
 		return false, err
 	}
-	released, err = advisory.UnlockSession(ctx, conn, key.k, mode == Shared, prevApp)
+	released, err = advisory.UnlockSession(ctx, conn, key.k, mode == Shared, labelled, prevApp)
 	if err == nil {
 		err = nc.SetDeadline(time.Time{})
 	}

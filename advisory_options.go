@@ -100,6 +100,9 @@ func WithKeyHash(h KeyHash) AdvisoryOption {
 // finds another backend behind the connection, ends the lock: its connection is closed and
 // Done closes. So Done closes at most twice the interval after the session is lost, whatever
 // the network does (TCP keepalive, which pgx sets to 5 minutes by default, is not relied on).
+// A lock's first probe also labels its session (application_name "fencelock <name>", shown by
+// fencelock.advisory_locks): a lock is labelled within about one interval of its grant, and
+// one released sooner is shown by key only.
 //
 // Default: [DefaultWatchdogInterval].
 func WithWatchdogInterval(d time.Duration) AdvisoryOption {
@@ -233,7 +236,8 @@ func (o lockOption) applyLock(c *lockConfig) error { return o(c) }
 
 // AtKey makes a lock call lock key, as it is, instead of the key its name maps to (so no
 // [KeyHash] or namespace applies): for keys shared with code that calls Postgres's advisory
-// lock functions itself. The name then only labels the lock (in messages, application_name,
+// lock functions itself. The name then only labels the lock (in messages, the
+// application_name the watchdog gives a held lock's session at its first probe,
 // [AdvisoryLock.Name] and the locker's held set, where taking a held key under another name is
 // a [*KeyCollisionError]); it may be "", and the lock is then described by its key ("key 42",
 // application_name "fencelock key 42"). Every key is valid, the zero AdvisoryKey (the int64

@@ -15,9 +15,16 @@ import (
 // (the last unlock leaves it armed: locks taken and released back to back then arm the timer
 // once an interval, not twice a lock); between rounds no goroutine runs, so a lock held for
 // less than one interval costs none.
+//
+// A lock's first probe also labels its session (application_name "fencelock <name>", which
+// fencelock.advisory_locks shows): labelling lazily keeps the set_config and its
+// ParameterStatus message off the lock and unlock pair (issue 31), so a lock released within
+// one interval is never labelled, and is shown by its key only.
 
-// probe checks the lock's session, for at most interval; a failure ends the lock. A probe that
-// finds the connection busy (Unlock running) skips this round.
+// probe checks the lock's session, for at most interval; a failure ends the lock. Until a
+// probe has succeeded it labels the session too (advisory.LabelSession), and records that
+// in labelled, for Unlock to put the previous application_name back. A probe that finds the
+// connection busy (Unlock running) skips this round.
 func (lk *AdvisoryLock) probe(interval time.Duration) {
 	if !lk.connMu.TryLock() {
 		return
@@ -27,7 +34,12 @@ func (lk *AdvisoryLock) probe(interval time.Duration) {
 		lk.connMu.Unlock()
 		return
 	}
-	err := advisory.CheckSession(conn, lk.pid, interval)
+	var err error
+	if lk.labelled {
+		err = advisory.CheckSession(conn, lk.pid, interval)
+	} else if err = advisory.LabelSession(conn, lk.pid, lk.name, lk.key.k, interval); err == nil {
+		lk.labelled = true
+	}
 	lk.connMu.Unlock()
 	var changed *advisory.PIDChangedError
 	switch {

@@ -195,17 +195,22 @@ func TestLeastPrivilege(t *testing.T) {
 		return fencelock.FenceTx(ctx, tx, "account:1", token)
 	}))
 
-	// Advisory locks with fencing tokens: a session lock, seen in fencelock.advisory_locks, and a
-	// transaction lock.
-	a, err := fencelock.NewAdvisoryLocker(app, fencelock.WithFencingTokens())
+	// Advisory locks with fencing tokens: a session lock, labelled by its watchdog's first probe
+	// and then seen by name in fencelock.advisory_locks, and a transaction lock.
+	a, err := fencelock.NewAdvisoryLocker(app, fencelock.WithFencingTokens(), fencelock.WithWatchdogInterval(50*time.Millisecond))
 	require.NoError(t, err)
 	lk, err := a.TryLock(ctx, "nightly-report")
 	require.NoError(t, err)
+	t.Cleanup(func() { _ = lk.Unlock(context.Background()) }) // a failed assertion must not leave app's Close waiting
 	require.Positive(t, lk.Token())
-	rows, err := app.Query(ctx, `SELECT name FROM fencelock.advisory_locks WHERE granted AND name IS NOT NULL`)
-	require.NoError(t, err)
-	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
+	var names []string
+	waitFor(t, b, "the lock's label in fencelock.advisory_locks", func() bool {
+		rows, err := app.Query(ctx, `SELECT name FROM fencelock.advisory_locks WHERE granted AND name IS NOT NULL`)
+		require.NoError(t, err)
+		names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return len(names) > 0
+	})
 	require.Equal(t, []string{"nightly-report"}, names)
 	require.NoError(t, pgx.BeginFunc(ctx, app, func(tx pgx.Tx) error { return fencelock.FenceTx(ctx, tx, "report", lk.Token()) }))
 	require.NoError(t, lk.Unlock(ctx))

@@ -50,8 +50,11 @@
 // Leases come from the view fencelock.holders: HEARTBEAT is "late" once the last renewal (or
 // the grant) is older than half the TTL, a sign of a paused or partitioned holder. Advisory
 // locks come from fencelock.advisory_locks: RESOURCE is the lock's name when a fencelock
-// session holds it, else its key; HELD FOR is the age of the holder's open transaction, "-"
-// when it is idle; WAITERS counts the backends waiting for the same key.
+// session holds it and has been labelled with it, else its key (a session is labelled at its
+// locker's first watchdog probe of the lock, within one watchdog interval of the grant, 5 s by
+// default: a lock held for less shows by key, and --name does not match it by name); HELD FOR
+// is the age of the holder's open transaction, "-" when it is idle; WAITERS counts the
+// backends waiting for the same key.
 //
 // # Releasing someone else's lock
 //

@@ -54,9 +54,10 @@ func Describe(name string, key Key) string {
 	return "key " + key.String()
 }
 
-// applicationName is what a session holding a lock sets application_name to, so that
-// pg_stat_activity shows who holds what: "fencelock <name>" or "fencelock key <key>", cut to
-// the 63 bytes Postgres keeps, at a UTF-8 boundary. (Postgres shows non-ASCII bytes as '?'.)
+// applicationName is the label a session holding a lock gets as its application_name, at the
+// watchdog's first probe of the lock ([LabelSession]), so that pg_stat_activity shows who holds
+// what: "fencelock <name>" or "fencelock key <key>", cut to the 63 bytes Postgres keeps, at a
+// UTF-8 boundary. (Postgres shows non-ASCII bytes as '?'.)
 func applicationName(name string, key Key) string {
 	s := "fencelock " + name
 	if name == "" {

@@ -144,7 +144,9 @@ func readLeases(ctx context.Context, pool *pgxpool.Pool, pattern string) ([]lock
 // readAdvisory reads fencelock.advisory_locks: one row per backend holding a lock, with the
 // count of backends waiting for the same key; one row for the first waiter of a key that
 // nobody holds. The resource of a key is the name of a holding session if any, else of a
-// waiting one, else "key N" ("key K1,K2" for a pair key).
+// waiting one, else "key N" ("key K1,K2" for a pair key). A fencelock session carries its
+// lock's name only once its locker's watchdog has first probed the lock (within one watchdog
+// interval of the grant): a younger lock, and one taken by key without a name, show by key.
 func readAdvisory(ctx context.Context, pool *pgxpool.Pool, pattern string) ([]lockRow, error) {
 	rows, err := pool.Query(ctx, `
 		SELECT r.resource, r.key, r.key1, r.key2, r.name, r.mode, r.granted, r.pid, r.application_name,

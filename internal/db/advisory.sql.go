@@ -13,26 +13,23 @@ const advisoryLock = `-- name: AdvisoryLock :one
 SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        pg_backend_pid() AS backend_pid,
-       current_setting('application_name') AS prev_application_name,
-       CASE WHEN g.granted THEN set_config('application_name', $1::text, false) ELSE '' END::text AS application_name,
-       (CASE WHEN g.granted AND $2::boolean THEN
+       (CASE WHEN g.granted AND $1::boolean THEN
            fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
 FROM (SELECT CASE
-          WHEN pg_is_in_recovery() OR ($3::integer <> 0 AND pg_backend_pid() <> $3::integer) THEN false
-          WHEN $4::boolean AND $5::boolean AND $6::boolean THEN pg_advisory_lock_shared($7::integer, $8::integer)::text IS NOT NULL
-          WHEN $4::boolean AND $5::boolean THEN pg_advisory_lock($7::integer, $8::integer)::text IS NOT NULL
-          WHEN $4::boolean AND $6::boolean THEN pg_advisory_lock_shared($9::bigint)::text IS NOT NULL
-          WHEN $4::boolean THEN pg_advisory_lock($9::bigint)::text IS NOT NULL
-          WHEN $5::boolean AND $6::boolean THEN pg_try_advisory_lock_shared($7::integer, $8::integer)
-          WHEN $5::boolean THEN pg_try_advisory_lock($7::integer, $8::integer)
-          WHEN $6::boolean THEN pg_try_advisory_lock_shared($9::bigint)
-          ELSE pg_try_advisory_lock($9::bigint)
+          WHEN pg_is_in_recovery() OR ($2::integer <> 0 AND pg_backend_pid() <> $2::integer) THEN false
+          WHEN $3::boolean AND $4::boolean AND $5::boolean THEN pg_advisory_lock_shared($6::integer, $7::integer)::text IS NOT NULL
+          WHEN $3::boolean AND $4::boolean THEN pg_advisory_lock($6::integer, $7::integer)::text IS NOT NULL
+          WHEN $3::boolean AND $5::boolean THEN pg_advisory_lock_shared($8::bigint)::text IS NOT NULL
+          WHEN $3::boolean THEN pg_advisory_lock($8::bigint)::text IS NOT NULL
+          WHEN $4::boolean AND $5::boolean THEN pg_try_advisory_lock_shared($6::integer, $7::integer)
+          WHEN $4::boolean THEN pg_try_advisory_lock($6::integer, $7::integer)
+          WHEN $5::boolean THEN pg_try_advisory_lock_shared($8::bigint)
+          ELSE pg_try_advisory_lock($8::bigint)
       END AS granted) AS g
 `
 
 type AdvisoryLockParams struct {
-	AppName    string
 	Tokens     bool
 	StartupPid int32
 	Wait       bool
@@ -44,12 +41,10 @@ type AdvisoryLockParams struct {
 }
 
 type AdvisoryLockRow struct {
-	Granted             bool
-	InRecovery          bool
-	BackendPid          int32
-	PrevApplicationName string
-	ApplicationName     string
-	Token               int64
+	Granted    bool
+	InRecovery bool
+	BackendPid int32
+	Token      int64
 }
 
 // Takes a session advisory lock, exclusive or @shared, in one statement: with @wait it waits
@@ -64,9 +59,11 @@ type AdvisoryLockRow struct {
 // startup (a pooler sits between: the next statement may run in another session, and closing
 // the client connection would not end the server session that holds the lock); @startup_pid 0
 // skips that check, for a pooler declared to pin sessions (WithSessionPooler). Neither takes
-// the lock: the checks come before the lock in the CASE. When granted it also names the lock
-// in application_name, so pg_stat_activity joined with pg_locks shows who holds what, and
-// returns the previous application_name to put back on unlock. With @tokens it draws a fencing
+// the lock: the checks come before the lock in the CASE. It leaves application_name alone: the
+// watchdog's first probe of the lock labels it (AdvisorySessionLabel), so a lock held for less
+// than one watchdog interval pays no set_config and no ParameterStatus message (issue 31), and
+// the caller knows the application_name to put back from the server's reports (see
+// AdvisoryLockTryKey). With @tokens it draws a fencing
 // token from the lease sequence after the grant with fencelock.next_token(true), which writes
 // this backend's row of fencelock.token_flushes and raises synchronous_commit from off to on,
 // so the statement's commit flushes the WAL and the token is durable before the result
@@ -75,7 +72,6 @@ type AdvisoryLockRow struct {
 // transaction lock (AdvisoryLockTx) the token is durable once the caller's transaction commits.
 func (q *Queries) AdvisoryLock(ctx context.Context, db DBTX, arg AdvisoryLockParams) (AdvisoryLockRow, error) {
 	row := db.QueryRow(ctx, advisoryLock,
-		arg.AppName,
 		arg.Tokens,
 		arg.StartupPid,
 		arg.Wait,
@@ -90,8 +86,6 @@ func (q *Queries) AdvisoryLock(ctx context.Context, db DBTX, arg AdvisoryLockPar
 		&i.Granted,
 		&i.InRecovery,
 		&i.BackendPid,
-		&i.PrevApplicationName,
-		&i.ApplicationName,
 		&i.Token,
 	)
 	return i, err
@@ -101,9 +95,7 @@ const advisoryLockTryKey = `-- name: AdvisoryLockTryKey :one
 SELECT (CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> $1::integer THEN -2
           WHEN pg_try_advisory_lock($2::bigint) THEN
-              CASE WHEN set_config('application_name', $3::text, false) IS NULL THEN NULL
-                   WHEN $4::boolean THEN fencelock.next_token(true)
-                   ELSE 0 END
+              CASE WHEN $3::boolean THEN fencelock.next_token(true) ELSE 0 END
           ELSE -1
         END)::bigint AS grant_token
 `
@@ -111,17 +103,17 @@ SELECT (CASE
 type AdvisoryLockTryKeyParams struct {
 	StartupPid int32
 	Key        int64
-	AppName    string
 	Tokens     bool
 }
 
 // Takes an exclusive session lock on an int64 key (the form a name maps to) if it is free, with
 // pg_try_advisory_lock(bigint).
 // This statement and its three siblings, one per lock function, take the same lock as
-// AdvisoryLock (its checks, in the same order, the same name in application_name, the same
-// token), in one expression of one column, each with only the arguments it uses. A CASE that picks the lock function from @wait, @pair and @shared takes
-// nine arguments, and costs its statement more than the checks and the lock themselves
-// (issue 23: the pair at 1.49x the bare lock and unlock, 1.17x split). The result is:
+// AdvisoryLock (its checks, in the same order, the same token), in one expression of one
+// column, each with only the arguments it uses. A CASE that picks the lock function from
+// @wait, @pair and @shared takes nine arguments, and costs its statement more than the checks
+// and the lock themselves (issue 23: the pair at 1.49x the bare lock and unlock, 1.17x split).
+// The result is:
 //
 //	-2:   the session was refused, before it locked: the server is in recovery, or the backend
 //	      pid is not @startup_pid (a pooler between; see AdvisoryLock). The caller asks which
@@ -131,18 +123,16 @@ type AdvisoryLockTryKeyParams struct {
 //	> 0:  granted, and the fencing token drawn after the grant by fencelock.next_token(true),
 //	      durable before the result returns (see AdvisoryLock).
 //
-// When granted it names the lock in application_name (set_config returns its argument, never
-// NULL: its test only orders it before the token's branch, which always runs); the caller knows the previous application_name
-// from the server's ParameterStatus reports (application_name is a reported setting), so the
-// statement does not return it. @startup_pid is never 0 here: a declared session pooler takes
+// It does not name the lock in application_name: a set_config here, and the ParameterStatus
+// message the server sends for it, cost the lock and unlock pair a quarter of its rate (0.75x
+// the raw pg_try_advisory_lock and pg_advisory_unlock; issue 31). The watchdog's first probe
+// labels a lock still held then (AdvisorySessionLabel); a shorter lock shows by key only in
+// fencelock.advisory_locks. The caller knows the application_name to put back after a label
+// from the server's ParameterStatus reports (application_name is a reported setting), so no
+// statement returns it. @startup_pid is never 0 here: a declared session pooler takes
 // AdvisoryLock, which returns the backend pid.
 func (q *Queries) AdvisoryLockTryKey(ctx context.Context, db DBTX, arg AdvisoryLockTryKeyParams) (int64, error) {
-	row := db.QueryRow(ctx, advisoryLockTryKey,
-		arg.StartupPid,
-		arg.Key,
-		arg.AppName,
-		arg.Tokens,
-	)
+	row := db.QueryRow(ctx, advisoryLockTryKey, arg.StartupPid, arg.Key, arg.Tokens)
 	var grant_token int64
 	err := row.Scan(&grant_token)
 	return grant_token, err
@@ -152,9 +142,7 @@ const advisoryLockTryKeyShared = `-- name: AdvisoryLockTryKeyShared :one
 SELECT (CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> $1::integer THEN -2
           WHEN pg_try_advisory_lock_shared($2::bigint) THEN
-              CASE WHEN set_config('application_name', $3::text, false) IS NULL THEN NULL
-                   WHEN $4::boolean THEN fencelock.next_token(true)
-                   ELSE 0 END
+              CASE WHEN $3::boolean THEN fencelock.next_token(true) ELSE 0 END
           ELSE -1
         END)::bigint AS grant_token
 `
@@ -162,18 +150,12 @@ SELECT (CASE
 type AdvisoryLockTryKeySharedParams struct {
 	StartupPid int32
 	Key        int64
-	AppName    string
 	Tokens     bool
 }
 
 // AdvisoryLockTryKey for a shared lock (pg_try_advisory_lock_shared).
 func (q *Queries) AdvisoryLockTryKeyShared(ctx context.Context, db DBTX, arg AdvisoryLockTryKeySharedParams) (int64, error) {
-	row := db.QueryRow(ctx, advisoryLockTryKeyShared,
-		arg.StartupPid,
-		arg.Key,
-		arg.AppName,
-		arg.Tokens,
-	)
+	row := db.QueryRow(ctx, advisoryLockTryKeyShared, arg.StartupPid, arg.Key, arg.Tokens)
 	var grant_token int64
 	err := row.Scan(&grant_token)
 	return grant_token, err
@@ -237,9 +219,7 @@ const advisoryLockWaitKey = `-- name: AdvisoryLockWaitKey :one
 SELECT (CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> $1::integer THEN -2
           WHEN pg_advisory_lock($2::bigint)::text IS NOT NULL THEN
-              CASE WHEN set_config('application_name', $3::text, false) IS NULL THEN NULL
-                   WHEN $4::boolean THEN fencelock.next_token(true)
-                   ELSE 0 END
+              CASE WHEN $3::boolean THEN fencelock.next_token(true) ELSE 0 END
           ELSE -1
         END)::bigint AS grant_token
 `
@@ -247,7 +227,6 @@ SELECT (CASE
 type AdvisoryLockWaitKeyParams struct {
 	StartupPid int32
 	Key        int64
-	AppName    string
 	Tokens     bool
 }
 
@@ -255,12 +234,7 @@ type AdvisoryLockWaitKeyParams struct {
 // granted or cancelled; it returns void, which casts to the empty text, not NULL, so a wait
 // that returns takes the grant's branch.
 func (q *Queries) AdvisoryLockWaitKey(ctx context.Context, db DBTX, arg AdvisoryLockWaitKeyParams) (int64, error) {
-	row := db.QueryRow(ctx, advisoryLockWaitKey,
-		arg.StartupPid,
-		arg.Key,
-		arg.AppName,
-		arg.Tokens,
-	)
+	row := db.QueryRow(ctx, advisoryLockWaitKey, arg.StartupPid, arg.Key, arg.Tokens)
 	var grant_token int64
 	err := row.Scan(&grant_token)
 	return grant_token, err
@@ -270,9 +244,7 @@ const advisoryLockWaitKeyShared = `-- name: AdvisoryLockWaitKeyShared :one
 SELECT (CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> $1::integer THEN -2
           WHEN pg_advisory_lock_shared($2::bigint)::text IS NOT NULL THEN
-              CASE WHEN set_config('application_name', $3::text, false) IS NULL THEN NULL
-                   WHEN $4::boolean THEN fencelock.next_token(true)
-                   ELSE 0 END
+              CASE WHEN $3::boolean THEN fencelock.next_token(true) ELSE 0 END
           ELSE -1
         END)::bigint AS grant_token
 `
@@ -280,18 +252,12 @@ SELECT (CASE
 type AdvisoryLockWaitKeySharedParams struct {
 	StartupPid int32
 	Key        int64
-	AppName    string
 	Tokens     bool
 }
 
 // AdvisoryLockWaitKey for a shared lock (pg_advisory_lock_shared).
 func (q *Queries) AdvisoryLockWaitKeyShared(ctx context.Context, db DBTX, arg AdvisoryLockWaitKeySharedParams) (int64, error) {
-	row := db.QueryRow(ctx, advisoryLockWaitKeyShared,
-		arg.StartupPid,
-		arg.Key,
-		arg.AppName,
-		arg.Tokens,
-	)
+	row := db.QueryRow(ctx, advisoryLockWaitKeyShared, arg.StartupPid, arg.Key, arg.Tokens)
 	var grant_token int64
 	err := row.Scan(&grant_token)
 	return grant_token, err
@@ -304,9 +270,39 @@ SELECT pg_backend_pid() AS backend_pid
 // The watchdog's probe of a held lock's session: it fails when the session is gone (backend
 // terminated, server restarted, connection broken), and returns the backend pid, which must
 // still be the one that took the lock. A live session keeps its session locks: only the
-// session itself can release them, and the lock's connection is used by nothing else.
+// session itself can release them, and the lock's connection is used by nothing else. Every
+// probe but a lock's first (AdvisorySessionLabel) is this one.
 func (q *Queries) AdvisorySessionCheck(ctx context.Context, db DBTX) (int32, error) {
 	row := db.QueryRow(ctx, advisorySessionCheck)
+	var backend_pid int32
+	err := row.Scan(&backend_pid)
+	return backend_pid, err
+}
+
+const advisorySessionLabel = `-- name: AdvisorySessionLabel :one
+SELECT (CASE
+          WHEN pg_backend_pid() <> $1::integer THEN pg_backend_pid()
+          WHEN set_config('application_name', $2::text, false) IS NOT NULL THEN pg_backend_pid()
+        END)::integer AS backend_pid
+`
+
+type AdvisorySessionLabelParams struct {
+	Pid   int32
+	Label string
+}
+
+// The watchdog's first probe of a held lock: AdvisorySessionCheck, which also names the lock
+// in application_name (@label, "fencelock <name>" or "fencelock key <key>"), so that
+// pg_stat_activity joined with pg_locks (fencelock.advisory_locks, fencelock locks) shows who
+// holds what. Labelling here rather than in the lock statement keeps the set_config and its
+// ParameterStatus message off the lock and unlock pair (issue 31): a lock is labelled within
+// one watchdog interval of its grant, and one released sooner never is. It labels only the
+// backend that took the lock (@pid): when the connection now reaches another (a pooler
+// between), the lock is lost and that backend, which is not the lock's, keeps its name. The
+// unlock then puts back the application_name the session had (AdvisoryUnlockKey,
+// AdvisoryUnlock with @labelled). The CASE tests the pid before it sets.
+func (q *Queries) AdvisorySessionLabel(ctx context.Context, db DBTX, arg AdvisorySessionLabelParams) (int32, error) {
+	row := db.QueryRow(ctx, advisorySessionLabel, arg.Pid, arg.Label)
 	var backend_pid int32
 	err := row.Scan(&backend_pid)
 	return backend_pid, err
@@ -332,13 +328,16 @@ func (q *Queries) AdvisorySessionState(ctx context.Context, db DBTX) (AdvisorySe
 }
 
 const advisoryUnlock = `-- name: AdvisoryUnlock :one
-SELECT CASE
-           WHEN $1::boolean AND $2::boolean THEN pg_advisory_unlock_shared($3::integer, $4::integer)
-           WHEN $1::boolean THEN pg_advisory_unlock($3::integer, $4::integer)
-           WHEN $2::boolean THEN pg_advisory_unlock_shared($5::bigint)
-           ELSE pg_advisory_unlock($5::bigint)
-       END::boolean AS released,
-       set_config('application_name', $6::text, false) AS application_name
+SELECT (CASE
+          WHEN NOT (CASE
+                      WHEN $1::boolean AND $2::boolean THEN pg_advisory_unlock_shared($3::integer, $4::integer)
+                      WHEN $1::boolean THEN pg_advisory_unlock($3::integer, $4::integer)
+                      WHEN $2::boolean THEN pg_advisory_unlock_shared($5::bigint)
+                      ELSE pg_advisory_unlock($5::bigint)
+                    END) THEN false
+          WHEN $6::boolean THEN set_config('application_name', $7::text, false) IS NOT NULL
+          ELSE true
+        END)::boolean AS released
 `
 
 type AdvisoryUnlockParams struct {
@@ -347,29 +346,33 @@ type AdvisoryUnlockParams struct {
 	K1                  int32
 	K2                  int32
 	Key                 int64
+	Labelled            bool
 	PrevApplicationName string
 }
 
-type AdvisoryUnlockRow struct {
-	Released        bool
-	ApplicationName string
-}
-
-// Releases one session advisory lock and puts application_name back. released is false when
-// this session did not hold the lock: the caller must then close the connection rather than
-// pool it, since it cannot know what the session holds.
-func (q *Queries) AdvisoryUnlock(ctx context.Context, db DBTX, arg AdvisoryUnlockParams) (AdvisoryUnlockRow, error) {
+// Releases one session advisory lock and, when the watchdog labelled it (@labelled), puts
+// @prev_application_name back, in one statement for every key form and mode (the CASE as in
+// AdvisoryLock). released is false when this session did not hold the lock: the caller must
+// then close the connection rather than pool it, since it cannot know what the session holds
+// (application_name is then left as it is). It takes a flag rather than always setting
+// application_name, although setting it to the value it has sends no ParameterStatus (the
+// server reports only a changed value): an unlabelled lock then leaves the session's
+// application_name untouched whatever the caller believes it to be, and pays no set_config,
+// as AdvisoryUnlockKeyBare does for an int64 key. The outer CASE releases first and sets
+// application_name only after a release (CASE evaluates in order; AND and OR need not).
+func (q *Queries) AdvisoryUnlock(ctx context.Context, db DBTX, arg AdvisoryUnlockParams) (bool, error) {
 	row := db.QueryRow(ctx, advisoryUnlock,
 		arg.Pair,
 		arg.Shared,
 		arg.K1,
 		arg.K2,
 		arg.Key,
+		arg.Labelled,
 		arg.PrevApplicationName,
 	)
-	var i AdvisoryUnlockRow
-	err := row.Scan(&i.Released, &i.ApplicationName)
-	return i, err
+	var released bool
+	err := row.Scan(&released)
+	return released, err
 }
 
 const advisoryUnlockKey = `-- name: AdvisoryUnlockKey :one
@@ -383,12 +386,27 @@ type AdvisoryUnlockKeyParams struct {
 	PrevApplicationName string
 }
 
-// Releases an exclusive session lock on an int64 key and puts @prev_application_name back, as
-// AdvisoryUnlock does, with only the arguments it uses. released is false when this session
-// did not hold the lock (application_name is then left as it is: the caller closes the
-// connection).
+// Releases an exclusive session lock on an int64 key that the watchdog labelled
+// (AdvisorySessionLabel), and puts @prev_application_name back, as AdvisoryUnlock does with
+// @labelled, with only the arguments it uses. released is false when this session did not
+// hold the lock (application_name is then left as it is: the caller closes the connection).
 func (q *Queries) AdvisoryUnlockKey(ctx context.Context, db DBTX, arg AdvisoryUnlockKeyParams) (bool, error) {
 	row := db.QueryRow(ctx, advisoryUnlockKey, arg.Key, arg.PrevApplicationName)
+	var released bool
+	err := row.Scan(&released)
+	return released, err
+}
+
+const advisoryUnlockKeyBare = `-- name: AdvisoryUnlockKeyBare :one
+SELECT pg_advisory_unlock($1::bigint) AS released
+`
+
+// Releases an exclusive session lock on an int64 key that the watchdog never labelled (held
+// for less than one watchdog interval, the usual case), with pg_advisory_unlock alone:
+// application_name was never changed, so there is nothing to put back. released is false when
+// this session did not hold the lock (the caller then closes the connection).
+func (q *Queries) AdvisoryUnlockKeyBare(ctx context.Context, db DBTX, key int64) (bool, error) {
+	row := db.QueryRow(ctx, advisoryUnlockKeyBare, key)
 	var released bool
 	err := row.Scan(&released)
 	return released, err
@@ -408,6 +426,18 @@ type AdvisoryUnlockKeySharedParams struct {
 // AdvisoryUnlockKey for a shared lock (pg_advisory_unlock_shared).
 func (q *Queries) AdvisoryUnlockKeyShared(ctx context.Context, db DBTX, arg AdvisoryUnlockKeySharedParams) (bool, error) {
 	row := db.QueryRow(ctx, advisoryUnlockKeyShared, arg.Key, arg.PrevApplicationName)
+	var released bool
+	err := row.Scan(&released)
+	return released, err
+}
+
+const advisoryUnlockKeySharedBare = `-- name: AdvisoryUnlockKeySharedBare :one
+SELECT pg_advisory_unlock_shared($1::bigint) AS released
+`
+
+// AdvisoryUnlockKeyBare for a shared lock (pg_advisory_unlock_shared).
+func (q *Queries) AdvisoryUnlockKeySharedBare(ctx context.Context, db DBTX, key int64) (bool, error) {
+	row := db.QueryRow(ctx, advisoryUnlockKeySharedBare, key)
 	var released bool
 	err := row.Scan(&released)
 	return released, err

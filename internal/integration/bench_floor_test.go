@@ -142,11 +142,11 @@ const controlRow = "control"
 // floorRow is what floorTable measured of one row.
 type floorRow struct {
 	name     string
-	controls string // the control row's: the name of the row it repeats
-	perSec  []float64       // operations per second, one per round
-	samples []time.Duration // every call's latency, all rounds
-	ops     int             // calls measured, all rounds
-	cpu     time.Duration   // this process's CPU time (user + system) during the row's turns
+	controls string          // the control row's: the name of the row it repeats
+	perSec   []float64       // operations per second, one per round
+	samples  []time.Duration // every call's latency, all rounds
+	ops      int             // calls measured, all rounds
+	cpu      time.Duration   // this process's CPU time (user + system) during the row's turns
 }
 
 // cpuPerOp is the client's CPU time per call, in microseconds: this process's CPU during the

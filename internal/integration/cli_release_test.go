@@ -161,6 +161,12 @@ func TestCLIReleaseAdvisory(t *testing.T) {
 	lk, err := holder.TryLock(b.Ctx, "cli-report")
 	require.NoError(t, err)
 	pid := lk.BackendPID()
+	// The label the prompt shows is set by the lock's first watchdog probe (50 ms here).
+	waitFor(t, b, "the lock's label", func() bool {
+		var app string
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT application_name FROM pg_stat_activity WHERE pid = $1`, int32(pid)).Scan(&app))
+		return app == "fencelock cli-report"
+	})
 	heldBy := func(pid uint32) int {
 		var n int
 		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.advisory_locks WHERE granted AND pid = $1`, int32(pid)).Scan(&n))

@@ -11,9 +11,11 @@
 -- startup (a pooler sits between: the next statement may run in another session, and closing
 -- the client connection would not end the server session that holds the lock); @startup_pid 0
 -- skips that check, for a pooler declared to pin sessions (WithSessionPooler). Neither takes
--- the lock: the checks come before the lock in the CASE. When granted it also names the lock
--- in application_name, so pg_stat_activity joined with pg_locks shows who holds what, and
--- returns the previous application_name to put back on unlock. With @tokens it draws a fencing
+-- the lock: the checks come before the lock in the CASE. It leaves application_name alone: the
+-- watchdog's first probe of the lock labels it (AdvisorySessionLabel), so a lock held for less
+-- than one watchdog interval pays no set_config and no ParameterStatus message (issue 31), and
+-- the caller knows the application_name to put back from the server's reports (see
+-- AdvisoryLockTryKey). With @tokens it draws a fencing
 -- token from the lease sequence after the grant with fencelock.next_token(true), which writes
 -- this backend's row of fencelock.token_flushes and raises synchronous_commit from off to on,
 -- so the statement's commit flushes the WAL and the token is durable before the result
@@ -23,8 +25,6 @@
 SELECT g.granted::boolean AS granted,
        pg_is_in_recovery() AS in_recovery,
        pg_backend_pid() AS backend_pid,
-       current_setting('application_name') AS prev_application_name,
-       CASE WHEN g.granted THEN set_config('application_name', sqlc.arg(app_name)::text, false) ELSE '' END::text AS application_name,
        (CASE WHEN g.granted AND sqlc.arg(tokens)::boolean THEN
            fencelock.next_token(true)
         ELSE 0 END)::bigint AS token
@@ -41,25 +41,36 @@ FROM (SELECT CASE
       END AS granted) AS g;
 
 -- name: AdvisoryUnlock :one
--- Releases one session advisory lock and puts application_name back. released is false when
--- this session did not hold the lock: the caller must then close the connection rather than
--- pool it, since it cannot know what the session holds.
-SELECT CASE
-           WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_unlock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
-           WHEN sqlc.arg(pair)::boolean THEN pg_advisory_unlock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
-           WHEN sqlc.arg(shared)::boolean THEN pg_advisory_unlock_shared(sqlc.arg(key)::bigint)
-           ELSE pg_advisory_unlock(sqlc.arg(key)::bigint)
-       END::boolean AS released,
-       set_config('application_name', sqlc.arg(prev_application_name)::text, false) AS application_name;
+-- Releases one session advisory lock and, when the watchdog labelled it (@labelled), puts
+-- @prev_application_name back, in one statement for every key form and mode (the CASE as in
+-- AdvisoryLock). released is false when this session did not hold the lock: the caller must
+-- then close the connection rather than pool it, since it cannot know what the session holds
+-- (application_name is then left as it is). It takes a flag rather than always setting
+-- application_name, although setting it to the value it has sends no ParameterStatus (the
+-- server reports only a changed value): an unlabelled lock then leaves the session's
+-- application_name untouched whatever the caller believes it to be, and pays no set_config,
+-- as AdvisoryUnlockKeyBare does for an int64 key. The outer CASE releases first and sets
+-- application_name only after a release (CASE evaluates in order; AND and OR need not).
+SELECT (CASE
+          WHEN NOT (CASE
+                      WHEN sqlc.arg(pair)::boolean AND sqlc.arg(shared)::boolean THEN pg_advisory_unlock_shared(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
+                      WHEN sqlc.arg(pair)::boolean THEN pg_advisory_unlock(sqlc.arg(k1)::integer, sqlc.arg(k2)::integer)
+                      WHEN sqlc.arg(shared)::boolean THEN pg_advisory_unlock_shared(sqlc.arg(key)::bigint)
+                      ELSE pg_advisory_unlock(sqlc.arg(key)::bigint)
+                    END) THEN false
+          WHEN sqlc.arg(labelled)::boolean THEN set_config('application_name', sqlc.arg(prev_application_name)::text, false) IS NOT NULL
+          ELSE true
+        END)::boolean AS released;
 
 -- name: AdvisoryLockTryKey :one
 -- Takes an exclusive session lock on an int64 key (the form a name maps to) if it is free, with
 -- pg_try_advisory_lock(bigint).
 -- This statement and its three siblings, one per lock function, take the same lock as
--- AdvisoryLock (its checks, in the same order, the same name in application_name, the same
--- token), in one expression of one column, each with only the arguments it uses. A CASE that picks the lock function from @wait, @pair and @shared takes
--- nine arguments, and costs its statement more than the checks and the lock themselves
--- (issue 23: the pair at 1.49x the bare lock and unlock, 1.17x split). The result is:
+-- AdvisoryLock (its checks, in the same order, the same token), in one expression of one
+-- column, each with only the arguments it uses. A CASE that picks the lock function from
+-- @wait, @pair and @shared takes nine arguments, and costs its statement more than the checks
+-- and the lock themselves (issue 23: the pair at 1.49x the bare lock and unlock, 1.17x split).
+-- The result is:
 --   -2:   the session was refused, before it locked: the server is in recovery, or the backend
 --         pid is not @startup_pid (a pooler between; see AdvisoryLock). The caller asks which
 --         (AdvisorySessionState); this never happens on a healthy direct connection.
@@ -67,17 +78,18 @@ SELECT CASE
 --   0:    granted, without a token (@tokens false).
 --   > 0:  granted, and the fencing token drawn after the grant by fencelock.next_token(true),
 --         durable before the result returns (see AdvisoryLock).
--- When granted it names the lock in application_name (set_config returns its argument, never
--- NULL: its test only orders it before the token's branch, which always runs); the caller knows the previous application_name
--- from the server's ParameterStatus reports (application_name is a reported setting), so the
--- statement does not return it. @startup_pid is never 0 here: a declared session pooler takes
+-- It does not name the lock in application_name: a set_config here, and the ParameterStatus
+-- message the server sends for it, cost the lock and unlock pair a quarter of its rate (0.75x
+-- the raw pg_try_advisory_lock and pg_advisory_unlock; issue 31). The watchdog's first probe
+-- labels a lock still held then (AdvisorySessionLabel); a shorter lock shows by key only in
+-- fencelock.advisory_locks. The caller knows the application_name to put back after a label
+-- from the server's ParameterStatus reports (application_name is a reported setting), so no
+-- statement returns it. @startup_pid is never 0 here: a declared session pooler takes
 -- AdvisoryLock, which returns the backend pid.
 SELECT (CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN -2
           WHEN pg_try_advisory_lock(sqlc.arg(key)::bigint) THEN
-              CASE WHEN set_config('application_name', sqlc.arg(app_name)::text, false) IS NULL THEN NULL
-                   WHEN sqlc.arg(tokens)::boolean THEN fencelock.next_token(true)
-                   ELSE 0 END
+              CASE WHEN sqlc.arg(tokens)::boolean THEN fencelock.next_token(true) ELSE 0 END
           ELSE -1
         END)::bigint AS grant_token;
 
@@ -86,9 +98,7 @@ SELECT (CASE
 SELECT (CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN -2
           WHEN pg_try_advisory_lock_shared(sqlc.arg(key)::bigint) THEN
-              CASE WHEN set_config('application_name', sqlc.arg(app_name)::text, false) IS NULL THEN NULL
-                   WHEN sqlc.arg(tokens)::boolean THEN fencelock.next_token(true)
-                   ELSE 0 END
+              CASE WHEN sqlc.arg(tokens)::boolean THEN fencelock.next_token(true) ELSE 0 END
           ELSE -1
         END)::bigint AS grant_token;
 
@@ -99,9 +109,7 @@ SELECT (CASE
 SELECT (CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN -2
           WHEN pg_advisory_lock(sqlc.arg(key)::bigint)::text IS NOT NULL THEN
-              CASE WHEN set_config('application_name', sqlc.arg(app_name)::text, false) IS NULL THEN NULL
-                   WHEN sqlc.arg(tokens)::boolean THEN fencelock.next_token(true)
-                   ELSE 0 END
+              CASE WHEN sqlc.arg(tokens)::boolean THEN fencelock.next_token(true) ELSE 0 END
           ELSE -1
         END)::bigint AS grant_token;
 
@@ -110,9 +118,7 @@ SELECT (CASE
 SELECT (CASE
           WHEN pg_is_in_recovery() OR pg_backend_pid() <> sqlc.arg(startup_pid)::integer THEN -2
           WHEN pg_advisory_lock_shared(sqlc.arg(key)::bigint)::text IS NOT NULL THEN
-              CASE WHEN set_config('application_name', sqlc.arg(app_name)::text, false) IS NULL THEN NULL
-                   WHEN sqlc.arg(tokens)::boolean THEN fencelock.next_token(true)
-                   ELSE 0 END
+              CASE WHEN sqlc.arg(tokens)::boolean THEN fencelock.next_token(true) ELSE 0 END
           ELSE -1
         END)::bigint AS grant_token;
 
@@ -122,11 +128,22 @@ SELECT (CASE
 -- at startup. Read-only; it runs only after a refusal.
 SELECT pg_is_in_recovery() AS in_recovery, pg_backend_pid() AS backend_pid;
 
+-- name: AdvisoryUnlockKeyBare :one
+-- Releases an exclusive session lock on an int64 key that the watchdog never labelled (held
+-- for less than one watchdog interval, the usual case), with pg_advisory_unlock alone:
+-- application_name was never changed, so there is nothing to put back. released is false when
+-- this session did not hold the lock (the caller then closes the connection).
+SELECT pg_advisory_unlock(sqlc.arg(key)::bigint) AS released;
+
+-- name: AdvisoryUnlockKeySharedBare :one
+-- AdvisoryUnlockKeyBare for a shared lock (pg_advisory_unlock_shared).
+SELECT pg_advisory_unlock_shared(sqlc.arg(key)::bigint) AS released;
+
 -- name: AdvisoryUnlockKey :one
--- Releases an exclusive session lock on an int64 key and puts @prev_application_name back, as
--- AdvisoryUnlock does, with only the arguments it uses. released is false when this session
--- did not hold the lock (application_name is then left as it is: the caller closes the
--- connection).
+-- Releases an exclusive session lock on an int64 key that the watchdog labelled
+-- (AdvisorySessionLabel), and puts @prev_application_name back, as AdvisoryUnlock does with
+-- @labelled, with only the arguments it uses. released is false when this session did not
+-- hold the lock (application_name is then left as it is: the caller closes the connection).
 SELECT (CASE WHEN pg_advisory_unlock(sqlc.arg(key)::bigint)
              THEN set_config('application_name', sqlc.arg(prev_application_name)::text, false) IS NOT NULL
              ELSE false END)::boolean AS released;
@@ -141,8 +158,25 @@ SELECT (CASE WHEN pg_advisory_unlock_shared(sqlc.arg(key)::bigint)
 -- The watchdog's probe of a held lock's session: it fails when the session is gone (backend
 -- terminated, server restarted, connection broken), and returns the backend pid, which must
 -- still be the one that took the lock. A live session keeps its session locks: only the
--- session itself can release them, and the lock's connection is used by nothing else.
+-- session itself can release them, and the lock's connection is used by nothing else. Every
+-- probe but a lock's first (AdvisorySessionLabel) is this one.
 SELECT pg_backend_pid() AS backend_pid;
+
+-- name: AdvisorySessionLabel :one
+-- The watchdog's first probe of a held lock: AdvisorySessionCheck, which also names the lock
+-- in application_name (@label, "fencelock <name>" or "fencelock key <key>"), so that
+-- pg_stat_activity joined with pg_locks (fencelock.advisory_locks, fencelock locks) shows who
+-- holds what. Labelling here rather than in the lock statement keeps the set_config and its
+-- ParameterStatus message off the lock and unlock pair (issue 31): a lock is labelled within
+-- one watchdog interval of its grant, and one released sooner never is. It labels only the
+-- backend that took the lock (@pid): when the connection now reaches another (a pooler
+-- between), the lock is lost and that backend, which is not the lock's, keeps its name. The
+-- unlock then puts back the application_name the session had (AdvisoryUnlockKey,
+-- AdvisoryUnlock with @labelled). The CASE tests the pid before it sets.
+SELECT (CASE
+          WHEN pg_backend_pid() <> sqlc.arg(pid)::integer THEN pg_backend_pid()
+          WHEN set_config('application_name', sqlc.arg(label)::text, false) IS NOT NULL THEN pg_backend_pid()
+        END)::integer AS backend_pid;
 
 -- name: AdvisoryLockTx :one
 -- Takes a transaction advisory lock inside the caller's transaction, released at its end:
