@@ -61,9 +61,12 @@ import (
 // during the wait is still waited for; a new connection with its application_name and
 // client_addr counts for it once that has replayed the rebase. A standby with
 // recovery_min_apply_delay keeps the call waiting that long. ctx bounds the whole call, the
-// wait included; there is no other bound. On a server without standbys it returns at once:
-// the wait is one statement after the commit, and the rebase's transaction four round trips
-// (BEGIN, the setting, the rebase, COMMIT).
+// wait included; there is no other bound. On a server without standbys it returns 10 ms
+// after its commit: a lease grant draws its token from the epoch in its statement's snapshot
+// when the statement has run for less than 5 ms, and the call returns only once every grant
+// that started before the commit has passed that point (issue 31), so a token drawn after
+// the call returns is of the new epoch. The rebase's transaction is four round trips (BEGIN,
+// the setting, the rebase, COMMIT), and the wait for standbys one statement more.
 //
 // The role needs UPDATE on fencelock.token_epoch and SELECT on fencelock.token_epoch_marks
 // and, where there are standbys, the privileges of pg_read_all_stats (pg_monitor includes
@@ -105,7 +108,36 @@ func RebaseTokenEpoch(ctx context.Context, pool *pgxpool.Pool, atLeast uint32) (
 	if err != nil {
 		return 0, wrapPg("rebase token epoch", err)
 	}
-	return uint32(epoch), awaitStandbyReplay(ctx, pool, uint32(epoch))
+	committed := time.Now()
+	err = awaitStandbyReplay(ctx, pool, uint32(epoch))
+	if err == nil {
+		err = awaitInflightDraws(ctx, uint32(epoch), committed)
+	}
+	return uint32(epoch), err
+}
+
+// rebaseSettle is how long RebaseTokenEpoch waits after its commit before it returns: twice
+// the 5 ms for which a lease grant statement draws its token inline from the epoch in its own
+// snapshot (LeaseGrant in sqlc/queries/leases.sql), so that a grant whose snapshot predates
+// the commit, and that draws after it, has drawn before the call returns: every draw that
+// starts after the call returns is of the new epoch.
+const rebaseSettle = 10 * time.Millisecond
+
+// awaitInflightDraws waits until rebaseSettle has passed since committed, or ctx ends (a
+// [*RebaseReplayError] of epoch with ctx's error and no standby: the rebase is committed).
+func awaitInflightDraws(ctx context.Context, epoch uint32, committed time.Time) error {
+	d := rebaseSettle - time.Since(committed)
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return &RebaseReplayError{Epoch: epoch, Cause: context.Cause(ctx)}
+	}
 }
 
 var (

@@ -92,12 +92,14 @@ SELECT $1::text, $2::text,
             THEN 0 ELSE (SELECT CASE WHEN t.epoch IS NULL THEN fencelock.next_token(false)
                          WHEN pg_catalog.current_setting('synchronous_commit') = 'off'
                               AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
-                         ELSE (t.epoch << 47) | pg_catalog.nextval('fencelock.leases_token_seq') END
+                         ELSE (SELECT CASE WHEN d.s < 140737488355328 THEN (t.epoch << 47) | d.s
+                                           ELSE fencelock.next_token(false) END
+                               FROM (SELECT pg_catalog.nextval('fencelock.leases_token_seq') AS s) AS d) END
              FROM (SELECT (SELECT e.last_epoch::bigint FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
                            WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
                              AND q.seqrelid = 'fencelock.leases_token_seq'::regclass
                              AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
-                             AND coalesce(pg_catalog.pg_sequence_last_value('fencelock.leases_token_seq'), 0) < 140737487306752
+                             AND pg_catalog.clock_timestamp() - pg_catalog.statement_timestamp() < interval '5 milliseconds'
                              AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)) AS epoch) AS t) END,
        now(), now() + $4::bigint * interval '1 microsecond'
 WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
@@ -122,12 +124,14 @@ ON CONFLICT (name) DO UPDATE
         token = (SELECT CASE WHEN t.epoch IS NULL OR (l.token >> 47) > t.epoch THEN fencelock.next_token(false)
                          WHEN pg_catalog.current_setting('synchronous_commit') = 'off'
                               AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
-                         ELSE (t.epoch << 47) | pg_catalog.nextval('fencelock.leases_token_seq') END
+                         ELSE (SELECT CASE WHEN d.s < 140737488355328 THEN (t.epoch << 47) | d.s
+                                           ELSE fencelock.next_token(false) END
+                               FROM (SELECT pg_catalog.nextval('fencelock.leases_token_seq') AS s) AS d) END
              FROM (SELECT (SELECT e.last_epoch::bigint FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
                            WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
                              AND q.seqrelid = 'fencelock.leases_token_seq'::regclass
                              AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
-                             AND coalesce(pg_catalog.pg_sequence_last_value('fencelock.leases_token_seq'), 0) < 140737487306752
+                             AND pg_catalog.clock_timestamp() - pg_catalog.statement_timestamp() < interval '5 milliseconds'
                              AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)) AS epoch) AS t),
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
     WHERE l.expires_at <= clock_timestamp()
@@ -179,18 +183,24 @@ type LeaseGrantRow struct {
 //   - The token is drawn inline on the common path (issue 31: next_token's PL/pgSQL call and
 //     its two queries cost the grant about 19 us of its 52 us of server time): when the epoch
 //     this server draws in (its timeline plus epoch_offset) is the one token_epoch records,
-//     no mark waits to be folded, the sequence is CACHE 1, INCREMENT > 0, NO CYCLE, and its
-//     last value is at least 2^20 below the 2^47 budget (more than max_connections draws can
-//     cross between the check and the draw), the token is (epoch << 47) | nextval, exactly
-//     what next_token(false) returns then, with synchronous_commit raised from off to on as it
-//     does. Anything else (a new epoch to record, marks, a sequence altered, the budget near,
-//     the epoch row missing or behind) calls next_token(false), which records, folds or raises
-//     FL001-FL003 as before. The inline check reads token_epoch in the statement's snapshot,
-//     which may predate the wait for the row lock (and, inside RunLocked's REPEATABLE READ or
-//     SERIALIZABLE transaction, the statement); a rebase committed in that wait could have
-//     given the name a token of a higher epoch meanwhile, so the DO UPDATE path also calls
-//     next_token (which reads the row anew) when the locked row's token has a higher epoch
-//     than the one read: tokens of a name still rise.
+//     no mark waits to be folded, the sequence is CACHE 1, INCREMENT > 0, NO CYCLE, and the
+//     statement has run for less than 5 ms, the token is (epoch << 47) | nextval, exactly what
+//     next_token(false) returns then, with synchronous_commit raised from off to on as it
+//     does. A drawn value past the 2^47 budget calls next_token(false), whose own draw is past
+//     it too and raises FL002 (checking the drawn value, not the last one, holds for any
+//     INCREMENT). Anything else (a new epoch to record, marks, a sequence altered, the epoch
+//     row missing or behind, a statement that ran 5 ms or more) calls next_token(false), which
+//     reads token_epoch in a snapshot of its own and records, folds or raises FL001-FL003 as
+//     before. Why the 5 ms: the inline check reads token_epoch in the statement's snapshot,
+//     taken when the statement started, while next_token's read is fresh. A statement that
+//     waited (for the row lock, a relation lock) could otherwise draw a token of the epoch
+//     before a rebase that committed during its wait, after the rebase returned.
+//     RebaseTokenEpoch returns no sooner than 10 ms after its commit, so every draw that starts
+//     after it returns either began after the commit (its snapshot has the new epoch) or runs
+//     the fresh path. Inside RunLocked's REPEATABLE READ or SERIALIZABLE transaction the
+//     snapshot is the transaction's, as next_token's read is: no change there. And the DO UPDATE
+//     path calls next_token when the locked row's token has a higher epoch than the one read:
+//     tokens of a name rise whatever the snapshot.
 //   - @ttl_us is the TTL in microseconds; 0 (transaction-scoped grants) makes the row expire at
 //     transaction start, so it is free again as soon as the holding transaction ends.
 //   - A NOT EXISTS pre-check (the snapshot's view) refuses a lease that is plainly held without

@@ -134,7 +134,8 @@ type Subscription struct {
 
 // Subscribe subscribes h to topic on pool's notifier under key, opening the notifier with
 // opts if pool has none. An empty key receives no notification (a hold: it keeps the
-// notifier open and reads its readiness). The connection opens in the background: Channel is
+// notifier open and reads its readiness). h.Notify must be safe for concurrent use: a
+// [Deliver] may call it while the notifier does. The connection opens in the background: Channel is
 // empty until LISTEN is in place, and h.Ready is told then. Safe for concurrent use.
 func Subscribe(pool *pgxpool.Pool, topic Topic, key string, h Handler, opts Options) *Subscription {
 	return pools.subscribe(pool, topic, key, h, opts)

@@ -81,14 +81,16 @@ func init() { waitIDs.Store(rand.Int64N(1 << 60)) }
 // NewWaitID returns a wait id unique in this process. Safe for concurrent use.
 func NewWaitID() int64 { return waitIDs.Add(1) }
 
-// wakeups counts the NOTIFYs sent by this process's releases.
+// wakeups counts the wake-ups sent by this process's releases: NOTIFYs, and deliveries to a
+// waiter of this process without one (notify.Deliver).
 var wakeups atomic.Int64
 
-// CountWakeup counts one NOTIFY sent by a release of this process. Safe for concurrent use.
+// CountWakeup counts one wake-up sent by a release of this process (a NOTIFY, or a delivery
+// in the process). Safe for concurrent use.
 func CountWakeup() { wakeups.Add(1) }
 
-// WakeupsSent returns how many NOTIFYs this process's releases have sent (tests and
-// benchmarks read it). Safe for concurrent use.
+// WakeupsSent returns how many wake-ups (NOTIFYs, or deliveries in the process) this
+// process's releases have sent (tests and benchmarks read it). Safe for concurrent use.
 func WakeupsSent() int64 { return wakeups.Load() }
 
 // Wait is one lessor's wait for one name. The lessor's goroutines waiting on the name share
