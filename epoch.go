@@ -110,8 +110,8 @@ func RebaseTokenEpoch(ctx context.Context, pool *pgxpool.Pool, atLeast uint32) (
 	}
 	committed := time.Now()
 	err = awaitStandbyReplay(ctx, pool, uint32(epoch))
-	if err == nil {
-		err = awaitInflightDraws(ctx, uint32(epoch), committed)
+	if serr := awaitInflightDraws(ctx, uint32(epoch), committed); err == nil {
+		err = serr // after a replay error too, the draws in flight are waited for (unless ctx ended)
 	}
 	return uint32(epoch), err
 }
