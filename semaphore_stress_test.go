@@ -239,18 +239,7 @@ func TestSemaphoreStress(t *testing.T) {
 	t.Logf("%d grants by the workers (%d tries refused, %d attempts cut short), %d trust checks (%d found a force-released permit gone), %d grants logged",
 		grants.Load(), refusedTry.Load(), cut.Load(), trusted.Load(), goneForced.Load(), len(spans))
 	require.Empty(t, bad, "more permits unexpired at once than the limit")
-	rows, err := b.Pool.Query(b.Ctx, `SELECT name, token, lag(token) OVER (PARTITION BY name ORDER BY id) FROM rv_log`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var name string
-		var tok int64
-		var prev *int64
-		require.NoError(t, rows.Scan(&name, &tok, &prev))
-		if prev != nil && tok < *prev {
-			t.Errorf("permit %s: token %d after %d", name, tok, *prev)
-		}
-	}
-	require.NoError(t, rows.Err())
+	requireTokensRise(t, b)
 }
 
 // The log check of TestSemaphoreStress catches a grant over the limit.

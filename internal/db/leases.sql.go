@@ -86,21 +86,25 @@ func (q *Queries) LeaseFence(ctx context.Context, db DBTX, arg LeaseFenceParams)
 }
 
 const leaseGrant = `-- name: LeaseGrant :one
+WITH fast AS MATERIALIZED (
+    -- The epoch of the inline draw, read once, when a draw first needs it (see above); no row
+    -- when the draw must go through next_token.
+    SELECT e.last_epoch::bigint AS epoch FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
+    WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
+      AND q.seqrelid = 'fencelock.leases_token_seq'::regclass
+      AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
+      AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)
+)
 INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
 SELECT $1::text, $2::text,
        CASE WHEN $3::boolean AND EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = $1::text)
-            THEN 0 ELSE (SELECT CASE WHEN t.epoch IS NULL THEN fencelock.next_token(false)
-                         WHEN pg_catalog.current_setting('synchronous_commit') = 'off'
-                              AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
-                         ELSE (SELECT CASE WHEN d.s < 140737488355328 THEN (t.epoch << 47) | d.s
-                                           ELSE fencelock.next_token(false) END
-                               FROM (SELECT pg_catalog.nextval('fencelock.leases_token_seq') AS s) AS d) END
-             FROM (SELECT (SELECT e.last_epoch::bigint FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
-                           WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
-                             AND q.seqrelid = 'fencelock.leases_token_seq'::regclass
-                             AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
-                             AND pg_catalog.clock_timestamp() - pg_catalog.statement_timestamp() < interval '5 milliseconds'
-                             AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)) AS epoch) AS t) END,
+            THEN 0
+            WHEN (SELECT f.epoch FROM fast AS f) IS NULL OR pg_catalog.clock_timestamp() - pg_catalog.statement_timestamp() >= interval '5 milliseconds'
+            THEN fencelock.next_token(false)
+            WHEN pg_catalog.current_setting('synchronous_commit') = 'off'
+                 AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
+            ELSE (SELECT CASE WHEN d.s < 140737488355328 THEN (f.epoch << 47) | d.s ELSE fencelock.next_token(false) END
+                  FROM fast AS f, (SELECT pg_catalog.nextval('fencelock.leases_token_seq') AS s) AS d) END,
        now(), now() + $4::bigint * interval '1 microsecond'
 WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                   WHERE cur.name = $1::text AND cur.expires_at > clock_timestamp())
@@ -121,18 +125,13 @@ WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
        ORDER BY w.seq LIMIT 1) IS NULL
 ON CONFLICT (name) DO UPDATE
     SET name = excluded.name, holder = excluded.holder,
-        token = (SELECT CASE WHEN t.epoch IS NULL OR (l.token >> 47) > t.epoch THEN fencelock.next_token(false)
-                         WHEN pg_catalog.current_setting('synchronous_commit') = 'off'
-                              AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
-                         ELSE (SELECT CASE WHEN d.s < 140737488355328 THEN (t.epoch << 47) | d.s
-                                           ELSE fencelock.next_token(false) END
-                               FROM (SELECT pg_catalog.nextval('fencelock.leases_token_seq') AS s) AS d) END
-             FROM (SELECT (SELECT e.last_epoch::bigint FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
-                           WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
-                             AND q.seqrelid = 'fencelock.leases_token_seq'::regclass
-                             AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
-                             AND pg_catalog.clock_timestamp() - pg_catalog.statement_timestamp() < interval '5 milliseconds'
-                             AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)) AS epoch) AS t),
+        token = CASE WHEN (SELECT f.epoch FROM fast AS f) IS NULL OR (l.token >> 47) > (SELECT f.epoch FROM fast AS f)
+                          OR pg_catalog.clock_timestamp() - pg_catalog.statement_timestamp() >= interval '5 milliseconds'
+                     THEN fencelock.next_token(false)
+                     WHEN pg_catalog.current_setting('synchronous_commit') = 'off'
+                          AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
+                     ELSE (SELECT CASE WHEN d.s < 140737488355328 THEN (f.epoch << 47) | d.s ELSE fencelock.next_token(false) END
+                           FROM fast AS f, (SELECT pg_catalog.nextval('fencelock.leases_token_seq') AS s) AS d) END,
         acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
     WHERE l.expires_at <= clock_timestamp()
 RETURNING l.token, l.expires_at
