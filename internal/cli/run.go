@@ -64,6 +64,8 @@ func commands() []command {
 		{"fences", "[--name PATTERN]", "list fencing high-water marks and the current holder of the same lease", fencesCommand},
 		{"release", "--force NAME [--fence RESOURCE]... | --force --advisory NAME|KEY [--yes]",
 			"end a lease's grant and fence its holder out, or terminate the holders of an advisory lock", releaseCommand},
+		{"ui", "[--listen 127.0.0.1:8080] [--interval 500ms] [--allow-release]",
+			"serve the live view in the browser: who holds what, who waits, each name's timeline", uiCommand},
 		{"sweep", "[--grace 1h]", "delete lease rows expired, and rate-limit keys idle, longer than the grace period", sweepCommand},
 		{"version", "", "print the version of fencelock, the revision it was built from and the Go version", versionCommand},
 	}

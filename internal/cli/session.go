@@ -41,7 +41,26 @@ func (s *session) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	if s.db != nil {
 		return s.db, nil
 	}
-	url := s.url
+	cfg, err := s.poolConfig("")
+	if err != nil {
+		return nil, err
+	}
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	s.db = p
+	return p, nil
+}
+
+// poolConfig returns the configuration of a pool of url, else of --database-url or
+// DATABASE_URL: two connections at most, the command's application_name and connect timeout,
+// and statements cancelled on the server when their context ends. Errors: an ExitUsage error
+// when no URL is given or it does not parse.
+func (s *session) poolConfig(url string) (*pgxpool.Config, error) {
+	if url == "" {
+		url = s.url
+	}
 	if url == "" && s.env != nil {
 		url = s.env("DATABASE_URL")
 	}
@@ -67,12 +86,7 @@ func (s *session) pool(ctx context.Context) (*pgxpool.Pool, error) {
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: time.Second}
 	}
-	p, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("connect: %w", err)
-	}
-	s.db = p
-	return p, nil
+	return cfg, nil
 }
 
 // close closes the pool, if one was opened.

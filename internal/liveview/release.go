@@ -1,0 +1,171 @@
+package liveview
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/fencelock/fencelock/internal/validate"
+)
+
+// CSRFHeader is the header a forced release must carry with the page's CSRF token.
+const CSRFHeader = "X-Fencelock-CSRF"
+
+// releaseLockTimeout bounds how long a forced release waits for the lease row, which a
+// holder's guarded transaction or a RunLocked holds until it ends.
+const releaseLockTimeout = 5 * time.Second
+
+// releaseReply is the JSON answer to a forced release.
+type releaseReply struct {
+	OK       bool   `json:"ok"`
+	Message  string `json:"message"`
+	NewToken int64  `json:"new_token,omitempty"`
+}
+
+// release serves POST release: a forced release of the grant (name, holder, token) that the
+// page showed and the operator confirmed, with the CLI's semantics (fencelock release --force
+// NAME --token T --fence ...). The checks come in this order, and a request that fails one
+// changes nothing: writes allowed, same origin (the CSRF token and Fetch metadata), an
+// authenticated request, the arguments, then the grant: its token must be the lease's last
+// grant's, and its holder the one the page showed.
+func (s *Server) release(w http.ResponseWriter, r *http.Request) {
+	reply := func(code int, rep releaseReply) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		w.WriteHeader(code)
+		_ = json.NewEncoder(w).Encode(rep)
+	}
+	refuse := func(code int, format string, a ...any) {
+		reply(code, releaseReply{Message: fmt.Sprintf(format, a...)})
+	}
+	if s.cfg.Writer == nil {
+		refuse(http.StatusForbidden, "forced release is off: this view is read-only (built without ui.WithForcedRelease)")
+		return
+	}
+	if err := s.cop.Check(r); err != nil {
+		refuse(http.StatusForbidden, "refused: a cross-origin request (%v)", err)
+		return
+	}
+	if subtle.ConstantTimeCompare([]byte(r.Header.Get(CSRFHeader)), []byte(s.csrf)) != 1 {
+		refuse(http.StatusForbidden, "refused: the request does not carry this page's CSRF token (reload the page)")
+		return
+	}
+	who, err := s.cfg.Authorize(r)
+	if err != nil {
+		refuse(http.StatusUnauthorized, "not authenticated: %v", err)
+		return
+	}
+	r.Body = http.MaxBytesReader(w, r.Body, 64<<10)
+	if err := r.ParseForm(); err != nil {
+		refuse(http.StatusBadRequest, "bad request: %v", err)
+		return
+	}
+	name, holder := r.PostForm.Get("name"), r.PostForm.Get("holder")
+	token, err := strconv.ParseInt(r.PostForm.Get("token"), 10, 64)
+	if err == nil && token <= 0 {
+		err = errors.New("must be > 0")
+	}
+	if err != nil {
+		refuse(http.StatusBadRequest, "bad request: token %q: %v", r.PostForm.Get("token"), err)
+		return
+	}
+	if err := validate.Name("name", name); err != nil {
+		refuse(http.StatusBadRequest, "bad request: %v", err)
+		return
+	}
+	if err := validate.Name("holder", holder); err != nil {
+		refuse(http.StatusBadRequest, "bad request: %v", err)
+		return
+	}
+	fences := []string{name}
+	for _, f := range r.PostForm["fence"] {
+		if err := validate.Name("fence", f); err != nil {
+			refuse(http.StatusBadRequest, "bad request: %v", err)
+			return
+		}
+		if !slices.Contains(fences, f) {
+			fences = append(fences, f)
+		}
+	}
+	res, code, err := s.forceRelease(r.Context(), name, holder, token, fences)
+	if err != nil {
+		refuse(code, "%v", err)
+		return
+	}
+	s.poller.Forced(name, token, res.newToken, res.handedTo, time.Now())
+	s.cfg.Logger.InfoContext(r.Context(), "fencelock live view: forced release",
+		slog.String("by", who), slog.String("lease", name), slog.String("holder", holder),
+		slog.Int64("token", token), slog.Int64("new_token", res.newToken), slog.Any("fenced", fences))
+	msg := fmt.Sprintf("released lease %q held by %s (token %d); fenced with token %d (%s)", name, holder, token, res.newToken, strings.Join(fences, ", "))
+	switch {
+	case res.lapsed:
+		msg = fmt.Sprintf("lease %q: the grant of %s (token %d) had lapsed; fenced with token %d (%s)", name, holder, token, res.newToken, strings.Join(fences, ", "))
+	case res.handedTo != "":
+		msg += "; handed to " + res.handedTo
+	}
+	reply(http.StatusOK, releaseReply{OK: true, Message: msg, NewToken: res.newToken})
+}
+
+type forced struct {
+	newToken int64
+	handedTo string
+	lapsed   bool
+}
+
+// forceRelease runs fencelock.force_release for the grant with token in a transaction with
+// a lock timeout, and commits only if that grant was the lease's last and holder's. It returns
+// the HTTP status of a refusal with its error.
+func (s *Server) forceRelease(ctx context.Context, name, holder string, token int64, fences []string) (forced, int, error) {
+	var out forced
+	tx, err := s.cfg.Writer.Begin(ctx)
+	if err != nil {
+		return out, http.StatusServiceUnavailable, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
+	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", releaseLockTimeout.Milliseconds())); err != nil {
+		return out, http.StatusServiceUnavailable, fmt.Errorf("set lock_timeout: %w", err)
+	}
+	var (
+		oldHolder, handedTo *string
+		oldToken, newToken  *int64
+		lapsed              *bool
+	)
+	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, lapsed, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`,
+		name, fences, token).Scan(&oldHolder, &oldToken, &lapsed, &newToken, &handedTo)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") {
+		return out, http.StatusConflict, fmt.Errorf("lease %q: its row is locked by a transaction (a RunLocked, a guarded transaction of its holder, or a grant in flight); gave up after %v; nothing changed: retry once it ends", name, releaseLockTimeout)
+	}
+	if err != nil {
+		return out, http.StatusServiceUnavailable, fmt.Errorf("force release lease %q: %w", name, err)
+	}
+	switch {
+	case oldToken == nil:
+		return out, http.StatusConflict, fmt.Errorf("lease %q: not the grant with token %d: never granted (or not since its last forced release); nothing changed", name, token)
+	case *oldToken != token:
+		return out, http.StatusConflict, fmt.Errorf("lease %q: its last grant is %s's with token %d, not %d; nothing changed", name, *oldHolder, *oldToken, token)
+	case *oldHolder != holder:
+		return out, http.StatusConflict, fmt.Errorf("lease %q: the grant with token %d is %s's, not %s's; nothing changed", name, token, *oldHolder, holder)
+	case newToken == nil:
+		return out, http.StatusConflict, fmt.Errorf("lease %q: no fence token drawn; nothing changed", name)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return out, http.StatusServiceUnavailable, fmt.Errorf("force release lease %q: commit: %w", name, err)
+	}
+	out.newToken = *newToken
+	out.lapsed = lapsed != nil && *lapsed
+	if handedTo != nil {
+		out.handedTo = *handedTo
+	}
+	return out, http.StatusOK, nil
+}

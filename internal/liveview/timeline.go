@@ -1,0 +1,191 @@
+package liveview
+
+import (
+	"sort"
+	"time"
+)
+
+// How a span ended (Span.Ended).
+const (
+	endReleased = "released"       // its holder released it (expires_at moved back), or it was handed on before its expiry
+	endExpired  = "expired"        // it reached its expiry unrenewed
+	endForced   = "forced release" // fencelock.force_release ended it (fencelock release --force, or this view)
+	endEnded    = "ended"          // the row went away, or the grant began and ended between two polls
+)
+
+// Span is one grant of a lease name as the poller saw it, or (Mark) a forced release that
+// fenced the name with Token without handing it on.
+type Span struct {
+	Holder   string
+	Token    int64
+	Start    time.Time     // the grant (acquired_at); for a Mark, the forced release
+	End      time.Time     // zero while held
+	Expires  time.Time     // the last expiry seen
+	TTL      time.Duration // the last TTL seen
+	Renewals int64
+	Ended    string // how it ended (end* constants); "" while held
+	Mark     bool
+}
+
+// Timeline keeps, in memory, the grants of each lease name seen over the last window, from
+// what successive snapshots show: no table, no write per grant. A grant that begins and ends
+// between two polls is seen only if its row is still the name's at the next poll. Not safe
+// for concurrent use: the poller owns it.
+type Timeline struct {
+	window   time.Duration
+	maxNames int // names tracked at the most; a new name beyond is not tracked
+	maxSpans int // spans kept per name; the oldest go first
+	names    map[string][]Span
+}
+
+func newTimeline(window time.Duration, maxNames, maxSpans int) *Timeline {
+	return &Timeline{window: window, maxNames: maxNames, maxSpans: maxSpans, names: map[string][]Span{}}
+}
+
+// ongoing returns the name's span still held, if any.
+func ongoing(spans []Span) *Span {
+	for i := len(spans) - 1; i >= 0; i-- {
+		if !spans[i].Mark {
+			if spans[i].End.IsZero() {
+				return &spans[i]
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+// has reports whether spans record token, as a grant (mark false) or a forced release's mark.
+func has(spans []Span, token int64, mark bool) bool {
+	for _, s := range spans {
+		if s.Token == token && s.Mark == mark {
+			return true
+		}
+	}
+	return false
+}
+
+// Observe folds a snapshot into the timeline. When s.Leases was cut at its row limit
+// (s.Cut["leases"]), names ordered after its last row are left as they were.
+func (tl *Timeline) Observe(s *Snapshot) {
+	listed := make(map[string]bool, len(s.Leases))
+	for _, r := range s.Leases {
+		listed[r.Name] = true
+		tl.observeRow(s.Now, r)
+	}
+	last := ""
+	if n := len(s.Leases); n > 0 {
+		last = s.Leases[n-1].Name
+	}
+	for name, spans := range tl.names {
+		if listed[name] || (s.Cut["leases"] && name > last) {
+			continue
+		}
+		if cur := ongoing(spans); cur != nil { // its row is gone (swept) or ended before since
+			cur.End, cur.Ended = minTime(cur.Expires, s.Now), endEnded
+		}
+	}
+	tl.prune(s.Now)
+}
+
+func (tl *Timeline) observeRow(now time.Time, r Lease) {
+	spans := tl.names[r.Name]
+	if spans == nil && len(tl.names) >= tl.maxNames {
+		return
+	}
+	held := r.ExpiresAt.After(now)
+	forced := r.Holder == forceReleaseHolder
+	cur := ongoing(spans)
+	if cur != nil && cur.Token != r.Token {
+		// The grant seen last ended between the polls, and another row replaced it.
+		switch {
+		case forced: // force_release left the row with its fence token and the clock of the release
+			cur.End, cur.Ended = r.ExpiresAt, endForced
+		case !r.AcquiredAt.Before(cur.Expires):
+			cur.End, cur.Ended = cur.Expires, endExpired
+		default:
+			cur.End, cur.Ended = r.AcquiredAt, endReleased
+		}
+		cur = nil
+	}
+	switch {
+	case cur != nil && held: // renewed, or not yet
+		cur.Expires, cur.TTL, cur.Renewals = r.ExpiresAt, r.TTL(), r.Renewals
+	case cur != nil: // the same grant, ended: a release moves expires_at back, short of the TTL
+		cur.Renewals = r.Renewals
+		if r.TTL() < cur.TTL-time.Millisecond {
+			cur.End, cur.Ended = r.ExpiresAt, endReleased
+		} else {
+			cur.End, cur.Ended = r.ExpiresAt, endExpired
+		}
+		cur.Expires = r.ExpiresAt
+	case forced:
+		if !has(spans, r.Token, true) {
+			tl.add(r.Name, Span{Holder: r.Holder, Token: r.Token, Start: r.ExpiresAt, End: r.ExpiresAt, Ended: endForced, Mark: true})
+		}
+	case !has(spans, r.Token, false):
+		sp := Span{Holder: r.Holder, Token: r.Token, Start: r.AcquiredAt, Expires: r.ExpiresAt, TTL: r.TTL(), Renewals: r.Renewals}
+		if !held { // began and ended between two polls
+			sp.End, sp.Ended = r.ExpiresAt, endEnded
+		}
+		tl.add(r.Name, sp)
+	}
+}
+
+// add puts sp among name's spans in order of Start, keeping at most maxSpans.
+func (tl *Timeline) add(name string, sp Span) {
+	spans := append(tl.names[name], sp)
+	sort.SliceStable(spans, func(i, j int) bool { return spans[i].Start.Before(spans[j].Start) })
+	if len(spans) > tl.maxSpans {
+		spans = append([]Span(nil), spans[len(spans)-tl.maxSpans:]...)
+	}
+	tl.names[name] = spans
+}
+
+// Forced records a forced release made by this view: the grant with oldToken ended at at, and
+// the name was fenced with newToken (and handed to the head of its queue when handedTo is not
+// empty, which the next poll shows as a grant).
+func (tl *Timeline) Forced(name string, oldToken, newToken int64, handedTo string, at time.Time) {
+	spans := tl.names[name]
+	for i := range spans {
+		if spans[i].Token == oldToken && !spans[i].Mark {
+			if spans[i].End.IsZero() {
+				spans[i].End = at
+			}
+			spans[i].Ended = endForced
+		}
+	}
+	if handedTo == "" && !has(spans, newToken, true) {
+		tl.add(name, Span{Holder: forceReleaseHolder, Token: newToken, Start: at, End: at, Ended: endForced, Mark: true})
+	}
+}
+
+// Spans returns a copy of the name's spans, oldest first.
+func (tl *Timeline) Spans(name string) []Span {
+	return append([]Span(nil), tl.names[name]...)
+}
+
+// prune drops what ended before the window and names left with nothing.
+func (tl *Timeline) prune(now time.Time) {
+	from := now.Add(-tl.window)
+	for name, spans := range tl.names {
+		kept := spans[:0]
+		for _, s := range spans {
+			if s.End.IsZero() || !s.End.Before(from) {
+				kept = append(kept, s)
+			}
+		}
+		if len(kept) == 0 {
+			delete(tl.names, name)
+		} else {
+			tl.names[name] = kept
+		}
+	}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}

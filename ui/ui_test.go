@@ -1,0 +1,391 @@
+package ui_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/pgserver"
+	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
+	"github.com/fencelock/fencelock/ui"
+)
+
+type bundle = testkit.Bundle[*pgserver.DB]
+
+const secret = "s3cret-access-token-for-tests"
+
+// serve starts h on a test server, closed (with h) at cleanup, and returns its base URL.
+func serve(t *testing.T, h *ui.Handler) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(func() { h.Close(); srv.Close() })
+	return srv.URL + "/"
+}
+
+func newHandler(t *testing.T, pool *pgxpool.Pool, opts ...ui.Option) *ui.Handler {
+	t.Helper()
+	h, err := ui.New(pool, append([]ui.Option{ui.WithInterval(100 * time.Millisecond)}, opts...)...)
+	require.NoError(t, err)
+	return h
+}
+
+func get(t *testing.T, ctx context.Context, u string) string {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "GET %s: %s", u, body)
+	return string(body)
+}
+
+// events opens a page's event stream and returns the data of each event as it comes.
+func events(t *testing.T, ctx context.Context, base, page, name string) <-chan string {
+	t.Helper()
+	q := url.Values{"page": {page}}
+	if name != "" {
+		q.Set("n", name)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"events?"+q.Encode(), nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	require.Equal(t, "text/event-stream", resp.Header.Get("Content-Type"))
+	out := make(chan string, 64)
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); resp.Body.Close(); <-done })
+	go func() {
+		defer close(done)
+		defer close(out)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		var data []string
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case strings.HasPrefix(line, "data: "):
+				data = append(data, strings.TrimPrefix(line, "data: "))
+			case line == "" && data != nil:
+				select {
+				case out <- strings.Join(data, "\n"):
+				case <-ctx.Done():
+					return
+				}
+				data = nil
+			}
+		}
+	}()
+	return out
+}
+
+// awaitEvent returns the first event of ch for which match holds, failing t if none comes
+// within limit.
+func awaitEvent(t *testing.T, ch <-chan string, limit time.Duration, what string, match func(string) bool) string {
+	t.Helper()
+	deadline := time.After(limit)
+	last := ""
+	for {
+		select {
+		case data, ok := <-ch:
+			require.True(t, ok, "event stream ended before %s; last event:\n%s", what, last)
+			if match(data) {
+				return data
+			}
+			last = data
+		case <-deadline:
+			t.Fatalf("no event within %v shows %s; last event:\n%s", limit, what, last)
+		}
+	}
+}
+
+func contains(subs ...string) func(string) bool {
+	return func(s string) bool {
+		for _, sub := range subs {
+			if !strings.Contains(s, sub) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func TestPagesShowWhatIsHeld(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	lease, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "payment:42", time.Minute)
+	require.NoError(t, err)
+	base := serve(t, newHandler(t, b.Pool))
+
+	page := get(t, b.Ctx, base)
+	require.Contains(t, page, "worker-1")
+	require.Contains(t, page, fmt.Sprint(int64(lease.Token())))
+	require.Contains(t, page, `href="name?n=payment%3a42"`)
+	require.NotContains(t, page, "force release", "a read-only view offers no forced release")
+	for _, p := range []string{"leases", "advisory", "semaphores", "elections", "jobs", "fences", "ratelimits", "name?n=payment:42", "app.js", "style.css"} {
+		get(t, b.Ctx, base+p)
+	}
+	require.Contains(t, get(t, b.Ctx, base+"name?n=payment:42"), "worker-1")
+}
+
+// TestEventsFollowAHandOff: a page's stream shows the waiter as the next holder, then as the
+// holder with its token once the first releases, and the name's timeline shows both grants.
+func TestEventsFollowAHandOff(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	first, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "payment:7", time.Minute)
+	require.NoError(t, err)
+	base := serve(t, newHandler(t, b.Pool))
+	leases := events(t, b.Ctx, base, "leases", "")
+	timeline := events(t, b.Ctx, base, "name", "payment:7")
+	awaitEvent(t, leases, 10*time.Second, "worker-1 holding", contains("worker-1", fmt.Sprint(int64(first.Token()))))
+
+	got := make(chan *fencelock.Lease, 1)
+	go func() {
+		l, err := fencetest.NewLessor(t, b.Pool, "worker-2").Acquire(b.Ctx, "payment:7", time.Minute)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	awaitEvent(t, leases, 10*time.Second, "worker-2 as the next holder", contains("(next: worker-2)"))
+	awaitEvent(t, timeline, 10*time.Second, "worker-2 in the queue", contains(`<ol id="queue"><li><span class="holder">worker-2</span>`))
+	require.NoError(t, first.Release(b.Ctx))
+	second := testkit.Receive(t, got, 10*time.Second, "worker-2's grant")
+	require.NotNil(t, second)
+
+	t1, t2 := fmt.Sprint(int64(first.Token())), fmt.Sprint(int64(second.Token()))
+	awaitEvent(t, leases, 10*time.Second, "worker-2 holding with its token", func(s string) bool {
+		return contains("worker-2", t2)(s) && !strings.Contains(s, "worker-1")
+	})
+	data := awaitEvent(t, timeline, 10*time.Second, "both grants in the timeline", contains(t1, t2, "released", "<svg"))
+	require.Regexp(t, regexp.MustCompile(`worker-1</td><td class="token">`+t1+`</td><td>[0-9:.]+</td><td>released`), data)
+}
+
+// releaseForm posts a forced release of (name, holder, token) to base with the given headers.
+func releaseForm(t *testing.T, ctx context.Context, base string, header http.Header, name, holder string, token int64, fence ...string) (int, string) {
+	t.Helper()
+	form := url.Values{"name": {name}, "holder": {holder}, "token": {fmt.Sprint(token)}, "fence": fence}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"release", strings.NewReader(form.Encode()))
+	require.NoError(t, err)
+	req.Header = header.Clone()
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var rep struct {
+		OK      bool   `json:"ok"`
+		Message string `json:"message"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&rep))
+	require.Equal(t, resp.StatusCode == http.StatusOK, rep.OK)
+	return resp.StatusCode, rep.Message
+}
+
+var csrfMeta = regexp.MustCompile(`<meta name="fencelock-csrf" content="([0-9a-f]+)">`)
+
+// TestForcedReleaseDoor: each refused request changes nothing and says why; the accepted one
+// ends the grant it names, and its holder's fenced write is refused afterwards.
+func TestForcedReleaseDoor(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	fencetest.CreateWrites(t, b.Ctx, b.Pool)
+	lease, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "payment:9", time.Minute)
+	require.NoError(t, err)
+	token := int64(lease.Token())
+	require.NoError(t, fencetest.FencedWrite(b.Ctx, b.Pool, "payment:9", lease.Token()))
+
+	readOnly := serve(t, newHandler(t, b.Pool))
+	base := serve(t, newHandler(t, b.Pool, ui.WithForcedRelease(b.Pool, ui.SecretAuthorizer(secret))))
+	m := csrfMeta.FindStringSubmatch(get(t, b.Ctx, base))
+	require.NotNil(t, m, "the page carries its CSRF token")
+	csrf := m[1]
+	good := http.Header{"X-Fencelock-Csrf": {csrf}, "Authorization": {"Bearer " + secret}, "Sec-Fetch-Site": {"same-origin"}}
+	with := func(k, v string) http.Header { h := good.Clone(); h.Set(k, v); return h }
+	without := func(k string) http.Header { h := good.Clone(); h.Del(k); return h }
+
+	for _, tc := range []struct {
+		name   string
+		base   string
+		header http.Header
+		holder string
+		token  int64
+		code   int
+		says   string
+	}{
+		{"ReadOnlyView", readOnly, good, "worker-1", token, http.StatusForbidden, "read-only"},
+		{"CrossSite", base, with("Sec-Fetch-Site", "cross-site"), "worker-1", token, http.StatusForbidden, "cross-origin"},
+		{"NoCSRFToken", base, without("X-Fencelock-Csrf"), "worker-1", token, http.StatusForbidden, "CSRF"},
+		{"WrongCSRFToken", base, with("X-Fencelock-Csrf", strings.Repeat("0", len(csrf))), "worker-1", token, http.StatusForbidden, "CSRF"},
+		{"NoCredentials", base, without("Authorization"), "worker-1", token, http.StatusUnauthorized, "no credentials"},
+		{"WrongSecret", base, with("Authorization", "Bearer nope-nope-nope-nope"), "worker-1", token, http.StatusUnauthorized, "wrong access token"},
+		{"WrongBasicPassword", base, with("Authorization", "Basic b3A6bm9wZQ=="), "worker-1", token, http.StatusUnauthorized, "wrong password"},
+		{"BadToken", base, good, "worker-1", 0, http.StatusBadRequest, "token"},
+		{"NotTheLastGrant", base, good, "worker-1", token - 1, http.StatusConflict, "nothing changed"},
+		{"NotItsHolder", base, good, "worker-2", token, http.StatusConflict, "nothing changed"},
+	} {
+		code, msg := releaseForm(t, b.Ctx, tc.base, tc.header, "payment:9", tc.holder, tc.token)
+		require.Equal(t, tc.code, code, "%s: %s", tc.name, msg)
+		require.Contains(t, msg, tc.says, tc.name)
+		row := testkit.ReadLease(t, b.Ctx, b.Pool, "payment:9")
+		require.Equal(t, token, row.Token, "%s changed the lease", tc.name)
+		require.Equal(t, "worker-1", row.Holder, tc.name)
+		require.NoError(t, fencetest.FencedWrite(b.Ctx, b.Pool, "payment:9", lease.Token()), "%s fenced the holder out", tc.name)
+	}
+
+	code, msg := releaseForm(t, b.Ctx, base, with("Authorization", "Basic b3A6"+basicPassword(secret)), "payment:9", "worker-1", token, "ledger:9")
+	require.Equal(t, http.StatusOK, code, msg)
+	require.Contains(t, msg, fmt.Sprintf(`released lease "payment:9" held by worker-1 (token %d)`, token))
+	var stale *fencelock.StaleTokenError
+	require.ErrorAs(t, fencetest.FencedWrite(b.Ctx, b.Pool, "payment:9", lease.Token()), &stale, "the old holder's fenced write after the forced release")
+	require.ErrorAs(t, fencetest.FencedWrite(b.Ctx, b.Pool, "ledger:9", lease.Token()), &stale, "the extra fence")
+	spans := events(t, b.Ctx, base, "name", "payment:9")
+	awaitEvent(t, spans, 10*time.Second, "the forced release in the timeline", contains("forced release", fmt.Sprint(token)))
+}
+
+// basicPassword is the base64 of ":"+password's tail for "op:"+password: the test's basic
+// credentials are "op" and password, encoded by net/http's own SetBasicAuth.
+func basicPassword(password string) string {
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	r.SetBasicAuth("op", password)
+	return strings.TrimPrefix(r.Header.Get("Authorization"), "Basic b3A6")
+}
+
+// countingTracer counts the statements a pool sends.
+type countingTracer struct{ n atomic.Int64 }
+
+func (c *countingTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *countingTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+var pollNumber = regexp.MustCompile(`data-poll="([0-9]+)"`)
+
+func pollOf(t *testing.T, data string) int64 {
+	t.Helper()
+	m := pollNumber.FindStringSubmatch(data)
+	require.NotNil(t, m, "an update names its poll")
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// TestOnePollFeedsEveryPage: with 1 page open and with 20, the reader sends one statement per
+// poll, and every page gets every poll: between two updates of a page, the statements counted
+// on the reader's connections equal the polls between them (plus or minus the poll in flight).
+func TestOnePollFeedsEveryPage(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	tr := &countingTracer{}
+	reader := testkit.NewPool(t, b.Ctx, b.DB.URL, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
+	base := serve(t, newHandler(t, reader))
+	for _, pages := range []int{1, 20} {
+		streams := make([]<-chan string, pages)
+		for i := range streams {
+			streams[i] = events(t, b.Ctx, base, "leases", "")
+		}
+		first := make([]int64, pages)
+		for i, s := range streams {
+			first[i] = pollOf(t, awaitEvent(t, s, 10*time.Second, "a first update", contains("database clock")))
+		}
+		start := max(first[0], first[pages-1])
+		// Align on one update that every page shows, then count over ten more polls.
+		from := awaitEvent(t, streams[0], 10*time.Second, "a later poll", func(d string) bool { return pollOf(t, d) > start })
+		s0, p0 := tr.n.Load(), pollOf(t, from)
+		to := awaitEvent(t, streams[0], 20*time.Second, "ten polls later", func(d string) bool { return pollOf(t, d) >= p0+10 })
+		s1, p1 := tr.n.Load(), pollOf(t, to)
+		require.InDelta(t, p1-p0, s1-s0, 1, "%d pages: %d statements over %d polls", pages, s1-s0, p1-p0)
+		for i, s := range streams[1:] { // every other page got the same polls
+			awaitEvent(t, s, 10*time.Second, fmt.Sprintf("poll %d on page %d", p1, i+2), func(d string) bool { return pollOf(t, d) >= p1 })
+		}
+		t.Logf("%d pages open: %d statements over %d polls", pages, s1-s0, p1-p0)
+	}
+}
+
+// TestReadOnlyRole: the poller reads everything under a role that may only SELECT.
+func TestReadOnlyRole(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	role := fmt.Sprintf("viewer_%d", time.Now().UnixNano())
+	ident := pgx.Identifier{role}.Sanitize()
+	_, err := b.Pool.Exec(b.Ctx, fmt.Sprintf(`CREATE ROLE %[1]s LOGIN PASSWORD 'viewer-pw';
+		GRANT USAGE ON SCHEMA fencelock TO %[1]s;
+		GRANT SELECT ON ALL TABLES IN SCHEMA fencelock TO %[1]s`, ident))
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx := context.WithoutCancel(b.Ctx)
+		_, _ = b.Pool.Exec(ctx, fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, ident))
+	})
+	cfg, err := pgxpool.ParseConfig(b.DB.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, "viewer-pw"
+	reader, err := pgxpool.NewWithConfig(b.Ctx, cfg)
+	require.NoError(t, err)
+	h := newHandler(t, reader)
+	t.Cleanup(func() { h.Close(); reader.Close() }) // before DROP ROLE: registered later, runs first
+	base := serve(t, h)
+
+	_, err = fencetest.NewLessor(t, b.Pool, "w").TryAcquire(b.Ctx, "ro:1", time.Minute)
+	require.NoError(t, err)
+	_, err = fencetest.NewSemaphore(t, b.Pool, "w", "sem:ro", 3).TryAcquire(b.Ctx, time.Minute)
+	require.NoError(t, err)
+	for _, p := range []string{"leases", "semaphores", "advisory", "elections", "jobs", "fences", "ratelimits"} {
+		s := events(t, b.Ctx, base, p, "")
+		data := awaitEvent(t, s, 10*time.Second, "a first update", contains("database clock"))
+		require.NotContains(t, data, "last poll failed", p)
+	}
+	data := awaitEvent(t, events(t, b.Ctx, base, "semaphores", ""), 10*time.Second, "the permit", contains("sem:ro"))
+	require.Contains(t, data, "1 of 3 permits held")
+
+	var denied error
+	_, denied = reader.Exec(b.Ctx, `UPDATE fencelock.leases SET holder = 'x'`)
+	require.Error(t, denied, "the role can only read")
+	require.True(t, strings.Contains(denied.Error(), "permission denied"), denied)
+}
+
+func TestNewValidates(t *testing.T) {
+	t.Parallel()
+	pool := testkit.UnreachablePool(t)
+	for _, tc := range []struct {
+		arg string
+		opt ui.Option
+	}{
+		{"WithInterval", ui.WithInterval(time.Millisecond)},
+		{"WithInterval", ui.WithInterval(time.Hour)},
+		{"WithWindow", ui.WithWindow(time.Second)},
+		{"WithMaxRows", ui.WithMaxRows(0)},
+		{"WithLogger", ui.WithLogger(nil)},
+		{"WithForcedRelease", ui.WithForcedRelease(nil, ui.SecretAuthorizer(secret))},
+		{"WithForcedRelease", ui.WithForcedRelease(pool, nil)},
+		{"option", nil},
+	} {
+		_, err := ui.New(pool, tc.opt)
+		fencetest.RequireArgError(t, err, tc.arg)
+	}
+	_, err := ui.New(nil)
+	fencetest.RequireArgError(t, err, "reader")
+	require.Panics(t, func() { ui.SecretAuthorizer("short") })
+	require.True(t, errors.Is(func() error { _, err := ui.New(nil); return err }(), fencelock.ErrInvalidArgument))
+}
