@@ -30,7 +30,8 @@
 // still the name's at the next poll; a release and an expiry are told apart by the row's
 // expiry (a release moves it back); a forced release made elsewhere (`fencelock release
 // --force`) that handed the lease on shows as a release. It covers [WithWindow] (10 minutes by
-// default), for at most 10,000 names of 256 grants each.
+// default), for at most 10,000 names of 64 grants each (the oldest go first); it sees only the
+// names of the lease list as cut at [WithMaxRows] (in byte order of the names).
 //
 // # Forced release
 //

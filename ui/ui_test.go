@@ -33,7 +33,7 @@ type bundle = testkit.Bundle[*pgserver.DB]
 const secret = "s3cret-access-token-for-tests"
 
 // serve starts h on a test server, closed (with h) at cleanup, and returns its base URL.
-func serve(t *testing.T, h *ui.Handler) string {
+func serve(t testing.TB, h *ui.Handler) string {
 	t.Helper()
 	srv := httptest.NewServer(h)
 	t.Cleanup(func() { h.Close(); srv.Close() })
@@ -61,7 +61,7 @@ func get(t *testing.T, ctx context.Context, u string) string {
 }
 
 // events opens a page's event stream and returns the data of each event as it comes.
-func events(t *testing.T, ctx context.Context, base, page, name string) <-chan string {
+func events(t testing.TB, ctx context.Context, base, page, name string) <-chan string {
 	t.Helper()
 	q := url.Values{"page": {page}}
 	if name != "" {

@@ -14,6 +14,8 @@
 //	fencelock release --force NAME [--fence RESOURCE]... [--token T] [--lock-timeout 5s]
 //	fencelock release --force --advisory NAME|KEY [--yes]
 //	fencelock sweep [--grace 1h]        delete lease rows expired longer than the grace period
+//	fencelock ui [--listen 127.0.0.1:8080] [--allow-release]
+//	                                    the live view in the browser (package ui)
 //	fencelock version                   the version, the revision it was built from, the Go version
 //	fencelock help [COMMAND]
 //
@@ -73,6 +75,18 @@
 // then exits with code 4, naming the blocking backends (pg_blocking_pids). release --force --advisory
 // terminates the backends holding an advisory lock (by name, int64 key or "K1,K2" pair), after
 // asking on the terminal unless --yes.
+//
+// # The live view
+//
+// fencelock ui serves package ui's live view until ctrl-C or SIGTERM: pages of leases,
+// advisory locks, semaphores, elections, jobs, fences and rate limits that follow the database
+// through server-sent events, and a page per lease name with its queue and the timeline of its
+// holders. It listens on 127.0.0.1:8080 unless --listen says otherwise, polls every --interval
+// (500ms) whether a page is open or not, keeps --window (10m) of timeline, and reads through
+// connections whose transactions are all read-only. With --allow-release, a page offers forced
+// releases (fencelock release --force NAME --token T, after a confirmation) to requests that
+// carry the access token in FENCELOCK_UI_SECRET (at least 16 bytes; as a bearer token, or the
+// password of basic authentication), run on --release-database-url (default: the same URL).
 //
 // # Exit codes
 //

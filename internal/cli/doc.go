@@ -15,6 +15,8 @@
 //	release --force --advisory NAME|KEY [--yes]
 //	                              terminate the backends that hold an advisory lock
 //	sweep [--grace 1h]            delete long-expired lease rows ([fencelock.SweepLeases])
+//	ui [--listen 127.0.0.1:8080] [--allow-release]
+//	                              the live view of package ui, served until ctx ends
 //	version                       the version of the fencelock module the binary was built
 //	                              from (its build information: "v0.1.0" from go install
 //	                              ...@v0.1.0, "(devel)" with the VCS revision and time from a

@@ -15,6 +15,12 @@ import (
 // shown as "ended" instead of "released".
 const sinceMargin = 10 * time.Second
 
+// The timeline's bounds: names tracked, and grants kept per name (the oldest go first).
+const (
+	maxNames = 10_000
+	maxSpans = 64
+)
+
 // pollTimeout bounds one poll's statement.
 const pollTimeout = 10 * time.Second
 
@@ -46,6 +52,8 @@ type Poller struct {
 	wake        chan struct{} // 1-buffered: someone looks
 	timeline    *Timeline
 	subscribers int
+	failing     bool          // the last poll failed (logged once per run of failures)
+	stopped     chan struct{} // closed when Run returns
 }
 
 // NewPoller returns a poller of q; Run polls.
@@ -55,13 +63,15 @@ func NewPoller(q db.DBTX, interval, window time.Duration, maxRows int, always bo
 		view:     &View{cache: map[string][]byte{}},
 		changed:  make(chan struct{}),
 		wake:     make(chan struct{}, 1),
-		timeline: newTimeline(window, 10_000, 256),
+		timeline: newTimeline(window, maxNames, maxSpans),
+		stopped:  make(chan struct{}),
 	}
 }
 
 // Run polls until ctx ends: every interval while a page is subscribed (or always), else it
 // waits for one.
 func (p *Poller) Run(ctx context.Context) {
+	defer close(p.stopped)
 	since := time.Now().Add(-sinceMargin)
 	var polls int64
 	for {
@@ -76,11 +86,17 @@ func (p *Poller) Run(ctx context.Context) {
 		v := &View{Snap: s, Err: err, At: time.Now(), Polls: polls, cache: map[string][]byte{}}
 		if err != nil {
 			v.Snap = p.view.Snap
-			p.logger.WarnContext(ctx, "fencelock live view: poll failed", slog.Any("error", err))
+			if !p.failing {
+				p.logger.WarnContext(ctx, "fencelock live view: poll failed; the pages show the last snapshot until a poll succeeds", slog.Any("error", err))
+			}
 		} else {
+			if p.failing {
+				p.logger.InfoContext(ctx, "fencelock live view: polls succeed again")
+			}
 			p.timeline.Observe(s)
 			since = s.Now.Add(-sinceMargin)
 		}
+		p.failing = err != nil
 		p.view = v
 		close(p.changed)
 		p.changed = make(chan struct{})
@@ -139,6 +155,7 @@ func (p *Poller) Fresh(ctx context.Context) *View {
 	case <-changed:
 		v, _ = p.Current()
 	case <-ctx.Done():
+	case <-p.stopped:
 	}
 	return v
 }
