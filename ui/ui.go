@@ -17,8 +17,9 @@
 // # Cost on the database
 //
 // One poller per Handler reads everything the pages show with one statement per poll
-// ([WithInterval], 500 ms by default) while at least one page is open, whatever the number of
-// pages open, and does not poll while none is ([WithPollAlways] polls regardless, so that the
+// ([WithInterval], 500 ms by default; pgxpool adds its liveness check of a connection idle
+// for over a second when the interval is that long) while at least one page is open, whatever
+// the number of pages open, and does not poll while none is ([WithPollAlways] polls regardless, so that the
 // timeline also covers the time nobody looked). Every page open shares what it read. The
 // statement only reads: give the Handler a pool of the read-only role of README's "Least
 // privilege" section. Each list is cut at [WithMaxRows] rows, which the page then says.
@@ -27,11 +28,16 @@
 //
 // The timeline is kept in this process's memory from what successive polls see: no table, no
 // write per grant. A grant that begins and ends between two polls shows only if its row is
-// still the name's at the next poll; a release and an expiry are told apart by the row's
-// expiry (a release moves it back); a forced release made elsewhere (`fencelock release
-// --force`) that handed the lease on shows as a release. It covers [WithWindow] (10 minutes by
-// default), for at most 10,000 names of 64 grants each (the oldest go first); it sees only the
-// names of the lease list as cut at [WithMaxRows] (in byte order of the names).
+// still the name's at the next poll. How a grant ended is named only when the polls can tell:
+// "released" (its row's expiry moved back, or the next grant began before the expiry seen
+// last, or a release handed it on), "expired" (its row reached its expiry, or the next grant
+// began after it while the holder's heartbeat was already late), "forced release", and
+// "ended" otherwise (say, a holder that renewed after the last poll, then released). A forced
+// release made elsewhere (`fencelock release --force`) that handed the lease on shows as a
+// release. The axis runs from the first grant kept to now, at most [WithWindow] back (10
+// minutes by default); at most 10,000 names of 64 grants each, 100,000 grants in all, are
+// kept (the oldest grants of a name go first; a name or grant beyond is not kept). It sees
+// only the names of the lease list as cut at [WithMaxRows] (in byte order of the names).
 //
 // # Forced release
 //

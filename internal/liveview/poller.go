@@ -17,8 +17,9 @@ const sinceMargin = 10 * time.Second
 
 // The timeline's bounds: names tracked, and grants kept per name (the oldest go first).
 const (
-	maxNames = 10_000
-	maxSpans = 64
+	maxNames      = 10_000
+	maxSpans      = 64
+	maxTotalSpans = 100_000
 )
 
 // pollTimeout bounds one poll's statement.
@@ -63,7 +64,7 @@ func NewPoller(q db.DBTX, interval, window time.Duration, maxRows int, always bo
 		view:     &View{cache: map[string][]byte{}},
 		changed:  make(chan struct{}),
 		wake:     make(chan struct{}, 1),
-		timeline: newTimeline(window, maxNames, maxSpans),
+		timeline: newTimeline(window, maxNames, maxSpans, maxTotalSpans),
 		stopped:  make(chan struct{}),
 	}
 }
@@ -75,6 +76,13 @@ func (p *Poller) Run(ctx context.Context) {
 	since := time.Now().Add(-sinceMargin)
 	var polls int64
 	for {
+		if !p.await(ctx) {
+			return
+		}
+		select { // a poke before this poll is answered by it
+		case <-p.wake:
+		default:
+		}
 		pctx, cancel := context.WithTimeout(ctx, pollTimeout)
 		s, err := readSnapshot(pctx, p.q, since, p.maxRows)
 		cancel()
@@ -100,7 +108,6 @@ func (p *Poller) Run(ctx context.Context) {
 		p.view = v
 		close(p.changed)
 		p.changed = make(chan struct{})
-		idle := p.subscribers == 0 && !p.always
 		p.mu.Unlock()
 
 		t := time.NewTimer(p.interval)
@@ -110,13 +117,23 @@ func (p *Poller) Run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if idle {
-			select {
-			case <-ctx.Done():
-				return
-			case <-p.wake:
-			}
-		}
+	}
+}
+
+// await returns once a poll is wanted: at once when polling always or while a page is
+// subscribed, else when one subscribes or a page asks for a fresh view; false when ctx ends.
+func (p *Poller) await(ctx context.Context) bool {
+	p.mu.Lock()
+	busy := p.always || p.subscribers > 0
+	p.mu.Unlock()
+	if busy {
+		return ctx.Err() == nil
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-p.wake:
+		return true
 	}
 }
 

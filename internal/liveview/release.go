@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/fencelock/fencelock/internal/validate"
@@ -135,6 +136,23 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", releaseLockTimeout.Milliseconds())); err != nil {
 		return out, http.StatusServiceUnavailable, fmt.Errorf("set lock_timeout: %w", err)
 	}
+	// The grant the page showed, checked on the locked row before anything is changed.
+	var curHolder string
+	var curToken int64
+	err = tx.QueryRow(ctx, `SELECT holder, token FROM fencelock.leases WHERE name = $1 FOR UPDATE`, name).Scan(&curHolder, &curToken)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01"):
+		return out, http.StatusConflict, fmt.Errorf("lease %q: its row is locked by a transaction (a RunLocked, a guarded transaction of its holder, or a grant in flight); gave up after %v; nothing changed: retry once it ends", name, releaseLockTimeout)
+	case errors.Is(err, pgx.ErrNoRows):
+		return out, http.StatusConflict, fmt.Errorf("lease %q: never granted, so not the grant with token %d; nothing changed", name, token)
+	case err != nil:
+		return out, http.StatusServiceUnavailable, fmt.Errorf("force release lease %q: %w", name, err)
+	case curToken != token || curHolder == forceReleaseHolder:
+		return out, http.StatusConflict, fmt.Errorf("lease %q: its last grant is %s's with token %d, not %d; nothing changed", name, curHolder, curToken, token)
+	case curHolder != holder:
+		return out, http.StatusConflict, fmt.Errorf("lease %q: the grant with token %d is %s's, not %s's; nothing changed", name, token, curHolder, holder)
+	}
 	var (
 		oldHolder, handedTo *string
 		oldToken, newToken  *int64
@@ -142,7 +160,6 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 	)
 	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, lapsed, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`,
 		name, fences, token).Scan(&oldHolder, &oldToken, &lapsed, &newToken, &handedTo)
-	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") {
 		return out, http.StatusConflict, fmt.Errorf("lease %q: its row is locked by a transaction (a RunLocked, a guarded transaction of its holder, or a grant in flight); gave up after %v; nothing changed: retry once it ends", name, releaseLockTimeout)
 	}

@@ -92,6 +92,7 @@ type fragment struct {
 	Writes     bool
 	Window     time.Duration
 
+	Unknown  bool // page "name": the lease list was cut before Name
 	Leases   []leaseRow
 	Holders  map[string]*leaseRow // the held leases by name
 	Queue    []Waiter
@@ -120,8 +121,10 @@ func (p *Poller) Fragment(v *View, page, name string, writes bool, window time.D
 	if v.Err != nil {
 		f.Err = v.Err.Error()
 	}
-	if f.S == nil {
+	tmpl := "live-" + page
+	if f.S == nil { // no poll has succeeded yet
 		f.S = &Snapshot{Now: time.Now()}
+		tmpl = "live-nodata"
 	}
 	f.Now = f.S.Now
 	for k := range f.S.Cut {
@@ -145,16 +148,23 @@ func (p *Poller) Fragment(v *View, page, name string, writes bool, window time.D
 		}
 	}
 	if page == "name" {
+		if n := len(f.S.Leases); f.S.Cut["leases"] && n > 0 && name > f.S.Leases[n-1].Name {
+			f.Unknown = true
+		}
 		f.Queue = queues[name]
 		f.Spans = p.Spans(name)
 		f.Timeline = drawTimeline(f.Spans, f.Now, window)
 	}
 	var b bytes.Buffer
-	if err := templates.ExecuteTemplate(&b, "live-"+page, f); err != nil {
+	if err := templates.ExecuteTemplate(&b, tmpl, f); err != nil {
 		return nil, err
 	}
-	v.cache[key] = b.Bytes()
-	return b.Bytes(), nil
+	// html/template leaves a carriage return as it is, which an HTML parser reads as a line
+	// feed (and an event stream as the end of a line): as a character reference, a name or
+	// holder with one reaches the page's attributes exactly.
+	out := bytes.ReplaceAll(b.Bytes(), []byte("\r"), []byte("&#13;"))
+	v.cache[key] = out
+	return out, nil
 }
 
 // timeline is a name's spans drawn on an axis 1000 units wide, over the window up to now.
@@ -180,10 +190,17 @@ type tick struct {
 	Label string
 }
 
+// drawTimeline draws spans on an axis that ends now and begins a little before the first
+// span's start (at least one second before now, at most window before).
 func drawTimeline(spans []Span, now time.Time, window time.Duration) timeline {
-	from := now.Add(-window)
+	span := time.Second
+	if len(spans) > 0 {
+		span = max(span, now.Sub(spans[0].Start)*21/20)
+	}
+	span = min(span, window)
+	from := now.Add(-span)
 	x := func(t time.Time) float64 {
-		v := float64(t.Sub(from)) / float64(window) * 1000
+		v := float64(t.Sub(from)) / float64(span) * 1000
 		return min(max(v, 0), 1000)
 	}
 	var tl timeline
@@ -211,7 +228,7 @@ func drawTimeline(spans []Span, now time.Time, window time.Duration) timeline {
 		}
 		tl.Bars = append(tl.Bars, b)
 	}
-	step := window / 5
+	step := span / 5
 	for i := 0; i <= 5; i++ {
 		t := from.Add(time.Duration(i) * step)
 		tl.Ticks = append(tl.Ticks, tick{X: x(t), Label: "-" + formatDuration(now.Sub(t))})

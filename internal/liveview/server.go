@@ -179,7 +179,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 func writeEvent(w http.ResponseWriter, event string, data []byte) error {
 	var b bytes.Buffer
 	b.WriteString("event: " + event + "\n")
-	for _, line := range bytes.Split(bytes.ReplaceAll(data, []byte("\r"), nil), []byte("\n")) {
+	for _, line := range bytes.Split(data, []byte("\n")) { // data has no carriage return (Fragment)
 		b.WriteString("data: ")
 		b.Write(line)
 		b.WriteByte('\n')

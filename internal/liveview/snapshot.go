@@ -40,6 +40,9 @@ type Lease struct {
 	ExpiresAt  time.Time  `json:"expires_at"`
 	Renewals   int64      `json:"renewals"`
 	RenewedAt  *time.Time `json:"renewed_at"`
+	// Handed: a release handed this grant to a waiter (fencelock.hand_off), which has not
+	// claimed it yet; the grant before it was released, not expired.
+	Handed bool `json:"handed"`
 }
 
 // lastStart is when the current TTL began: the last renewal of this grant, else its grant.

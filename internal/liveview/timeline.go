@@ -10,7 +10,7 @@ const (
 	endReleased = "released"       // its holder released it (expires_at moved back), or it was handed on before its expiry
 	endExpired  = "expired"        // it reached its expiry unrenewed
 	endForced   = "forced release" // fencelock.force_release ended it (fencelock release --force, or this view)
-	endEnded    = "ended"          // the row went away, or the grant began and ended between two polls
+	endEnded    = "ended"          // released or expired, which the polls cannot tell; or the row went away
 )
 
 // Span is one grant of a lease name as the poller saw it, or (Mark) a forced release that
@@ -25,6 +25,8 @@ type Span struct {
 	Renewals int64
 	Ended    string // how it ended (end* constants); "" while held
 	Mark     bool
+
+	late bool // its heartbeat was late at the last poll that saw it held
 }
 
 // Timeline keeps, in memory, the grants of each lease name seen over the last window, from
@@ -35,11 +37,13 @@ type Timeline struct {
 	window   time.Duration
 	maxNames int // names tracked at the most; a new name beyond is not tracked
 	maxSpans int // spans kept per name; the oldest go first
+	maxTotal int // spans kept in all; a new span beyond is not kept
+	total    int
 	names    map[string][]Span
 }
 
-func newTimeline(window time.Duration, maxNames, maxSpans int) *Timeline {
-	return &Timeline{window: window, maxNames: maxNames, maxSpans: maxSpans, names: map[string][]Span{}}
+func newTimeline(window time.Duration, maxNames, maxSpans, maxTotal int) *Timeline {
+	return &Timeline{window: window, maxNames: maxNames, maxSpans: maxSpans, maxTotal: maxTotal, names: map[string][]Span{}}
 }
 
 // ongoing returns the name's span still held, if any.
@@ -98,19 +102,26 @@ func (tl *Timeline) observeRow(now time.Time, r Lease) {
 	cur := ongoing(spans)
 	if cur != nil && cur.Token != r.Token {
 		// The grant seen last ended between the polls, and another row replaced it.
+		// Renewals between the polls may have moved its expiry past the one seen last, so only
+		// what is certain is named: a grant handed on by a release (hand_off), or one that
+		// began before the expiry seen last (the old grant ended early: released), or one that
+		// began after it while the old holder's heartbeat was already late at the last poll
+		// (expired: a renewal after that is possible, but then it renewed late).
 		switch {
 		case forced: // force_release left the row with its fence token and the clock of the release
 			cur.End, cur.Ended = r.ExpiresAt, endForced
-		case !r.AcquiredAt.Before(cur.Expires):
+		case r.Handed || r.AcquiredAt.Before(cur.Expires):
+			cur.End, cur.Ended = r.AcquiredAt, endReleased
+		case cur.late:
 			cur.End, cur.Ended = cur.Expires, endExpired
 		default:
-			cur.End, cur.Ended = r.AcquiredAt, endReleased
+			cur.End, cur.Ended = minTime(cur.Expires, r.AcquiredAt), endEnded
 		}
 		cur = nil
 	}
 	switch {
 	case cur != nil && held: // renewed, or not yet
-		cur.Expires, cur.TTL, cur.Renewals = r.ExpiresAt, r.TTL(), r.Renewals
+		cur.Expires, cur.TTL, cur.Renewals, cur.late = r.ExpiresAt, r.TTL(), r.Renewals, r.Late(now)
 	case cur != nil: // the same grant, ended: a release moves expires_at back, short of the TTL
 		cur.Renewals = r.Renewals
 		if r.TTL() < cur.TTL-time.Millisecond {
@@ -124,7 +135,7 @@ func (tl *Timeline) observeRow(now time.Time, r Lease) {
 			tl.add(r.Name, Span{Holder: r.Holder, Token: r.Token, Start: r.ExpiresAt, End: r.ExpiresAt, Ended: endForced, Mark: true})
 		}
 	case !has(spans, r.Token, false):
-		sp := Span{Holder: r.Holder, Token: r.Token, Start: r.AcquiredAt, Expires: r.ExpiresAt, TTL: r.TTL(), Renewals: r.Renewals}
+		sp := Span{Holder: r.Holder, Token: r.Token, Start: r.AcquiredAt, Expires: r.ExpiresAt, TTL: r.TTL(), Renewals: r.Renewals, late: r.Late(now)}
 		if !held { // began and ended between two polls
 			sp.End, sp.Ended = r.ExpiresAt, endEnded
 		}
@@ -134,9 +145,14 @@ func (tl *Timeline) observeRow(now time.Time, r Lease) {
 
 // add puts sp among name's spans in order of Start, keeping at most maxSpans.
 func (tl *Timeline) add(name string, sp Span) {
+	if tl.total >= tl.maxTotal || (tl.names[name] == nil && len(tl.names) >= tl.maxNames) {
+		return
+	}
+	tl.total++
 	spans := append(tl.names[name], sp)
 	sort.SliceStable(spans, func(i, j int) bool { return spans[i].Start.Before(spans[j].Start) })
 	if len(spans) > tl.maxSpans {
+		tl.total -= len(spans) - tl.maxSpans
 		spans = append([]Span(nil), spans[len(spans)-tl.maxSpans:]...)
 	}
 	tl.names[name] = spans
@@ -175,6 +191,7 @@ func (tl *Timeline) prune(now time.Time) {
 				kept = append(kept, s)
 			}
 		}
+		tl.total -= len(spans) - len(kept)
 		if len(kept) == 0 {
 			delete(tl.names, name)
 		} else {

@@ -1,6 +1,7 @@
 package liveview
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -66,10 +67,18 @@ func TestTimeline(t *testing.T) {
 			snap(1, grant("a", "w1", 10, 0, 10)),
 			snap(2, grant("a", "w2", 11, 1.5, 11.5)),
 		}, []ended{{"w1", 10, endReleased, 1.5, false}, {"w2", 11, "", 0, false}}},
-		{"ExpiredThenTakenBetweenPolls", []*Snapshot{
-			snap(1, grant("a", "w1", 10, 0, 10)),
+		{"LateThenTakenAfterItsExpiry", []*Snapshot{ // its heartbeat was late at the last poll
+			snap(6, grant("a", "w1", 10, 0, 10)),
 			snap(12, grant("a", "w2", 11, 10.5, 20.5)),
 		}, []ended{{"w1", 10, endExpired, 10, false}, {"w2", 11, "", 0, false}}},
+		{"TakenAfterTheExpirySeenWithoutALateHeartbeat", []*Snapshot{ // renewed and released, or expired: unknown
+			snap(1, grant("a", "w1", 10, 0, 10)),
+			snap(12, grant("a", "w2", 11, 10.5, 20.5)),
+		}, []ended{{"w1", 10, endEnded, 10, false}, {"w2", 11, "", 0, false}}},
+		{"HandedOnAfterTheExpirySeen", []*Snapshot{ // renewed, then released to a waiter
+			snap(1, grant("a", "w1", 10, 0, 10)),
+			snap(12, func() Lease { l := grant("a", "w2", 11, 10.5, 20.5); l.Handed = true; return l }()),
+		}, []ended{{"w1", 10, endReleased, 10.5, false}, {"w2", 11, "", 0, false}}},
 		{"ForcedRelease", []*Snapshot{
 			snap(1, grant("a", "w1", 10, 0, 10)),
 			snap(2, grant("a", forceReleaseHolder, 12, 0, 1.7)),
@@ -91,7 +100,7 @@ func TestTimeline(t *testing.T) {
 		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			tl := newTimeline(time.Minute, 100, 10)
+			tl := newTimeline(time.Minute, 100, 10, 1000)
 			for _, s := range tc.polls {
 				tl.Observe(s)
 			}
@@ -103,7 +112,7 @@ func TestTimeline(t *testing.T) {
 // TestTimelineCutList: a name after the last row of a cut list keeps its grant.
 func TestTimelineCutList(t *testing.T) {
 	t.Parallel()
-	tl := newTimeline(time.Minute, 100, 10)
+	tl := newTimeline(time.Minute, 100, 10, 1000)
 	tl.Observe(snap(1, grant("a", "w1", 10, 0, 10), grant("b", "w2", 11, 0, 10)))
 	cut := snap(2, grant("a", "w1", 10, 0, 10))
 	cut.Cut["leases"] = true
@@ -115,17 +124,23 @@ func TestTimelineCutList(t *testing.T) {
 // lease was handed on (which the rows alone show as a release).
 func TestTimelineForcedHere(t *testing.T) {
 	t.Parallel()
-	tl := newTimeline(time.Minute, 100, 10)
+	tl := newTimeline(time.Minute, 100, 10, 1000)
 	tl.Observe(snap(1, grant("a", "w1", 10, 0, 10)))
 	tl.Forced("a", 10, 12, "w2", at(1.5))
 	tl.Observe(snap(2, grant("a", "w2", 12, 1.5, 11.5)))
 	requireSpans(t, tl, "a", ended{"w1", 10, endForced, 1.5, false}, ended{"w2", 12, "", 0, false})
 }
 
-// TestTimelineBounds: at most maxSpans per name, maxNames names.
+// TestTimelineBounds: at most maxSpans per name, maxNames names, maxTotal spans.
 func TestTimelineBounds(t *testing.T) {
 	t.Parallel()
-	tl := newTimeline(time.Hour, 2, 3)
+	total := newTimeline(time.Hour, 100, 100, 5)
+	for i := range 10 {
+		total.Observe(snap(float64(i)+0.5, grant(fmt.Sprint(i), "w", int64(10+i), 0, 100)))
+	}
+	require.Equal(t, 5, total.total)
+	require.Len(t, total.names, 5)
+	tl := newTimeline(time.Hour, 2, 3, 1000)
 	for i := range 5 {
 		tl.Observe(snap(float64(i)+0.5, grant("a", "w", int64(10+i), float64(i), float64(i)+0.2), grant("b", "w", 100, 0, 1000), grant("c", "w", 200, 0, 1000)))
 	}

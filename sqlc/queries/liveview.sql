@@ -11,7 +11,8 @@
 -- every row whose grant ended after @since (the
 -- previous poll's clock, less a margin), with the values the timeline needs to tell a release
 -- (expires_at moved back to the clock of the release) from an expiry (expires_at unchanged) and
--- a forced release (holder 'fencelock force-release'). The renewal columns count only when
+-- a forced release (holder 'fencelock force-release'), and whether a release handed the grant
+-- to a waiter that has not claimed it yet (handed). The renewal columns count only when
 -- they belong to the current token (the view fencelock.holders reads them the same way).
 SELECT json_build_object(
     'now', clock_timestamp(),
@@ -19,7 +20,9 @@ SELECT json_build_object(
         SELECT json_agg(t ORDER BY t.name COLLATE "C") FROM (
             SELECT l.name, l.holder, l.token, l.acquired_at, l.expires_at,
                    CASE WHEN l.renewed_token = l.token THEN l.renewals ELSE 0 END AS renewals,
-                   CASE WHEN l.renewed_token = l.token THEN l.renewed_at END AS renewed_at
+                   CASE WHEN l.renewed_token = l.token THEN l.renewed_at END AS renewed_at,
+                   EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
+                           WHERE w.name = l.name AND w.granted_token = l.token) AS handed
             FROM fencelock.leases AS l
             WHERE l.token > 0 AND l.expires_at > sqlc.arg(since)::timestamptz
             ORDER BY l.name COLLATE "C"

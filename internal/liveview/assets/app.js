@@ -24,8 +24,39 @@
   setInterval(tick, 200);
   state("connecting");
   const events = new EventSource(live.dataset.events);
+  // An update changes only the nodes that differ, so that a button being pressed, the focus
+  // and a selection survive it; children with a data-key are matched by key, not by place.
+  const key = (n) => (n.nodeType === 1 ? n.getAttribute("data-key") : null);
+  const morph = (from, to) => {
+    for (const a of [...from.attributes]) if (!to.hasAttribute(a.name)) from.removeAttribute(a.name);
+    for (const a of to.attributes) if (from.getAttribute(a.name) !== a.value) from.setAttribute(a.name, a.value);
+    morphChildren(from, to);
+  };
+  const morphChildren = (from, to) => {
+    const next = [...to.childNodes];
+    next.forEach((t, i) => {
+      let f = from.childNodes[i];
+      const k = key(t);
+      if (k !== null && (!f || key(f) !== k)) {
+        // Only among the nodes not placed yet: keys are unique within a list.
+        const m = [...from.childNodes].slice(i).find((c) => key(c) === k);
+        if (m) {
+          from.insertBefore(m, f || null);
+          f = m;
+        }
+      }
+      if (!f) from.appendChild(t);
+      else if (f.isEqualNode(t)) return;
+      else if (f.nodeType === 1 && f.nodeName === t.nodeName && key(f) === k) morph(f, t);
+      else if (f.nodeType === 3 && t.nodeType === 3) f.nodeValue = t.nodeValue;
+      else from.replaceChild(t, f);
+    });
+    while (from.childNodes.length > next.length) from.lastChild.remove();
+  };
   events.addEventListener("update", (e) => {
-    live.innerHTML = e.data;
+    const t = document.createElement("template");
+    t.innerHTML = e.data;
+    morphChildren(live, t.content);
     sync();
     tick();
     state("live");

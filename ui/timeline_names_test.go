@@ -1,0 +1,213 @@
+package ui_test
+
+// the timeline's names for how grants end, from real lessor behaviour.
+
+import (
+	"fmt"
+	"html"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
+	"github.com/fencelock/fencelock/ui"
+)
+
+var grantRow = regexp.MustCompile(`<tr[^>]*><td>[0-9:.]+</td><td class="holder">([^<]*)</td><td class="token">([0-9]+)</td><td>[0-9:.]*</td><td>([a-z ]+)</td></tr>`)
+
+type grantSeen struct {
+	Holder string
+	Token  int64
+	How    string
+}
+
+func grantsOf(data string) []grantSeen {
+	var out []grantSeen
+	for _, m := range grantRow.FindAllStringSubmatch(data, -1) {
+		var tok int64
+		fmt.Sscan(m[2], &tok)
+		out = append(out, grantSeen{html.UnescapeString(m[1]), tok, m[3]})
+	}
+	return out
+}
+
+// rvAwaitGrants waits for the name page's stream to show want (in order), and returns the last
+// grants seen when it does not within limit.
+func awaitGrants(t *testing.T, ch <-chan string, limit time.Duration, want []grantSeen) []grantSeen {
+	t.Helper()
+	deadline := time.After(limit)
+	var last []grantSeen
+	for {
+		select {
+		case d, ok := <-ch:
+			if !ok {
+				return last
+			}
+			last = grantsOf(d)
+			if fmt.Sprint(last) == fmt.Sprint(want) {
+				return last
+			}
+		case <-deadline:
+			return last
+		}
+	}
+}
+
+func checkGrants(t *testing.T, label string, got, want []grantSeen) {
+	t.Helper()
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("%s:\n got  %v\n want %v", label, got, want)
+	} else {
+		t.Logf("ok %s: %v", label, got)
+	}
+}
+
+// TestTimelineNamesHowGrantsEnd: release, expiry, hand-off by release, hand-off after expiry,
+// forced release (SQL, no waiter), forced release (SQL, handed on), forced release by the view,
+// a row deleted while held, many grants.
+func TestTimelineNamesHowGrantsEnd(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	base, good := doorOpen(t, b, ui.WithPollAlways())
+	a := fencetest.NewLessor(t, b.Pool, "A")
+	bl := fencetest.NewLessor(t, b.Pool, "B")
+	sleepy := fencetest.NewLessor(t, b.Pool, "S", fencelock.WithoutHeartbeat())
+	ctx := b.Ctx
+	tok := func(l *fencelock.Lease) int64 { return int64(l.Token()) }
+	// settle waits until the name's page shows the grant held: a poll saw it.
+	settle := func(s <-chan string, holder string, l *fencelock.Lease) {
+		awaitGrants(t, s, 10*time.Second, []grantSeen{{holder, tok(l), "held"}})
+	}
+
+	t.Run("Release", func(t *testing.T) {
+		s := events(t, ctx, base, "name", "n:rel")
+		l, err := a.TryAcquire(ctx, "n:rel", time.Minute)
+		require.NoError(t, err)
+		settle(s, "A", l)
+		require.NoError(t, l.Release(ctx))
+		want := []grantSeen{{"A", tok(l), "released"}}
+		checkGrants(t, "release", awaitGrants(t, s, 5*time.Second, want), want)
+	})
+	t.Run("Expiry", func(t *testing.T) {
+		s := events(t, ctx, base, "name", "n:exp")
+		l, err := sleepy.TryAcquire(ctx, "n:exp", time.Second)
+		require.NoError(t, err)
+		want := []grantSeen{{"S", tok(l), "expired"}}
+		checkGrants(t, "expiry", awaitGrants(t, s, 5*time.Second, want), want)
+	})
+	t.Run("HandOffByRelease", func(t *testing.T) {
+		s := events(t, ctx, base, "name", "n:ho")
+		l, err := a.TryAcquire(ctx, "n:ho", time.Minute)
+		require.NoError(t, err)
+		got := testkit.Async(func() *fencelock.Lease { l2, _ := bl.Acquire(ctx, "n:ho", time.Minute); return l2 })
+		testkit.AwaitWaiters(t, ctx, b.Pool, "n:ho", 1)
+		settle(s, "A", l)
+		require.NoError(t, l.Release(ctx))
+		l2 := testkit.Receive(t, got, 10*time.Second, "B's grant")
+		want := []grantSeen{{"A", tok(l), "released"}, {"B", tok(l2), "held"}}
+		checkGrants(t, "hand-off by release", awaitGrants(t, s, 5*time.Second, want), want)
+		require.NoError(t, l2.Release(ctx))
+	})
+	t.Run("HandOffAfterExpiry", func(t *testing.T) {
+		s := events(t, ctx, base, "name", "n:hx")
+		l, err := sleepy.TryAcquire(ctx, "n:hx", time.Second)
+		require.NoError(t, err)
+		got := testkit.Async(func() *fencelock.Lease { l2, _ := bl.Acquire(ctx, "n:hx", time.Minute); return l2 })
+		l2 := testkit.Receive(t, got, 10*time.Second, "B's grant")
+		want := []grantSeen{{"S", tok(l), "expired"}, {"B", tok(l2), "held"}}
+		checkGrants(t, "hand-off after expiry", awaitGrants(t, s, 5*time.Second, want), want)
+		require.NoError(t, l2.Release(ctx))
+	})
+	t.Run("ForcedSQLNoWaiter", func(t *testing.T) {
+		s := events(t, ctx, base, "name", "n:fs")
+		l, err := a.TryAcquire(ctx, "n:fs", time.Minute)
+		require.NoError(t, err)
+		settle(s, "A", l)
+		var nt int64
+		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT new_token FROM fencelock.force_release('n:fs', '{}', $1)`, tok(l)).Scan(&nt))
+		want := []grantSeen{{"A", tok(l), "forced release"}, {"fencelock force-release", nt, "fenced"}}
+		checkGrants(t, "forced (SQL, no waiter)", awaitGrants(t, s, 5*time.Second, want), want)
+	})
+	t.Run("ForcedSQLHandedOn", func(t *testing.T) {
+		s := events(t, ctx, base, "name", "n:fh")
+		l, err := a.TryAcquire(ctx, "n:fh", time.Minute)
+		require.NoError(t, err)
+		got := testkit.Async(func() *fencelock.Lease { l2, _ := bl.Acquire(ctx, "n:fh", time.Minute); return l2 })
+		testkit.AwaitWaiters(t, ctx, b.Pool, "n:fh", 1)
+		settle(s, "A", l)
+		_, err = b.Pool.Exec(ctx, `SELECT fencelock.force_release('n:fh', '{}', $1)`, tok(l))
+		require.NoError(t, err)
+		l2 := testkit.Receive(t, got, 10*time.Second, "B's grant")
+		want := []grantSeen{{"A", tok(l), "released"}, {"B", tok(l2), "held"}} // documented: shows as a release
+		checkGrants(t, "forced (SQL, handed on)", awaitGrants(t, s, 5*time.Second, want), want)
+		require.NoError(t, l2.Release(ctx))
+	})
+	t.Run("ForcedByView", func(t *testing.T) {
+		s := events(t, ctx, base, "name", "n:fv")
+		l, err := a.TryAcquire(ctx, "n:fv", time.Minute)
+		require.NoError(t, err)
+		settle(s, "A", l)
+		code, msg := releaseForm(t, ctx, base, good, "n:fv", "A", tok(l))
+		require.Equal(t, 200, code, msg)
+		var nt int64
+		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT token FROM fencelock.leases WHERE name='n:fv'`).Scan(&nt))
+		want := []grantSeen{{"A", tok(l), "forced release"}, {"fencelock force-release", nt, "fenced"}}
+		checkGrants(t, "forced by the view", awaitGrants(t, s, 5*time.Second, want), want)
+	})
+	t.Run("RowDeletedWhileHeld", func(t *testing.T) {
+		s := events(t, ctx, base, "name", "n:del")
+		l, err := bl.TryAcquire(ctx, "n:del", time.Minute)
+		require.NoError(t, err)
+		settle(s, "B", l)
+		_, err = b.Pool.Exec(ctx, `DELETE FROM fencelock.leases WHERE name='n:del'`)
+		require.NoError(t, err)
+		_, err = fencelock.SweepLeases(ctx, b.Pool, fencelock.MinSweepGrace)
+		require.NoError(t, err)
+		want := []grantSeen{{"B", tok(l), "ended"}}
+		checkGrants(t, "row deleted", awaitGrants(t, s, 5*time.Second, want), want)
+	})
+}
+
+// TestTimelineNeverCallsARenewedReleaseExpired: a holder whose heartbeat renewed after the
+// last poll and then released, followed by another holder, may be named "released" or
+// "ended" (the polls cannot tell), never "expired".
+func TestTimelineNeverCallsARenewedReleaseExpired(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	h, err := ui.New(b.Pool, ui.WithInterval(3*time.Second), ui.WithPollAlways())
+	require.NoError(t, err)
+	base := serve(t, h)
+	s := events(t, b.Ctx, base, "name", "n:long")
+	l, err := fencetest.NewLessor(t, b.Pool, "A").TryAcquire(b.Ctx, "n:long", time.Second) // renewed every 1/3 s
+	require.NoError(t, err)
+	renewed := regexp.MustCompile(`(?:ok|late) \(([0-9]+) renewals\)`)
+	var seenRenewals int64
+	awaitEvent(t, s, 10*time.Second, "A held", func(d string) bool {
+		m := renewed.FindStringSubmatch(d)
+		if m == nil || fmt.Sprint(grantsOf(d)) != fmt.Sprint([]grantSeen{{"A", int64(l.Token()), "held"}}) {
+			return false
+		}
+		seenRenewals, err = strconv.ParseInt(m[1], 10, 64)
+		return err == nil
+	})
+	testkit.WaitFor(t, b.Ctx, "A's expiry renewed past the one the poll saw", func() bool {
+		var renewals int64
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT renewals FROM fencelock.leases WHERE name = 'n:long'`).Scan(&renewals))
+		return renewals >= seenRenewals+4 // four renewals of a third of the TTL: past the expiry seen
+	})
+	require.NoError(t, l.Release(b.Ctx))
+	l2, err := fencetest.NewLessor(t, b.Pool, "C").TryAcquire(b.Ctx, "n:long", time.Minute)
+	require.NoError(t, err)
+	var got []grantSeen
+	awaitEvent(t, s, 10*time.Second, "C's grant", func(d string) bool {
+		got = grantsOf(d)
+		return len(got) == 2 && got[1] == grantSeen{"C", int64(l2.Token()), "held"}
+	})
+	require.Equal(t, "A", got[0].Holder)
+	require.Contains(t, []string{"released", "ended"}, got[0].How, "%v", got)
+}
