@@ -30,9 +30,10 @@
 // write per grant. A grant that begins and ends between two polls shows only if its row is
 // still the name's at the next poll. How a grant ended is named only when the polls can tell:
 // "released" (its row's expiry moved back, or the next grant began before the expiry seen
-// last, or a release handed it on), "expired" (its row reached its expiry, or the next grant
-// began after it while the holder's heartbeat was already late), "forced release", and
-// "ended" otherwise (say, a holder that renewed after the last poll, then released). A forced
+// last, or a release handed it on), "expired" (its row reached its expiry with no renewal and
+// was still the name's at the next poll), "forced release", and "ended" otherwise (say, a
+// holder that renewed after the last poll, then released: the rows cannot tell that from an
+// expiry). A forced
 // release made elsewhere (`fencelock release --force`) that handed the lease on shows as a
 // release. The axis runs from the first grant kept to now, at most [WithWindow] back (10
 // minutes by default); at most 10,000 names of 64 grants each, 100,000 grants in all, are
@@ -50,6 +51,18 @@
 // and a CSRF token of the page) and be authenticated by the authorize function given; the
 // release applies only to that grant (its token, its holder) and changes nothing otherwise. A
 // refused request says why, in its JSON answer, and changes nothing.
+//
+// # Dependencies
+//
+// The standard library only, beside pgx: net/http (its ServeMux patterns, server-sent events
+// through [http.ResponseController], [http.CrossOriginProtection]), html/template (every value
+// escaped; the timeline is SVG drawn by the template), embed (the page's script, about 100
+// lines, and its style, committed and served from the binary: no build step, nothing fetched
+// at run time). Server-sent events rather than WebSockets: one direction is all a live view
+// needs, browsers reconnect by themselves, and the standard library serves them; a page
+// morphs its live part in place rather than replacing it. The peers operators like (River UI,
+// Consul's UI) carry a JavaScript build and a bundler; a library page embedded in a user's
+// admin server should not. A consumer that does not import package ui compiles none of it.
 package ui
 
 import (

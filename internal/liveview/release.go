@@ -140,10 +140,10 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 	var curHolder string
 	var curToken int64
 	err = tx.QueryRow(ctx, `SELECT holder, token FROM fencelock.leases WHERE name = $1 FOR UPDATE`, name).Scan(&curHolder, &curToken)
-	var pgErr *pgconn.PgError
+	if r, code, err := lockError(name, err); err != nil {
+		return r, code, err
+	}
 	switch {
-	case errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01"):
-		return out, http.StatusConflict, fmt.Errorf("lease %q: its row is locked by a transaction (a RunLocked, a guarded transaction of its holder, or a grant in flight); gave up after %v; nothing changed: retry once it ends", name, releaseLockTimeout)
 	case errors.Is(err, pgx.ErrNoRows):
 		return out, http.StatusConflict, fmt.Errorf("lease %q: never granted, so not the grant with token %d; nothing changed", name, token)
 	case err != nil:
@@ -160,8 +160,8 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 	)
 	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, lapsed, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`,
 		name, fences, token).Scan(&oldHolder, &oldToken, &lapsed, &newToken, &handedTo)
-	if errors.As(err, &pgErr) && (pgErr.Code == "55P03" || pgErr.Code == "40P01") {
-		return out, http.StatusConflict, fmt.Errorf("lease %q: its row is locked by a transaction (a RunLocked, a guarded transaction of its holder, or a grant in flight); gave up after %v; nothing changed: retry once it ends", name, releaseLockTimeout)
+	if r, code, err := lockError(name, err); err != nil {
+		return r, code, err
 	}
 	if err != nil {
 		return out, http.StatusServiceUnavailable, fmt.Errorf("force release lease %q: %w", name, err)
@@ -185,4 +185,17 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 		out.handedTo = *handedTo
 	}
 	return out, http.StatusOK, nil
+}
+
+// lockError maps the lock errors of a forced release's statements (lock timeout, deadlock) to
+// a refusal (409); nil for any other error.
+func lockError(name string, err error) (forced, int, error) {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+		return forced{}, http.StatusConflict, fmt.Errorf("lease %q: its row is locked by a transaction (a RunLocked, a guarded transaction of its holder, or a grant in flight); gave up after %v; nothing changed: retry once it ends", name, releaseLockTimeout)
+	case errors.As(err, &pgErr) && pgErr.Code == "40P01": // deadlock_detected
+		return forced{}, http.StatusConflict, fmt.Errorf("lease %q: a transaction of its holder locked a fence row and then the lease row while this release waited for them (PostgreSQL ended the release to break the deadlock); nothing changed: retry", name)
+	}
+	return forced{}, 0, nil
 }

@@ -25,8 +25,6 @@ type Span struct {
 	Renewals int64
 	Ended    string // how it ended (end* constants); "" while held
 	Mark     bool
-
-	late bool // its heartbeat was late at the last poll that saw it held
 }
 
 // Timeline keeps, in memory, the grants of each lease name seen over the last window, from
@@ -102,18 +100,16 @@ func (tl *Timeline) observeRow(now time.Time, r Lease) {
 	cur := ongoing(spans)
 	if cur != nil && cur.Token != r.Token {
 		// The grant seen last ended between the polls, and another row replaced it.
-		// Renewals between the polls may have moved its expiry past the one seen last, so only
-		// what is certain is named: a grant handed on by a release (hand_off), or one that
-		// began before the expiry seen last (the old grant ended early: released), or one that
-		// began after it while the old holder's heartbeat was already late at the last poll
-		// (expired: a renewal after that is possible, but then it renewed late).
+		// Renewals between the polls may have moved its expiry past the one seen last (even a
+		// holder late at the last poll may have renewed since, then released), so only what is
+		// certain is named: a grant handed on by a release (hand_off), or one that began before
+		// the expiry seen last (the old grant ended early: released). Else released or expired
+		// cannot be told apart from the rows: "ended".
 		switch {
 		case forced: // force_release left the row with its fence token and the clock of the release
 			cur.End, cur.Ended = r.ExpiresAt, endForced
 		case r.Handed || r.AcquiredAt.Before(cur.Expires):
 			cur.End, cur.Ended = r.AcquiredAt, endReleased
-		case cur.late:
-			cur.End, cur.Ended = cur.Expires, endExpired
 		default:
 			cur.End, cur.Ended = minTime(cur.Expires, r.AcquiredAt), endEnded
 		}
@@ -121,7 +117,7 @@ func (tl *Timeline) observeRow(now time.Time, r Lease) {
 	}
 	switch {
 	case cur != nil && held: // renewed, or not yet
-		cur.Expires, cur.TTL, cur.Renewals, cur.late = r.ExpiresAt, r.TTL(), r.Renewals, r.Late(now)
+		cur.Expires, cur.TTL, cur.Renewals = r.ExpiresAt, r.TTL(), r.Renewals
 	case cur != nil: // the same grant, ended: a release moves expires_at back, short of the TTL
 		cur.Renewals = r.Renewals
 		if r.TTL() < cur.TTL-time.Millisecond {
@@ -135,7 +131,7 @@ func (tl *Timeline) observeRow(now time.Time, r Lease) {
 			tl.add(r.Name, Span{Holder: r.Holder, Token: r.Token, Start: r.ExpiresAt, End: r.ExpiresAt, Ended: endForced, Mark: true})
 		}
 	case !has(spans, r.Token, false):
-		sp := Span{Holder: r.Holder, Token: r.Token, Start: r.AcquiredAt, Expires: r.ExpiresAt, TTL: r.TTL(), Renewals: r.Renewals, late: r.Late(now)}
+		sp := Span{Holder: r.Holder, Token: r.Token, Start: r.AcquiredAt, Expires: r.ExpiresAt, TTL: r.TTL(), Renewals: r.Renewals}
 		if !held { // began and ended between two polls
 			sp.End, sp.Ended = r.ExpiresAt, endEnded
 		}

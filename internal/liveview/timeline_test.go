@@ -67,10 +67,10 @@ func TestTimeline(t *testing.T) {
 			snap(1, grant("a", "w1", 10, 0, 10)),
 			snap(2, grant("a", "w2", 11, 1.5, 11.5)),
 		}, []ended{{"w1", 10, endReleased, 1.5, false}, {"w2", 11, "", 0, false}}},
-		{"LateThenTakenAfterItsExpiry", []*Snapshot{ // its heartbeat was late at the last poll
+		{"LateThenTakenAfterItsExpiry", []*Snapshot{ // late at the last poll, but it may have renewed and released since
 			snap(6, grant("a", "w1", 10, 0, 10)),
 			snap(12, grant("a", "w2", 11, 10.5, 20.5)),
-		}, []ended{{"w1", 10, endExpired, 10, false}, {"w2", 11, "", 0, false}}},
+		}, []ended{{"w1", 10, endEnded, 10, false}, {"w2", 11, "", 0, false}}},
 		{"TakenAfterTheExpirySeenWithoutALateHeartbeat", []*Snapshot{ // renewed and released, or expired: unknown
 			snap(1, grant("a", "w1", 10, 0, 10)),
 			snap(12, grant("a", "w2", 11, 10.5, 20.5)),
