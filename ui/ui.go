@@ -38,7 +38,8 @@
 // release. The axis runs from the first grant kept to now, at most [WithWindow] back (10
 // minutes by default); at most 10,000 names of 64 grants each, 100,000 grants in all, are
 // kept (the oldest grants of a name go first; a name or grant beyond is not kept). It sees
-// only the names of the lease list as cut at [WithMaxRows] (in byte order of the names).
+// only the names of the lease list as cut at [WithMaxRows] (the first in the order of the
+// names), and while the list is cut it ends no grant it does not see.
 //
 // # Forced release
 //

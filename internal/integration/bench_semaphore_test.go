@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -326,10 +327,11 @@ type lockSampler struct {
 	behind  int64 // sampled waits of a SemaphoreAcquire for another's row lock or insert
 	notify  int64 // sampled waits of a SemaphoreAcquire for the lock on notifying commits
 	errs    int64 // samples that failed (counted, not fatal: the pool may be busy)
+	extend  map[string]int64 // sampled waits for a relation's extension lock, by relation
 }
 
 func sampleLockWaits(b *testing.B, e *benchEnv) *lockSampler {
-	s := &lockSampler{stop: make(chan struct{})}
+	s := &lockSampler{stop: make(chan struct{}), extend: map[string]int64{}}
 	s.wg.Go(func() {
 		t := time.NewTicker(5 * time.Millisecond)
 		defer t.Stop()
@@ -340,24 +342,32 @@ func sampleLockWaits(b *testing.B, e *benchEnv) *lockSampler {
 			case <-t.C:
 			}
 			var n, behind, notify int64
-			var what string
+			var what, extended string
 			err := e.pool.QueryRow(e.ctx, `WITH w AS (
 					SELECT a.pid, a.wait_event, coalesce(substring(a.query from '-- name: (\w+)'), left(a.query, 40)) AS stmt,
 					       (SELECT string_agg(DISTINCT coalesce(substring(bl.query from '-- name: (\w+)'), left(bl.query, 40)) || '/' || bl.state, ',')
-					        FROM pg_stat_activity AS bl WHERE bl.pid = ANY (pg_blocking_pids(a.pid))) AS blockers
+					        FROM pg_stat_activity AS bl WHERE bl.pid = ANY (pg_blocking_pids(a.pid))) AS blockers,
+					       (SELECT string_agg(l.relation::regclass::text, ',') FROM pg_locks AS l
+					        WHERE l.pid = a.pid AND l.locktype = 'extend' AND NOT l.granted) AS extended
 					FROM pg_stat_activity AS a
 					WHERE a.wait_event_type = 'Lock' AND a.datname = current_database())
 				SELECT count(*),
 				       count(*) FILTER (WHERE stmt = 'SemaphoreAcquire' AND blockers LIKE '%SemaphoreAcquire/%' AND wait_event IN ('tuple', 'transactionid')),
 				       count(*) FILTER (WHERE stmt = 'SemaphoreAcquire' AND wait_event = 'object'),
-				       coalesce(string_agg(stmt || ' <- ' || coalesce(blockers, '?') || ' (' || wait_event || ')', ' | '), '')
-				FROM w`).Scan(&n, &behind, &notify, &what)
+				       coalesce(string_agg(stmt || ' <- ' || coalesce(blockers, '?') || ' (' || wait_event || ')', ' | '), ''),
+				       coalesce(string_agg(extended, ','), '')
+				FROM w`).Scan(&n, &behind, &notify, &what, &extended)
 			if err != nil {
 				s.errs++
 				continue
 			}
 			s.samples++
 			s.sum += n
+			for _, rel := range strings.Split(extended, ",") {
+				if rel != "" {
+					s.extend[rel]++
+				}
+			}
 			s.behind += behind
 			s.notify += notify
 			if n > s.max {
@@ -385,5 +395,8 @@ func (s *lockSampler) report(b *testing.B) {
 	b.ReportMetric(float64(s.notify), "acquire-notify-waits")
 	if s.errs > 0 {
 		b.Logf("%d samples failed", s.errs)
+	}
+	if len(s.extend) > 0 {
+		b.Logf("sampled waits for a relation's extension lock, by relation: %v", s.extend)
 	}
 }

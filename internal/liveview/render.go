@@ -148,9 +148,7 @@ func (p *Poller) Fragment(v *View, page, name string, writes bool, window time.D
 		}
 	}
 	if page == "name" {
-		if n := len(f.S.Leases); f.S.Cut["leases"] && n > 0 && name > f.S.Leases[n-1].Name {
-			f.Unknown = true
-		}
+		f.Unknown = f.S.Cut["leases"] // a name the cut list does not show may be held all the same
 		f.Queue = queues[name]
 		f.Spans = p.Spans(name)
 		f.Timeline = drawTimeline(f.Spans, f.Now, window)

@@ -68,19 +68,16 @@ func has(spans []Span, token int64, mark bool) bool {
 }
 
 // Observe folds a snapshot into the timeline. When s.Leases was cut at its row limit
-// (s.Cut["leases"]), names ordered after its last row are left as they were.
+// (s.Cut["leases"]), the names it does not list are left as they were: the list is in the
+// database's order of names, which this process cannot tell where a name falls in.
 func (tl *Timeline) Observe(s *Snapshot) {
 	listed := make(map[string]bool, len(s.Leases))
 	for _, r := range s.Leases {
 		listed[r.Name] = true
 		tl.observeRow(s.Now, r)
 	}
-	last := ""
-	if n := len(s.Leases); n > 0 {
-		last = s.Leases[n-1].Name
-	}
 	for name, spans := range tl.names {
-		if listed[name] || (s.Cut["leases"] && name > last) {
+		if listed[name] || s.Cut["leases"] {
 			continue
 		}
 		if cur := ongoing(spans); cur != nil { // its row is gone (swept) or ended before since

@@ -6,9 +6,8 @@
 -- sessions' details need pg_read_all_stats). Every list is capped at @max_rows + 1 rows so that
 -- the caller can tell a cut list from a full one; a cut list keeps the rows it orders first.
 --
--- leases: in byte order of their names (COLLATE "C", the order Go compares strings in, so
--- that the caller knows which names a cut list left out), every lease row still held, and
--- every row whose grant ended after @since (the
+-- leases: in the order of the primary key (so a cut list is read from the index, not sorted),
+-- every lease row still held, and every row whose grant ended after @since (the
 -- previous poll's clock, less a margin), with the values the timeline needs to tell a release
 -- (expires_at moved back to the clock of the release) from an expiry (expires_at unchanged) and
 -- a forced release (holder 'fencelock force-release'), and whether a release handed the grant
@@ -17,7 +16,7 @@
 SELECT json_build_object(
     'now', clock_timestamp(),
     'leases', coalesce((
-        SELECT json_agg(t ORDER BY t.name COLLATE "C") FROM (
+        SELECT json_agg(t ORDER BY t.name) FROM (
             SELECT l.name, l.holder, l.token, l.acquired_at, l.expires_at,
                    CASE WHEN l.renewed_token = l.token THEN l.renewals ELSE 0 END AS renewals,
                    CASE WHEN l.renewed_token = l.token THEN l.renewed_at END AS renewed_at,
@@ -25,7 +24,7 @@ SELECT json_build_object(
                            WHERE w.name = l.name AND w.granted_token = l.token) AS handed
             FROM fencelock.leases AS l
             WHERE l.token > 0 AND l.expires_at > sqlc.arg(since)::timestamptz
-            ORDER BY l.name COLLATE "C"
+            ORDER BY l.name
             LIMIT sqlc.arg(max_rows)::int + 1) AS t), '[]'::json),
     'waiters', coalesce((
         SELECT json_agg(t ORDER BY t.name, t.seq) FROM (
