@@ -321,12 +321,12 @@ func benchPools(b *testing.B, e *benchEnv, n int, conns int32) []*pgxpool.Pool {
 type lockSampler struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
-	samples int64 // samples taken
-	sum     int64 // backends waiting for a lock, over all samples
-	max     int64 // the most seen waiting at once
-	behind  int64 // sampled waits of a SemaphoreAcquire for another's row lock or insert
-	notify  int64 // sampled waits of a SemaphoreAcquire for the lock on notifying commits
-	errs    int64 // samples that failed (counted, not fatal: the pool may be busy)
+	samples int64            // samples taken
+	sum     int64            // backends waiting for a lock, over all samples
+	max     int64            // the most seen waiting at once
+	behind  int64            // sampled waits of a SemaphoreAcquire for another's row lock or insert
+	notify  int64            // sampled waits of a SemaphoreAcquire for the lock on notifying commits
+	errs    int64            // samples that failed (counted, not fatal: the pool may be busy)
 	extend  map[string]int64 // sampled waits for a relation's extension lock, by relation
 }
 
