@@ -62,6 +62,11 @@ func TestRunUsageErrors(t *testing.T) {
 		{"ReleaseFenceWithNUL", []string{"release", "--force", "--fence", "a\x00b", "job"}, "fencelock: release: NAME or --fence \"a\\x00b\": contains a NUL byte\n"},
 		{"SweepShortGrace", []string{"sweep", "--grace", "30s"}, "fencelock: sweep: --grace 30s is shorter than the minimum, 1m0s\n"},
 		{"WatchShortInterval", []string{"watch", "--interval", "1ms"}, "fencelock: watch: --interval 1ms is shorter than 10ms\n"},
+		{"UIShortInterval", []string{"ui", "--interval", "1ms"}, "fencelock: ui: --interval 1ms: must be from 100ms to 1m\n"},
+		{"UILongWindow", []string{"ui", "--window", "48h"}, "fencelock: ui: --window 48h0m0s: must be from 10s to 24h\n"},
+		{"UIReleaseURLWithoutAllow", []string{"ui", "--release-database-url", "postgres://h/db"}, "fencelock: ui: --release-database-url needs --allow-release\n"},
+		{"UIAllowWithoutSecret", []string{"ui", "--allow-release"}, "fencelock: ui: --allow-release needs an access token of at least 16 bytes in FENCELOCK_UI_SECRET\n"},
+		{"UINoDatabase", []string{"ui"}, "fencelock: no database: give --database-url or set DATABASE_URL\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr strings.Builder

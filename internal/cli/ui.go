@@ -32,6 +32,12 @@ func uiCommand(fs *flag.FlagSet) func(context.Context, *session, []string) error
 		}
 		opts := []ui.Option{ui.WithPollAlways(), ui.WithInterval(*interval), ui.WithWindow(*window),
 			ui.WithLogger(slog.New(slog.NewTextHandler(s.stderr, nil)))}
+		if *interval < 100*time.Millisecond || *interval > time.Minute {
+			return withCode(ExitUsage, "ui: --interval %v: must be from 100ms to 1m", *interval)
+		}
+		if *window < 10*time.Second || *window > 24*time.Hour {
+			return withCode(ExitUsage, "ui: --window %v: must be from 10s to 24h", *window)
+		}
 		if !*allow && *releaseURL != "" {
 			return withCode(ExitUsage, "ui: --release-database-url needs --allow-release")
 		}
