@@ -1,6 +1,6 @@
 package ui_test
 
-// the database going away, and big snapshots.
+// The poller when the database goes away, and lists cut at their row limit.
 
 import (
 	"context"

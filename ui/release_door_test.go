@@ -1,7 +1,7 @@
 package ui_test
 
-// Adversarial review of the forced-release door (reviewer's reproductions; not part of the suite
-// design).
+// The forced-release door under attack: each refused request changes nothing and says why
+// (first written as an adversarial review's reproductions).
 
 import (
 	"context"

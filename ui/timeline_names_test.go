@@ -1,6 +1,6 @@
 package ui_test
 
-// the timeline's names for how grants end, from real lessor behaviour.
+// The timeline's names for how grants end, from real lessors' behaviour.
 
 import (
 	"fmt"
