@@ -85,7 +85,7 @@ document.body.setAttribute("data-got", JSON.stringify([live.textContent, want.te
 	require.NoError(t, os.WriteFile(file, []byte(page), 0o644))
 	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(cctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", "file://"+file).Output()
+	out, err := exec.CommandContext(cctx, chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--dump-dom", "file://"+file).Output()
 	require.NoError(t, err)
 	dom := string(out)
 	if strings.Contains(dom, "<title>MORPH-DIFFERS") {
