@@ -83,7 +83,8 @@
 // through server-sent events, and a page per lease name with its queue and the timeline of its
 // holders. It listens on 127.0.0.1:8080 unless --listen says otherwise, polls every --interval
 // (500ms) whether a page is open or not, keeps --window (10m) of timeline, and reads through
-// connections whose transactions are all read-only. With --allow-release, a page offers forced
+// connections whose transactions are all read-only (through a pooler that refuses the startup
+// parameter default_transaction_read_only, such as PgBouncer, it warns and relies on the role). With --allow-release, a page offers forced
 // releases (fencelock release --force NAME --token T, after a confirmation) to requests that
 // carry the access token in FENCELOCK_UI_SECRET (at least 16 bytes; as a bearer token, or the
 // password of basic authentication), run on --release-database-url (default: the same URL).

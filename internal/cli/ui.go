@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock/ui"
@@ -48,15 +50,9 @@ func uiCommand(fs *flag.FlagSet) func(context.Context, *session, []string) error
 				return withCode(ExitUsage, "ui: --allow-release needs an access token of at least 16 bytes in %s", uiSecretEnv)
 			}
 		}
-		// The poller's connections cannot write, whatever the role: every transaction is read-only.
-		rcfg, err := s.poolConfig("")
+		reader, err := s.uiReader(ctx)
 		if err != nil {
 			return err
-		}
-		rcfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
-		reader, err := pgxpool.NewWithConfig(ctx, rcfg)
-		if err != nil {
-			return fmt.Errorf("connect: %w", err)
 		}
 		defer reader.Close()
 		if *allow {
@@ -108,4 +104,37 @@ func uiCommand(fs *flag.FlagSet) func(context.Context, *session, []string) error
 		<-served
 		return nil
 	}
+}
+
+// uiReader returns the pool the view reads through. Its connections cannot write, whatever
+// the role: every transaction is read-only (the startup parameter default_transaction_read_only).
+// A pooler that refuses that parameter (PgBouncer, unless its ignore_startup_parameters lists
+// it) gets a pool without it, and a warning: the role is then the only guard.
+func (s *session) uiReader(ctx context.Context) (*pgxpool.Pool, error) {
+	open := func(readOnly bool) (*pgxpool.Pool, error) {
+		cfg, err := s.poolConfig("")
+		if err != nil {
+			return nil, err
+		}
+		if readOnly {
+			cfg.ConnConfig.RuntimeParams["default_transaction_read_only"] = "on"
+		}
+		p, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("connect: %w", err)
+		}
+		return p, nil
+	}
+	p, err := open(true)
+	if err != nil {
+		return nil, err
+	}
+	var pgErr *pgconn.PgError
+	if err := p.Ping(ctx); errors.As(err, &pgErr) && pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "default_transaction_read_only") {
+		p.Close()
+		fmt.Fprintf(s.stderr, "fencelock ui: warning: the server (a pooler) refuses the startup parameter default_transaction_read_only: the view's connections are not forced read-only; give --database-url a read-only role (README, \"Least privilege\")\n")
+		return open(false)
+	}
+	// Any other error of the first connection: the view shows it and its polls retry.
+	return p, nil
 }

@@ -285,13 +285,19 @@ func (c *uiChild) expect(prefix string) string {
 // command exits with status 0 within 10 s.
 func startUI(t *testing.T, b *bundle) string {
 	t.Helper()
+	return startUIAt(t, b, b.DB.URL)
+}
+
+// startUIAt is startUI with the database URL given (through a pooler, say).
+func startUIAt(t *testing.T, b *bundle, dbURL string) string {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), "fencelock")
 	// go test puts its own GOROOT/bin first on the PATH of the test.
 	build := exec.CommandContext(b.Ctx, "go", "build", "-o", bin, "github.com/fencelock/fencelock/cmd/fencelock")
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "go build: %s", out)
 
-	cmd := exec.Command(bin, "ui", "--database-url", b.DB.URL, "--listen", "127.0.0.1:0",
+	cmd := exec.Command(bin, "ui", "--database-url", dbURL, "--listen", "127.0.0.1:0",
 		"--interval", "200ms", "--allow-release")
 	cmd.Env = append(envWithout("DATABASE_URL"), "FENCELOCK_UI_SECRET="+uiSecret)
 	stdout, err := cmd.StdoutPipe()
