@@ -152,3 +152,19 @@ func TestCloseEndsStreamsAndGoroutines(t *testing.T) {
 	}
 	testkit.WaitFor(t, b.Ctx, "no goroutine of the closed handler", func() bool { return len(left()) == 0 })
 }
+
+// TestStreamOutlivesWriteTimeout: mounted in a server with a WriteTimeout, a page's event
+// stream goes on past it.
+func TestStreamOutlivesWriteTimeout(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	h := newHandler(t, b.Pool)
+	srv := httptest.NewUnstartedServer(h)
+	srv.Config.WriteTimeout = 300 * time.Millisecond
+	srv.Start()
+	t.Cleanup(func() { h.Close(); srv.Close() })
+	s := events(t, b.Ctx, srv.URL+"/", "leases", "")
+	first := pollOf(t, awaitEvent(t, s, 10*time.Second, "a first update", contains("database clock")))
+	// Ten intervals of 100 ms: three times the write timeout, on the same stream.
+	awaitEvent(t, s, 10*time.Second, "an update past the write timeout", func(d string) bool { return pollOf(t, d) >= first+10 })
+}
