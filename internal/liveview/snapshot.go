@@ -150,8 +150,8 @@ type Fence struct {
 }
 
 // RateLimit is a row of fencelock.rate_limits: a key's GCRA state. TAT (the theoretical
-// arrival time) ahead of the clock is how full the key's bucket is, in time: the bucket is
-// empty again at TAT.
+// arrival time) ahead of the clock is how much of the key's room is in use, in time: the key
+// is idle again (its bucket full, in package ratelimit's words: ResetAfter) at TAT.
 type RateLimit struct {
 	Key       string    `json:"key"`
 	TAT       time.Time `json:"tat"`
