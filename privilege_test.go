@@ -2,8 +2,6 @@ package fencelock_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"testing"
@@ -15,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/job"
 	"github.com/fencelock/fencelock/ratelimit"
 )
@@ -34,29 +33,11 @@ const leastPrivilegeGrants = `GRANT CONNECT ON DATABASE %[2]s TO %[1]s;
 // database too) and DROP ROLE.
 func newLeastPrivilegeRole(t *testing.T, b *bundle) (string, *pgxpool.Pool) {
 	t.Helper()
-	var rnd [6]byte
-	_, _ = rand.Read(rnd[:])
-	role := "app_" + hex.EncodeToString(rnd[:])
-	password := hex.EncodeToString(rnd[:]) + "-pw"
-	ident := pgx.Identifier{role}.Sanitize()
-	dbIdent := pgx.Identifier{b.DB.Name}.Sanitize()
-
-	_, err := b.Pool.Exec(b.Ctx, fmt.Sprintf(`CREATE ROLE %s LOGIN PASSWORD '%s'`, ident, password))
-	require.NoError(t, err)
-	t.Cleanup(func() { dropRole(t, b, role) }) // registered first: runs after the pool closes
-	_, err = b.Pool.Exec(b.Ctx, fmt.Sprintf(`REVOKE CONNECT, TEMPORARY ON DATABASE %[2]s FROM PUBLIC;
+	role, pool := testkit.NewRole(t, b.Ctx, b.Pool, b.DB.URL, `REVOKE CONNECT, TEMPORARY ON DATABASE %[2]s FROM PUBLIC;
 		CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL, fence_token bigint);
 		INSERT INTO accounts VALUES (1, 100, NULL);
 		GRANT SELECT, UPDATE ON accounts TO %[1]s;
-		`+leastPrivilegeGrants, ident, dbIdent))
-	require.NoError(t, err)
-
-	cfg, err := pgxpool.ParseConfig(b.DB.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, password
-	pool, err := pgxpool.NewWithConfig(b.Ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+		`+leastPrivilegeGrants)
 
 	var user string
 	var super, createDB, createSchema, ownsSchema bool
@@ -68,22 +49,6 @@ func newLeastPrivilegeRole(t *testing.T, b *bundle) (string, *pgxpool.Pool) {
 	require.Equal(t, role, user)
 	require.False(t, super || createDB || createSchema || ownsSchema, "the role has DDL privileges")
 	return role, pool
-}
-
-// dropRole drops role from b's server: DROP OWNED revokes its privileges in b's database and
-// on the database itself (which still exists: the database is dropped by a cleanup registered
-// earlier, so run later), and DROP ROLE then succeeds.
-func dropRole(t *testing.T, b *bundle, role string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// The role's pool is closed by now. Sessions left by a failed test (a lock's session held
-	// by a goroutine still running) would hold locks DROP OWNED waits for: end them, where the
-	// owner may (superuser or pg_signal_backend).
-	_, _ = b.Pool.Exec(ctx, `SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE usename = $1`, role)
-	ident := pgx.Identifier{role}.Sanitize()
-	if _, err := b.Pool.Exec(ctx, fmt.Sprintf(`DROP OWNED BY %[1]s; DROP ROLE %[1]s`, ident)); err != nil {
-		t.Errorf("drop role %s: %v", role, err)
-	}
 }
 
 // requirePermissionDenied fails the test unless err wraps Postgres's insufficient_privilege

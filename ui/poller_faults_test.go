@@ -37,7 +37,7 @@ func TestPollerRecoversFromTerminatedBackend(t *testing.T) {
 	awaitEvent(t, s, 10*time.Second, "the holder", contains("survivor"))
 
 	var killed int
-	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'rv-reader'`).Scan(&killed))
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'rv-reader' AND datname = current_database()`).Scan(&killed))
 	require.Positive(t, killed)
 	// The error may or may not surface (pgxpool may discard the dead conn first): either way it
 	// must come back.

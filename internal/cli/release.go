@@ -9,10 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/forcedrelease"
 	"github.com/fencelock/fencelock/internal/validate"
 )
 
@@ -121,8 +121,8 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 		return dbError("begin", err)
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck // after Commit, a no-op
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, lockTimeoutSetting(lockTimeout)); err != nil {
-		return dbError("set lock_timeout", err)
+	if err := forcedrelease.SetLockTimeout(ctx, tx, lockTimeout); err != nil {
+		return dbError("release", err)
 	}
 
 	// While force_release waits for the row, find out from a second connection who it waits for.
@@ -131,18 +131,15 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	pid := conn.Conn().PgConn().PID()
 	go func() { found <- watchBlockers(ctx, pool, pid, pollEvery(lockTimeout), stop) }()
 	res := releaseResult{Lease: name, Fenced: resources}
-	var lapsed *bool
-	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, lapsed, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`, name, resources, expected).
-		Scan(&res.OldHolder, &res.OldToken, &lapsed, &res.NewToken, &res.HandedTo)
-	res.Lapsed = lapsed != nil && *lapsed
+	fr, err := forcedrelease.Run(ctx, tx, name, resources, expected)
+	res.OldHolder, res.OldToken, res.Lapsed, res.NewToken, res.HandedTo = fr.OldHolder, fr.OldToken, fr.Lapsed, fr.NewToken, fr.HandedTo
 	close(stop)
 	blockers := <-found
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "40P01" { // deadlock_detected
+	if forcedrelease.Deadlock(err) {
 		return withCode(ExitLockTimeout, "release lease %q: a transaction of the holder locked a fence row and then the lease row while this release held the lease row and waited for the fence row (PostgreSQL ended the release to break the deadlock; %s): retry; the holder should guard (Lease.GuardTx) before it fences",
 			name, describeBlockers(blockers))
 	}
-	if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+	if forcedrelease.LockTimeout(err) {
 		return withCode(ExitLockTimeout, "release lease %q: the lease row is locked by another transaction: a transaction-scoped holder (Lessor.RunLocked), a guarded transaction of its holder (Lease.GuardTx, Lease.FenceTx) or a grant in flight (else a fenced write holding a fence row); %s; gave up after --lock-timeout %v: retry once it ends, or raise --lock-timeout",
 			name, describeBlockers(blockers), lockTimeout)
 	}
@@ -227,16 +224,6 @@ func unique(ss []string) []string {
 		}
 	}
 	return out
-}
-
-// lockTimeoutSetting renders d for SET lock_timeout, in whole milliseconds (at least 1 unless
-// d is 0, which waits without limit).
-func lockTimeoutSetting(d time.Duration) string {
-	ms := d.Milliseconds()
-	if d > 0 && ms == 0 {
-		ms = 1
-	}
-	return fmt.Sprintf("%dms", ms)
 }
 
 // pollEvery is how often release looks for the transactions its statement waits for: eight

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/fencelock/fencelock/internal/forcedrelease"
 	"github.com/fencelock/fencelock/internal/validate"
 )
 
@@ -133,8 +133,8 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 		return out, http.StatusServiceUnavailable, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit, a no-op
-	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, fmt.Sprintf("%dms", releaseLockTimeout.Milliseconds())); err != nil {
-		return out, http.StatusServiceUnavailable, fmt.Errorf("set lock_timeout: %w", err)
+	if err := forcedrelease.SetLockTimeout(ctx, tx, releaseLockTimeout); err != nil {
+		return out, http.StatusServiceUnavailable, err
 	}
 	// The grant the page showed, checked on the locked row before anything is changed.
 	var curHolder string
@@ -153,36 +153,23 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 	case curHolder != holder:
 		return out, http.StatusConflict, fmt.Errorf("lease %q: the grant with token %d is %s's, not %s's; nothing changed", name, token, curHolder, holder)
 	}
-	var (
-		oldHolder, handedTo *string
-		oldToken, newToken  *int64
-		lapsed              *bool
-	)
-	err = tx.QueryRow(ctx, `SELECT old_holder, old_token, lapsed, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`,
-		name, fences, token).Scan(&oldHolder, &oldToken, &lapsed, &newToken, &handedTo)
+	fr, err := forcedrelease.Run(ctx, tx, name, fences, &token)
 	if r, code, err := lockError(name, err); err != nil {
 		return r, code, err
 	}
 	if err != nil {
 		return out, http.StatusServiceUnavailable, fmt.Errorf("force release lease %q: %w", name, err)
 	}
-	switch {
-	case oldToken == nil:
-		return out, http.StatusConflict, fmt.Errorf("lease %q: not the grant with token %d: never granted (or not since its last forced release); nothing changed", name, token)
-	case *oldToken != token:
-		return out, http.StatusConflict, fmt.Errorf("lease %q: its last grant is %s's with token %d, not %d; nothing changed", name, *oldHolder, *oldToken, token)
-	case *oldHolder != holder:
-		return out, http.StatusConflict, fmt.Errorf("lease %q: the grant with token %d is %s's, not %s's; nothing changed", name, token, *oldHolder, holder)
-	case newToken == nil:
-		return out, http.StatusConflict, fmt.Errorf("lease %q: no fence token drawn; nothing changed", name)
+	// The row was locked and checked above, so force_release ends exactly that grant.
+	if fr.OldToken == nil || *fr.OldToken != token || fr.NewToken == nil {
+		return out, http.StatusConflict, fmt.Errorf("lease %q: the grant with token %d is no longer its last; nothing changed", name, token)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return out, http.StatusServiceUnavailable, fmt.Errorf("force release lease %q: commit: %w", name, err)
 	}
-	out.newToken = *newToken
-	out.lapsed = lapsed != nil && *lapsed
-	if handedTo != nil {
-		out.handedTo = *handedTo
+	out.newToken, out.lapsed = *fr.NewToken, fr.Lapsed
+	if fr.HandedTo != nil {
+		out.handedTo = *fr.HandedTo
 	}
 	return out, http.StatusOK, nil
 }
@@ -190,11 +177,10 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 // lockError maps the lock errors of a forced release's statements (lock timeout, deadlock) to
 // a refusal (409); nil for any other error.
 func lockError(name string, err error) (forced, int, error) {
-	var pgErr *pgconn.PgError
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "55P03": // lock_not_available
+	case forcedrelease.LockTimeout(err):
 		return forced{}, http.StatusConflict, fmt.Errorf("lease %q: its row is locked by a transaction (a RunLocked, a guarded transaction of its holder, or a grant in flight); gave up after %v; nothing changed: retry once it ends", name, releaseLockTimeout)
-	case errors.As(err, &pgErr) && pgErr.Code == "40P01": // deadlock_detected
+	case forcedrelease.Deadlock(err):
 		return forced{}, http.StatusConflict, fmt.Errorf("lease %q: a transaction of its holder locked a fence row and then the lease row while this release waited for them (PostgreSQL ended the release to break the deadlock); nothing changed: retry", name)
 	}
 	return forced{}, 0, nil

@@ -16,15 +16,14 @@ const (
 // Span is one grant of a lease name as the poller saw it, or (Mark) a forced release that
 // fenced the name with Token without handing it on.
 type Span struct {
-	Holder   string
-	Token    int64
-	Start    time.Time     // the grant (acquired_at); for a Mark, the forced release
-	End      time.Time     // zero while held
-	Expires  time.Time     // the last expiry seen
-	TTL      time.Duration // the last TTL seen
-	Renewals int64
-	Ended    string // how it ended (end* constants); "" while held
-	Mark     bool
+	Holder  string
+	Token   int64
+	Start   time.Time     // the grant (acquired_at); for a Mark, the forced release
+	End     time.Time     // zero while held
+	Expires time.Time     // the last expiry seen
+	TTL     time.Duration // the last TTL seen
+	Ended   string        // how it ended (end* constants); "" while held
+	Mark    bool
 }
 
 // Timeline keeps, in memory, the grants of each lease name seen over the last window, from
@@ -114,9 +113,8 @@ func (tl *Timeline) observeRow(now time.Time, r Lease) {
 	}
 	switch {
 	case cur != nil && held: // renewed, or not yet
-		cur.Expires, cur.TTL, cur.Renewals = r.ExpiresAt, r.TTL(), r.Renewals
+		cur.Expires, cur.TTL = r.ExpiresAt, r.TTL()
 	case cur != nil: // the same grant, ended: a release moves expires_at back, short of the TTL
-		cur.Renewals = r.Renewals
 		if r.TTL() < cur.TTL-time.Millisecond {
 			cur.End, cur.Ended = r.ExpiresAt, endReleased
 		} else {
@@ -128,7 +126,7 @@ func (tl *Timeline) observeRow(now time.Time, r Lease) {
 			tl.add(r.Name, Span{Holder: r.Holder, Token: r.Token, Start: r.ExpiresAt, End: r.ExpiresAt, Ended: endForced, Mark: true})
 		}
 	case !has(spans, r.Token, false):
-		sp := Span{Holder: r.Holder, Token: r.Token, Start: r.AcquiredAt, Expires: r.ExpiresAt, TTL: r.TTL(), Renewals: r.Renewals}
+		sp := Span{Holder: r.Holder, Token: r.Token, Start: r.AcquiredAt, Expires: r.ExpiresAt, TTL: r.TTL()}
 		if !held { // began and ended between two polls
 			sp.End, sp.Ended = r.ExpiresAt, endEnded
 		}
