@@ -14,17 +14,14 @@ import (
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
-// newElection returns the election name on a lessor of its own with holder id holder.
-func newElection(t *testing.T, b *bundle, holder, name string, ttl time.Duration, opts ...fencelock.LessorOption) *fencelock.Election {
-	t.Helper()
-	return fencetest.NewElection(t, b.Pool, holder, name, ttl, opts...)
-}
-
-// next receives the observer's next state, failing the test after 10 s; nextWhere skips
-// states until one satisfies a condition, checking that terms only rise.
+// newElection(t, pool, holder, name, ttl, opts...) returns the election name on a lessor of
+// its own with holder id holder; next receives the observer's next state, failing the test
+// after 10 s; nextWhere skips states until one satisfies a condition, checking that terms only
+// rise.
 var (
-	next      = fencetest.Next
-	nextWhere = fencetest.NextWhere
+	newElection = fencetest.NewElection
+	next        = fencetest.Next
+	nextWhere   = fencetest.NextWhere
 )
 
 // Campaign, Proclaim, Resign, Leader and Observe: candidates are elected in the order they
@@ -34,9 +31,9 @@ func TestElection(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const name = "election:payments"
-	a := newElection(t, b, "cand-a", name, 5*time.Second)
-	c := newElection(t, b, "cand-b", name, 5*time.Second)
-	watcher := newElection(t, b, "watcher", name, 5*time.Second)
+	a := newElection(t, b.Pool, "cand-a", name, 5*time.Second)
+	c := newElection(t, b.Pool, "cand-b", name, 5*time.Second)
+	watcher := newElection(t, b.Pool, "watcher", name, 5*time.Second)
 
 	octx, stop := context.WithCancel(b.Ctx)
 	defer stop()
@@ -97,8 +94,8 @@ func TestElectionLeaderDies(t *testing.T) {
 	b := setup(t)
 	const name = "election:dies"
 	const ttl = time.Second
-	dead := newElection(t, b, "dead", name, ttl, fencelock.WithoutHeartbeat())
-	heir := newElection(t, b, "heir", name, ttl)
+	dead := newElection(t, b.Pool, "dead", name, ttl, fencelock.WithoutHeartbeat())
+	heir := newElection(t, b.Pool, "heir", name, ttl)
 	td, err := dead.Campaign(b.Ctx, "dead")
 	require.NoError(t, err)
 	states := heir.Observe(b.Ctx)
@@ -132,7 +129,7 @@ func TestElectionRun(t *testing.T) {
 	var seen []string
 	done := make(chan error, 2)
 	for _, id := range []string{"run-a", "run-b"} {
-		e := newElection(t, b, id, name, 5*time.Second)
+		e := newElection(t, b.Pool, id, name, 5*time.Second)
 		go func() {
 			done <- e.Run(ctx, id, fencelock.ElectionCallbacks{
 				OnStartedLeading: func(tctx context.Context, term *fencelock.Term) {
@@ -231,7 +228,7 @@ func TestElectionBadInput(t *testing.T) {
 func TestElectionRunPanic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e := newElection(t, b, "panicky", "election:panic", 5*time.Second)
+	e := newElection(t, b.Pool, "panicky", "election:panic", 5*time.Second)
 	stopped := false
 	func() {
 		defer func() { require.Equal(t, "boom", recover()) }()
@@ -252,7 +249,7 @@ func TestElectionObserveUnannouncedTerm(t *testing.T) {
 	b := setup(t)
 	const name = "election:quiet"
 	const ttl = time.Second
-	watcher := newElection(t, b, "quiet-watcher", name, ttl)
+	watcher := newElection(t, b.Pool, "quiet-watcher", name, ttl)
 	states := watcher.Observe(b.Ctx)
 	require.Equal(t, fencelock.LeaderInfo{}, next(t, states))
 	lease, err := newLessor(t, b.Pool, "quiet-holder").TryAcquire(b.Ctx, name, 5*time.Second)

@@ -106,28 +106,17 @@ func TestEndedContextAdvisoryUnlock(t *testing.T) {
 func TestEndedContextTermResign(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e, err := fencelock.NewElection(newLessor(t, b.Pool, "leader"), "election/ended", 30*time.Second)
-	require.NoError(t, err)
+	e := newElection(t, b.Pool, "leader", "election/ended", 30*time.Second)
 	term, err := e.Campaign(b.Ctx, "leader:1")
 	require.NoError(t, err)
 	octx, stop := context.WithCancel(b.Ctx)
 	defer stop()
 	seen := e.Observe(octx)
-	select {
-	case info := <-seen:
-		require.Equal(t, term.Token(), info.Token)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the observer saw no state within 10 s")
-	}
+	require.Equal(t, term.Token(), next(t, seen).Token)
 
 	require.NoError(t, term.Resign(endedCtx(b.Ctx)))
 	require.ErrorIs(t, term.Err(), fencelock.ErrReleased)
-	select {
-	case info := <-seen:
-		require.Zero(t, info.Token, "nobody leads")
-	case <-time.After(5 * time.Second):
-		t.Fatal("the observer was not woken by the resign")
-	}
+	require.Zero(t, next(t, seen).Token, "nobody leads: the observer is woken by the resign, within 10 s")
 	_, err = e.Leader(b.Ctx)
 	require.ErrorIs(t, err, fencelock.ErrNoLeader)
 	requireFree(t, b, "election/ended")
@@ -138,11 +127,10 @@ func TestEndedContextTermResign(t *testing.T) {
 func TestEndedContextElectionRunExit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e, err := fencelock.NewElection(newLessor(t, b.Pool, "leader"), "election/run", 30*time.Second)
-	require.NoError(t, err)
+	e := newElection(t, b.Pool, "leader", "election/run", 30*time.Second)
 	ctx, cancel := context.WithCancel(b.Ctx)
 	var stopped error
-	err = e.Run(ctx, "leader:1", fencelock.ElectionCallbacks{
+	err := e.Run(ctx, "leader:1", fencelock.ElectionCallbacks{
 		OnStartedLeading: func(context.Context, *fencelock.Term) { cancel() },
 		OnStoppedLeading: func(_ *fencelock.Term, err error) { stopped = err },
 	})
@@ -155,12 +143,10 @@ func TestEndedContextElectionRunExit(t *testing.T) {
 func TestEndedContextCampaignExit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e, err := fencelock.NewElection(newLessor(t, b.Pool, "leader"), "election/wait", 30*time.Second)
-	require.NoError(t, err)
+	e := newElection(t, b.Pool, "leader", "election/wait", 30*time.Second)
 	term, err := e.Campaign(b.Ctx, "leader")
 	require.NoError(t, err)
-	ec, err := fencelock.NewElection(newLessor(t, b.Pool, "candidate"), "election/wait", 30*time.Second)
-	require.NoError(t, err)
+	ec := newElection(t, b.Pool, "candidate", "election/wait", 30*time.Second)
 	ctx, cancel := context.WithCancel(b.Ctx)
 	campaigned := make(chan error, 1)
 	go func() {

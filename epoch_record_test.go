@@ -86,6 +86,26 @@ func requireEpochRowLocked(t *testing.T, b *bundle) {
 	require.EqualError(t, err, "roll back")
 }
 
+// promotedWhileRunLocked grants and releases a token of the server's timeline tli, then acts
+// out a promotion (epoch tli + 1) and starts a RunLocked of "first" that draws the new epoch's
+// first token, holding fencelock.token_epoch's row to record it until finish(fn's error) ends
+// it. It returns the lessor "epoch" of both, tli and finish.
+func promotedWhileRunLocked(t *testing.T, b *bundle) (*fencelock.Lessor, uint32, func(error) error) {
+	t.Helper()
+	l := newLessor(t, b.Pool, "epoch")
+	tli := timelineOf(t, b.Ctx, b.Pool)
+	old, err := l.TryAcquire(b.Ctx, "old", time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, tli, old.Token().Epoch())
+	require.NoError(t, old.Release(b.Ctx))
+
+	setEpochOffset(t, b, 1) // a promotion: epoch tli + 1
+	first, finish := runLockedBlocked(t, b.Ctx, l, "first")
+	require.Equal(t, tli+1, first.Epoch(), "the RunLocked drew the new epoch's first token")
+	requireEpochRowLocked(t, b)
+	return l, tli, finish
+}
+
 // The highest epoch that issued a token is recorded durably whatever transaction drew the
 // epoch's first token and however it ended (issue 21, defect 2). After a promotion a RunLocked
 // draws the epoch's first token, which locks fencelock.token_epoch's row to record the epoch; a
@@ -98,17 +118,7 @@ func requireEpochRowLocked(t *testing.T, b *bundle) {
 func TestTokenEpochRecordedWhenFirstDrawRollsBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.Pool, "epoch")
-	tli := timelineOf(t, b.Ctx, b.Pool)
-	old, err := l.TryAcquire(b.Ctx, "old", time.Minute)
-	require.NoError(t, err)
-	require.Equal(t, tli, old.Token().Epoch())
-	require.NoError(t, old.Release(b.Ctx))
-
-	setEpochOffset(t, b, 1) // a promotion: epoch tli + 1
-	first, finish := runLockedBlocked(t, b.Ctx, l, "first")
-	require.Equal(t, tli+1, first.Epoch(), "the RunLocked drew the new epoch's first token")
-	requireEpochRowLocked(t, b)
+	l, tli, finish := promotedWhileRunLocked(t, b)
 	lease, err := l.TryAcquire(b.Ctx, "concurrent", time.Minute)
 	require.NoError(t, err, "a grant does not wait for the RunLocked's transaction")
 	require.Equal(t, tli+1, lease.Token().Epoch())
@@ -139,13 +149,7 @@ func TestTokenEpochRecordedWhenFirstDrawRollsBack(t *testing.T) {
 func TestTokenEpochMarksFolded(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	l := newLessor(t, b.Pool, "epoch")
-	tli := timelineOf(t, b.Ctx, b.Pool)
-	old, err := l.TryAcquire(b.Ctx, "old", time.Minute)
-	require.NoError(t, err)
-	require.NoError(t, old.Release(b.Ctx))
-	setEpochOffset(t, b, 1)
-	_, finish := runLockedBlocked(t, b.Ctx, l, "first")
+	l, tli, finish := promotedWhileRunLocked(t, b)
 	for i := range 3 {
 		lease, err := l.TryAcquire(b.Ctx, fmt.Sprintf("concurrent:%d", i), time.Minute)
 		require.NoError(t, err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -67,6 +68,29 @@ func (p *latencyProxy) close() {
 	}
 	p.mu.Unlock()
 	p.wg.Wait()
+}
+
+// overSlowLink runs body as parallel subtests, one for the database/sql form ("SQL") and one
+// for its pgx control (named control), each with a database of its own behind a latencyProxy:
+// the "SQL" subtest gets a *sql.DB through the proxy (far nil), the other a pgx pool through
+// it (sqlDB nil).
+func overSlowLink(t *testing.T, control string, body func(t *testing.T, b *bundle, proxy *latencyProxy, sqlDB *sql.DB, far *pgxpool.Pool)) {
+	t.Parallel()
+	for _, form := range []string{"SQL", control} {
+		t.Run(form, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			proxy, proxyURL := newLatencyProxy(t, b.DB.URL)
+			if form != "SQL" {
+				body(t, b, proxy, nil, newPool(t, b.Ctx, proxyURL))
+				return
+			}
+			sqlDB, err := sql.Open("pgx", proxyURL)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = sqlDB.Close() })
+			body(t, b, proxy, sqlDB, nil)
+		})
+	}
 }
 
 func (p *latencyProxy) handle(client net.Conn) {
@@ -163,56 +187,47 @@ func requireRowFreeOnReturn(t *testing.T, b *bundle, name string, returned time.
 // rolls the transaction back in a goroutine of its own when ctx ends, so the database/sql form
 // must wait for that rollback on the server; the pgx form (control) waits for its ROLLBACK.
 func TestRunLockedSQLCancelledInFnFreesRowOnReturn(t *testing.T) {
-	t.Parallel()
 	const latency = 100 * time.Millisecond
-	for _, form := range []string{"SQL", "PgxControl"} {
-		t.Run(form, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			proxy, proxyURL := newLatencyProxy(t, b.DB.URL)
-			// The row exists before the run (a first run creates it).
-			l := newLessor(t, b.Pool, "a")
-			require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+	overSlowLink(t, "PgxControl", func(t *testing.T, b *bundle, proxy *latencyProxy, sqlDB *sql.DB, far *pgxpool.Pool) {
+		// The row exists before the run (a first run creates it).
+		l := newLessor(t, b.Pool, "a")
+		require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
 
-			ctx, cancel := context.WithCancel(b.Ctx)
-			defer cancel()
-			inside := make(chan struct{})
-			done := make(chan error, 1)
-			if form == "SQL" {
-				sqlDB, err := sql.Open("pgx", proxyURL)
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = sqlDB.Close() })
-				go func() {
-					done <- l.TryRunLockedSQL(ctx, sqlDB, "job", func(ctx context.Context, _ *sql.Tx, _ fencelock.Token) error {
-						close(inside)
-						<-ctx.Done()
-						return ctx.Err()
-					})
-				}()
-			} else {
-				lf := newLessor(t, newPool(t, b.Ctx, proxyURL), "a")
-				go func() {
-					done <- lf.TryRunLocked(ctx, "job", func(ctx context.Context, _ pgx.Tx, _ fencelock.Token) error {
-						close(inside)
-						<-ctx.Done()
-						return ctx.Err()
-					})
-				}()
-			}
-			select {
-			case <-inside:
-			case err := <-done:
-				t.Fatalf("returned before fn ran: %v", err)
-			}
-			require.True(t, leaseRowLocked(t, b, "job"), "fn runs with the row locked")
-			proxy.delay.Store(int64(latency))
-			cancel()
-			err := <-done
-			returned := time.Now()
-			require.ErrorIs(t, err, context.Canceled)
-			requireRowFreeOnReturn(t, b, "job", returned, err)
-		})
-	}
+		ctx, cancel := context.WithCancel(b.Ctx)
+		defer cancel()
+		inside := make(chan struct{})
+		done := make(chan error, 1)
+		if sqlDB != nil {
+			go func() {
+				done <- l.TryRunLockedSQL(ctx, sqlDB, "job", func(ctx context.Context, _ *sql.Tx, _ fencelock.Token) error {
+					close(inside)
+					<-ctx.Done()
+					return ctx.Err()
+				})
+			}()
+		} else {
+			lf := newLessor(t, far, "a")
+			go func() {
+				done <- lf.TryRunLocked(ctx, "job", func(ctx context.Context, _ pgx.Tx, _ fencelock.Token) error {
+					close(inside)
+					<-ctx.Done()
+					return ctx.Err()
+				})
+			}()
+		}
+		select {
+		case <-inside:
+		case err := <-done:
+			t.Fatalf("returned before fn ran: %v", err)
+		}
+		require.True(t, leaseRowLocked(t, b, "job"), "fn runs with the row locked")
+		proxy.delay.Store(int64(latency))
+		cancel()
+		err := <-done
+		returned := time.Now()
+		require.ErrorIs(t, err, context.Canceled)
+		requireRowFreeOnReturn(t, b, "job", returned, err)
+	})
 }
 
 // LockSQLTx (docs): "When ctx ends first the statement is cancelled and database/sql rolls tx
@@ -224,143 +239,117 @@ func TestRunLockedSQLCancelledInFnFreesRowOnReturn(t *testing.T) {
 // and a TryLockTx that follows is refused by a lock nobody alive holds. The pgx twin LockTx
 // (control, older than issue 29) does the same.
 func TestLockTxCancelledLeavesNoAbandonedWait(t *testing.T) {
-	t.Parallel()
-	for _, form := range []string{"SQL", "PgxTwin"} {
-		t.Run(form, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			proxy, proxyURL := newLatencyProxy(t, b.DB.URL)
-			a, err := fencelock.NewAdvisoryLocker(b.Pool)
-			require.NoError(t, err)
-			hold, err := b.Pool.Begin(b.Ctx)
-			require.NoError(t, err)
-			defer func() { _ = hold.Rollback(b.Ctx) }()
-			_, err = a.TryLockTx(b.Ctx, hold, "report")
-			require.NoError(t, err)
+	overSlowLink(t, "PgxTwin", func(t *testing.T, b *bundle, proxy *latencyProxy, sqlDB *sql.DB, far *pgxpool.Pool) {
+		a, err := fencelock.NewAdvisoryLocker(b.Pool)
+		require.NoError(t, err)
+		hold, err := b.Pool.Begin(b.Ctx)
+		require.NoError(t, err)
+		defer func() { _ = hold.Rollback(b.Ctx) }()
+		_, err = a.TryLockTx(b.Ctx, hold, "report")
+		require.NoError(t, err)
 
-			ctx, cancel := context.WithCancel(b.Ctx)
-			defer cancel()
-			done := make(chan error, 1)
-			if form == "SQL" {
-				sqlDB, err := sql.Open("pgx", proxyURL)
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = sqlDB.Close() })
-				go func() {
-					tx, err := sqlDB.BeginTx(ctx, nil)
-					if err != nil {
-						done <- err
-						return
-					}
-					defer func() { _ = tx.Rollback() }()
-					_, err = a.LockSQLTx(ctx, tx, "report")
+		ctx, cancel := context.WithCancel(b.Ctx)
+		defer cancel()
+		done := make(chan error, 1)
+		if sqlDB != nil {
+			go func() {
+				tx, err := sqlDB.BeginTx(ctx, nil)
+				if err != nil {
 					done <- err
-				}()
-			} else {
-				far := newPool(t, b.Ctx, proxyURL)
-				go func() {
-					tx, err := far.Begin(ctx)
-					if err != nil {
-						done <- err
-						return
-					}
-					defer func() { _ = tx.Rollback(context.Background()) }()
-					_, err = a.LockTx(ctx, tx, "report")
+					return
+				}
+				defer func() { _ = tx.Rollback() }()
+				_, err = a.LockSQLTx(ctx, tx, "report")
+				done <- err
+			}()
+		} else {
+			go func() {
+				tx, err := far.Begin(ctx)
+				if err != nil {
 					done <- err
-				}()
-			}
-			waiting := func() int {
-				var n int
-				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
-					WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()`).Scan(&n))
-				return n
-			}
-			waitFor(t, b, "the lock waiting", func() bool { return waiting() == 1 })
-			proxy.delay.Store(int64(100 * time.Millisecond))
-			cancel()
-			require.ErrorIs(t, <-done, context.Canceled)
-			stillWaiting := waiting()
-			require.NoError(t, hold.Commit(b.Ctx)) // the holder lets go just after
-			err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
-				_, err := a.TryLockTx(b.Ctx, tx, "report")
-				return err
-			})
-			require.NoError(t, err, "the lock is held by the wait of a call that returned ctx's error before (%d waiting when it returned)", stillWaiting)
+					return
+				}
+				defer func() { _ = tx.Rollback(context.Background()) }()
+				_, err = a.LockTx(ctx, tx, "report")
+				done <- err
+			}()
+		}
+		waiting := func() int {
+			var n int
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_locks AS l JOIN pg_database AS d ON d.oid = l.database
+				WHERE l.locktype = 'advisory' AND NOT l.granted AND d.datname = current_database()`).Scan(&n))
+			return n
+		}
+		waitFor(t, b, "the lock waiting", func() bool { return waiting() == 1 })
+		proxy.delay.Store(int64(100 * time.Millisecond))
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		stillWaiting := waiting()
+		require.NoError(t, hold.Commit(b.Ctx)) // the holder lets go just after
+		err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error {
+			_, err := a.TryLockTx(b.Ctx, tx, "report")
+			return err
 		})
-	}
+		require.NoError(t, err, "the lock is held by the wait of a call that returned ctx's error before (%d waiting when it returned)", stillWaiting)
+	})
 }
 
 // TryRunLockedSQL whose ctx ends after its grant ran on the server but before the reply came
 // back (a slow link): the call gives up without running fn, and returns only once the
 // abandoned transaction no longer holds the row, as the pgx form (control) does.
 func TestTryRunLockedSQLCancelledAfterGrantFreesRowOnReturn(t *testing.T) {
-	t.Parallel()
 	const latency = 300 * time.Millisecond
-	for _, form := range []string{"SQL", "PgxControl"} {
-		t.Run(form, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			proxy, proxyURL := newLatencyProxy(t, b.DB.URL)
-			l := newLessor(t, b.Pool, "a")
-			require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
-			ctx, cancel := context.WithCancel(b.Ctx)
-			defer cancel()
-			ran := make(chan struct{}, 1)
-			fn := func() { ran <- struct{}{} }
-			done := make(chan error, 1)
-			if form == "SQL" {
-				sqlDB, err := sql.Open("pgx", proxyURL)
-				require.NoError(t, err)
-				t.Cleanup(func() { _ = sqlDB.Close() })
-				require.NoError(t, sqlDB.PingContext(b.Ctx))
-				proxy.back.Store(int64(latency))
-				go func() {
-					done <- l.TryRunLockedSQL(ctx, sqlDB, "job", func(context.Context, *sql.Tx, fencelock.Token) error { fn(); return nil })
-				}()
-			} else {
-				far := newPool(t, b.Ctx, proxyURL)
-				require.NoError(t, far.Ping(b.Ctx))
-				lf := newLessor(t, far, "a")
-				proxy.back.Store(int64(latency))
-				go func() {
-					done <- lf.TryRunLocked(ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { fn(); return nil })
-				}()
-			}
-			waitFor(t, b, "the grant done on the server, its reply in flight", func() bool {
-				var n int
-				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
-					WHERE datname = current_database() AND state = 'idle in transaction' AND query LIKE '-- name: LeaseGrant%'`).Scan(&n))
-				return n == 1
-			})
-			proxy.delay.Store(int64(latency))
-			cancel()
-			err := <-done
-			returned := time.Now()
-			require.ErrorIs(t, err, context.Canceled)
-			require.Empty(t, ran, "fn ran")
-			requireRowFreeOnReturn(t, b, "job", returned, err)
+	overSlowLink(t, "PgxControl", func(t *testing.T, b *bundle, proxy *latencyProxy, sqlDB *sql.DB, far *pgxpool.Pool) {
+		l := newLessor(t, b.Pool, "a")
+		require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+		ctx, cancel := context.WithCancel(b.Ctx)
+		defer cancel()
+		ran := make(chan struct{}, 1)
+		fn := func() { ran <- struct{}{} }
+		done := make(chan error, 1)
+		if sqlDB != nil {
+			require.NoError(t, sqlDB.PingContext(b.Ctx))
+			proxy.back.Store(int64(latency))
+			go func() {
+				done <- l.TryRunLockedSQL(ctx, sqlDB, "job", func(context.Context, *sql.Tx, fencelock.Token) error { fn(); return nil })
+			}()
+		} else {
+			require.NoError(t, far.Ping(b.Ctx))
+			lf := newLessor(t, far, "a")
+			proxy.back.Store(int64(latency))
+			go func() {
+				done <- lf.TryRunLocked(ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { fn(); return nil })
+			}()
+		}
+		waitFor(t, b, "the grant done on the server, its reply in flight", func() bool {
+			var n int
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND state = 'idle in transaction' AND query LIKE '-- name: LeaseGrant%'`).Scan(&n))
+			return n == 1
 		})
-	}
+		proxy.delay.Store(int64(latency))
+		cancel()
+		err := <-done
+		returned := time.Now()
+		require.ErrorIs(t, err, context.Canceled)
+		require.Empty(t, ran, "fn ran")
+		requireRowFreeOnReturn(t, b, "job", returned, err)
+	})
 }
 
 // RunLockedSQL and TryRunLockedSQL with a ctx that has already ended return ctx's error and
 // run nothing; the same lessor then runs fn with a live ctx.
 func TestRunLockedSQLEndedContextRunsNothing(t *testing.T) {
-	t.Parallel()
-	for _, w := range sqlWirings {
-		t.Run(w.desc, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			sqlDB := w.open(t, b)
-			l := newLessor(t, b.Pool, "a")
-			ctx, cancel := context.WithCancel(b.Ctx)
-			cancel()
-			ran := false
-			fn := func(context.Context, *sql.Tx, fencelock.Token) error { ran = true; return nil }
-			require.ErrorIs(t, l.RunLockedSQL(ctx, sqlDB, "job", fn), context.Canceled)
-			require.ErrorIs(t, l.TryRunLockedSQL(ctx, sqlDB, "job", fn), context.Canceled)
-			require.False(t, ran)
-			require.NoError(t, l.TryRunLockedSQL(b.Ctx, sqlDB, "job", fn))
-			require.True(t, ran)
-		})
-	}
+	forEachSQLWiring(t, func(t *testing.T, b *bundle, sqlDB *sql.DB) {
+		l := newLessor(t, b.Pool, "a")
+		ctx, cancel := context.WithCancel(b.Ctx)
+		cancel()
+		ran := false
+		fn := func(context.Context, *sql.Tx, fencelock.Token) error { ran = true; return nil }
+		require.ErrorIs(t, l.RunLockedSQL(ctx, sqlDB, "job", fn), context.Canceled)
+		require.ErrorIs(t, l.TryRunLockedSQL(ctx, sqlDB, "job", fn), context.Canceled)
+		require.False(t, ran)
+		require.NoError(t, l.TryRunLockedSQL(b.Ctx, sqlDB, "job", fn))
+		require.True(t, ran)
+	})
 }

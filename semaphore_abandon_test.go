@@ -22,17 +22,7 @@ import (
 func TestSemaphoreCancelledMidGrantLeavesNothing(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	pool, refuseNextDial := poolRefusingCancel(t, b)
-	s, err := fencelock.NewSemaphore(newLessor(t, pool, "sem-mid"), "sem:mid", 1)
-	require.NoError(t, err)
-	_, err = s.SetLimit(b.Ctx, 1) // the row to block on
-	require.NoError(t, err)
-	defer holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:mid' FOR UPDATE`)()
-	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
-	defer cancel()
-	refuseNextDial()
-	_, err = s.TryAcquire(ctx, 10*time.Second)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	cutShortOnBlockedRow(t, b, "sem-mid", "sem:mid", (*fencelock.Semaphore).TryAcquire)
 	var held, ended int
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FILTER (WHERE expires_at > clock_timestamp()), count(*) FILTER (WHERE expires_at <= clock_timestamp())
 		FROM fencelock.leases WHERE holder = 'sem-mid'`).Scan(&held, &ended))
@@ -120,15 +110,7 @@ func TestSemaphoreAbandonedWaitLeavesNoPlace(t *testing.T) {
 	h := newSemaphore(t, b, "sem-ghost-h", "sem:ghost", 1)
 	held, err := h.TryAcquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
-	pool, refuseNextDial := poolRefusingCancel(t, b)
-	w, err := fencelock.NewSemaphore(newLessor(t, pool, "sem-ghost-w"), "sem:ghost", 1)
-	require.NoError(t, err)
-	defer holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = 'sem:ghost' FOR UPDATE`)()
-	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
-	defer cancel()
-	refuseNextDial()
-	_, err = w.Acquire(ctx, 10*time.Second)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	cutShortOnBlockedRow(t, b, "sem-ghost-w", "sem:ghost", (*fencelock.Semaphore).Acquire)
 	require.Zero(t, semState(t, b, h).Waiting, "a place left in the queue")
 	require.NoError(t, held.Release(b.Ctx))
 	p, err := newSemaphore(t, b, "sem-ghost-t", "sem:ghost", 1).TryAcquire(b.Ctx, time.Second)
@@ -215,6 +197,25 @@ func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 	wg.Wait()
 	t.Logf("%d grants checked, %d attempts cut short", grants.Load(), cut.Load())
 	require.Positive(t, cut.Load())
+}
+
+// cutShortOnBlockedRow calls call (a TryAcquire or an Acquire with a 10 s TTL) on semaphore
+// name (limit 1) of a lessor of holder whose cancel requests are lost, while the semaphore's
+// row is locked FOR UPDATE for 300 ms, with a ctx that ends after 100 ms: the call must
+// return ctx's error; the statement goes on on the server once the row is free.
+func cutShortOnBlockedRow(t *testing.T, b *bundle, holder, name string, call func(*fencelock.Semaphore, context.Context, time.Duration) (*fencelock.Lease, error)) {
+	t.Helper()
+	pool, refuseNextDial := poolRefusingCancel(t, b)
+	s, err := fencelock.NewSemaphore(newLessor(t, pool, holder), name, 1)
+	require.NoError(t, err)
+	_, err = s.SetLimit(b.Ctx, 1) // the row to block on, when the semaphore is new
+	require.NoError(t, err)
+	t.Cleanup(holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = '`+name+`' FOR UPDATE`))
+	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
+	defer cancel()
+	refuseNextDial()
+	_, err = call(s, ctx, 10*time.Second)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
 // holdFor runs sql in a transaction of its own and commits it d later, in the background: the

@@ -39,6 +39,25 @@ func rvAcquire(t *testing.T, ctx context.Context, q rvQuerier, sem, who string, 
 	return a
 }
 
+// rvWait is a waiter of rvFull: its holder id, wait id and NOTIFY channel ("" for none).
+type rvWait struct {
+	holder  string
+	wait    int64
+	channel string
+}
+
+// rvFull sets semaphore sem's limit to 1, grants its permit to "a" (wait id 1) and queues each
+// of waits in order, all with ttl, failing the test unless each outcome is a grant, then a
+// queued wait.
+func rvFull(t *testing.T, ctx context.Context, q rvQuerier, sem string, ttl time.Duration, waits ...rvWait) {
+	t.Helper()
+	rvExec(t, ctx, q, `SELECT fencelock.semaphore_set_limit($1, 1)`, sem)
+	require.EqualValues(t, 1, rvAcquire(t, ctx, q, sem, "a", 1, ttl, false, "").outcome)
+	for _, w := range waits {
+		require.EqualValues(t, 4, rvAcquire(t, ctx, q, sem, w.holder, w.wait, ttl, true, w.channel).outcome)
+	}
+}
+
 func rvAcquireErr(ctx context.Context, q rvQuerier, sem, who string, wait int64, ttl time.Duration, queue bool, channel string) (rvAttempt, error) {
 	var a rvAttempt
 	err := q.QueryRow(ctx, `SELECT outcome, coalesce(name, ''), token, ahead, remaining_us
@@ -162,9 +181,7 @@ func TestSemaphoreGrantedAndHandedSameWaitSQL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.Ctx
-	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv1', 1)`)
-	require.EqualValues(t, 1, rvAcquire(t, ctx, b.Pool, "rv1", "a", 1, 10*time.Second, false, "").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv1", "w", 100, 10*time.Second, true, "").outcome)
+	rvFull(t, ctx, b.Pool, "rv1", 10*time.Second, rvWait{"w", 100, ""})
 
 	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -266,10 +283,7 @@ func TestSemaphoreDispatchSkipsRefreshingWaiter(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	ctx := b.Ctx
-	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv3', 1)`)
-	require.EqualValues(t, 1, rvAcquire(t, ctx, b.Pool, "rv3", "a", 1, 20*time.Second, false, "").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv3", "w1", 101, 20*time.Second, true, "rvc1").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv3", "w2", 102, 20*time.Second, true, "rvc2").outcome)
+	rvFull(t, ctx, b.Pool, "rv3", 20*time.Second, rvWait{"w1", 101, "rvc1"}, rvWait{"w2", 102, "rvc2"})
 	collect := rvListen(t, b, "rvc1", "rvc2")
 
 	tx, err := b.Pool.Begin(ctx) // W2 refreshing its place: its row is locked
@@ -340,9 +354,7 @@ func TestSemaphoreGiveTokenGoesBackwards(t *testing.T) {
 			RETURN NEW;
 		END $$`)
 	rvExec(t, ctx, b.Pool, `CREATE TRIGGER rv_slow BEFORE INSERT ON fencelock.leases FOR EACH ROW EXECUTE FUNCTION rv_slow()`)
-	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv5', 1)`)
-	require.EqualValues(t, 1, rvAcquire(t, ctx, b.Pool, "rv5", "a", 1, 20*time.Second, false, "").outcome)
-	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv5", "w", 100, 20*time.Second, true, "").outcome)
+	rvFull(t, ctx, b.Pool, "rv5", 20*time.Second, rvWait{"w", 100, ""})
 
 	done := make(chan error, 1)
 	go func() {

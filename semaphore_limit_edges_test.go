@@ -181,29 +181,18 @@ func TestSemaphoreCostAfterLowerLimit(t *testing.T) {
 	b := setup(t)
 	ctx := b.Ctx
 	const n = 10_000
-	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rvc', $1)`, n)
 	// n-2 permits held for an hour (as TryAcquires would leave them), slots 0 and 1 free.
-	rvExec(t, ctx, b.Pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
-		SELECT 'rvc#' || i, 'filler', fencelock.next_token(false), clock_timestamp(), clock_timestamp() + interval '1 hour'
-		FROM generate_series(2, $1 - 1) AS i`, n)
-	rvExec(t, ctx, b.Pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = 'rvc' AND slot > 1`)
-	rvExec(t, ctx, b.Pool, `VACUUM ANALYZE fencelock.leases`)
-	l := newLessor(t, b.Pool, "rvc-l")
-	s, err := fencelock.NewSemaphore(l, "rvc", n)
-	require.NoError(t, err)
+	s := fillPermits(t, b, "rvc", n, 2, false)
 	measure := func() time.Duration {
-		const k = 50
-		start := time.Now()
-		for range k {
+		return timePerCall(50, func() {
 			p, err := s.TryAcquire(ctx, time.Minute)
 			require.NoError(t, err)
 			require.NoError(t, p.Release(ctx))
-		}
-		return time.Since(start) / k
+		})
 	}
 	measure()
 	before := measure()
-	_, err = s.SetLimit(ctx, n-1) // rvc#9999 stays held: counting until it ends
+	_, err := s.SetLimit(ctx, n-1) // rvc#9999 stays held: counting until it ends
 	require.NoError(t, err)
 	after := measure()
 	t.Logf("grant + release at limit %d: %v; after lowering the limit by one: %v (x%.1f)", n, before, after, float64(after)/float64(before))
@@ -217,23 +206,13 @@ func TestSemaphoreCostReclaimWhileGuarded(t *testing.T) {
 	b := setup(t)
 	ctx := b.Ctx
 	const n = 10_000
-	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rvg', $1)`, n)
-	rvExec(t, ctx, b.Pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
-		SELECT 'rvg#' || i, 'filler', fencelock.next_token(false), clock_timestamp(),
-		       clock_timestamp() + CASE WHEN i = 0 THEN interval '0' ELSE interval '1 hour' END
-		FROM generate_series(0, $1 - 1) AS i`, n)
-	rvExec(t, ctx, b.Pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = 'rvg'`)
-	rvExec(t, ctx, b.Pool, `VACUUM ANALYZE fencelock.leases`)
-	s, err := fencelock.NewSemaphore(newLessor(t, b.Pool, "rvg-l"), "rvg", n)
-	require.NoError(t, err)
+	// All n permits held for an hour but rvg#0, expired; none free.
+	s := fillPermits(t, b, "rvg", n, 0, true)
 	measure := func() time.Duration {
-		const k = 40
-		start := time.Now()
-		for range k {
+		return timePerCall(40, func() {
 			_, err := s.TryAcquire(ctx, time.Minute)
 			require.ErrorIs(t, err, fencelock.ErrNotAcquired)
-		}
-		return time.Since(start) / k
+		})
 	}
 	// rvg#0 expired, its row locked FOR KEY SHARE (as GuardTx holds it).
 	tx, err := b.Pool.Begin(ctx)
@@ -273,4 +252,30 @@ func TestSemaphoreCostReclaimWhileGuarded(t *testing.T) {
 	measure()
 	full := measure()
 	t.Logf("refused try at limit %d, all held: %v; with one expired permit guarded: %v (x%.1f)", n, full, guarded, float64(guarded)/float64(full))
+}
+
+// fillPermits sets semaphore name's limit to n and fills permits lo..n-1 with rows held by
+// "filler" for an hour (permit lo already expired when loExpired), none of them on the free
+// list, then analyzes the leases table, and returns a Semaphore of name for a lessor of its own.
+func fillPermits(t *testing.T, b *bundle, name string, n, lo int, loExpired bool) *fencelock.Semaphore {
+	t.Helper()
+	rvExec(t, b.Ctx, b.Pool, `SELECT fencelock.semaphore_set_limit($1, $2)`, name, n)
+	rvExec(t, b.Ctx, b.Pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
+		SELECT $1 || '#' || i, 'filler', fencelock.next_token(false), clock_timestamp(),
+		       clock_timestamp() + CASE WHEN i = $3 AND $4 THEN interval '0' ELSE interval '1 hour' END
+		FROM generate_series($3::int, $2 - 1) AS i`, name, n, lo, loExpired)
+	rvExec(t, b.Ctx, b.Pool, `DELETE FROM fencelock.semaphore_free WHERE semaphore = $1 AND slot >= $2`, name, lo)
+	rvExec(t, b.Ctx, b.Pool, `VACUUM ANALYZE fencelock.leases`)
+	s, err := fencelock.NewSemaphore(newLessor(t, b.Pool, name+"-l"), name, n)
+	require.NoError(t, err)
+	return s
+}
+
+// timePerCall returns the mean wall time of k calls of call, one after another.
+func timePerCall(k int, call func()) time.Duration {
+	start := time.Now()
+	for range k {
+		call()
+	}
+	return time.Since(start) / time.Duration(k)
 }
