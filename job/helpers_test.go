@@ -1,8 +1,6 @@
 package job_test
 
 import (
-	"testing"
-
 	"github.com/fencelock/fencelock/internal/pgserver"
 	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
@@ -22,7 +20,4 @@ var setup = testkit.Setup
 var newLessor = fencetest.NewLessor
 
 // waitFor polls cond every 5 ms until it holds, failing the test when b's context ends first.
-func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
-	t.Helper()
-	testkit.WaitFor(t, b.Ctx, what, cond)
-}
+var waitFor = testkit.BundleWaitFor[*pgserver.DB]

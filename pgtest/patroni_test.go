@@ -180,13 +180,20 @@ func mustNodeURL(t *testing.T, c *pgtest.PatroniCluster, node string) string {
 func pgxConnectScan2(t *testing.T, url string) (int, error) {
 	ctx, cancel := context.WithTimeout(testContext(t), 2*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close(ctx)
 	var one int
-	return one, conn.QueryRow(ctx, `SELECT 1`).Scan(&one)
+	err := connectScan(ctx, url, `SELECT 1`, &one)
+	return one, err
+}
+
+// needPatroni skips t in -short mode, runs it in parallel, and skips it without Patroni's
+// programs (pgtest.NeedPatroni).
+func needPatroni(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs PostgreSQL")
+	}
+	t.Parallel()
+	pgtest.NeedPatroni(t)
 }
 
 func TestStartPatroni_Errors(t *testing.T) {
@@ -205,11 +212,7 @@ func TestStartPatroni_Errors(t *testing.T) {
 // TestStartPatroni_Close runs a one-member cluster's whole life without testing.T helpers, with
 // a setting, and checks that Close leaves no server behind.
 func TestStartPatroni_Close(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs PostgreSQL")
-	}
-	t.Parallel()
-	pgtest.NeedPatroni(t)
+	needPatroni(t)
 	ctx := testContext(t)
 	began := time.Now()
 	c, err := pgtest.StartPatroni(ctx, 1, pgtest.WithSetting("application_name", "pgtest_patroni"))
@@ -245,11 +248,7 @@ func TestStartPatroni_Close(t *testing.T) {
 // both by the janitor. (etcd and Patroni get the parent-death signal; this test does not
 // check their ports.)
 func TestPatroniDiesWithTestBinary(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs PostgreSQL")
-	}
-	t.Parallel()
-	pgtest.NeedPatroni(t)
+	needPatroni(t)
 	cmd, tmp, url := startHangingChild(t, "patroni")
 	hosts, _, _ := strings.Cut(strings.TrimPrefix(url, "postgres://postgres@"), "/")
 	addrs := strings.Split(hosts, ",")

@@ -1,7 +1,6 @@
 package pgtest_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -19,14 +18,7 @@ import (
 // a PgBouncer older than 1.21 in transaction or statement mode must.
 func connectExec(t *testing.T, url string) *pgx.Conn {
 	t.Helper()
-	ctx := testContext(t)
-	cfg, err := pgx.ParseConfig(url)
-	require.NoError(t, err)
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeExec
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	return conn
+	return connect(t, url, func(cfg *pgx.ConnConfig) { cfg.DefaultQueryExecMode = pgx.QueryExecModeExec })
 }
 
 func TestNewPgBouncer_TransactionPool(t *testing.T) {

@@ -34,6 +34,21 @@ func testContext(t *testing.T) context.Context {
 	return ctx
 }
 
+// connect opens a connection to url, its config first changed by configure (if any), and
+// closes it at test cleanup.
+func connect(t *testing.T, url string, configure ...func(*pgx.ConnConfig)) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(url)
+	require.NoError(t, err)
+	for _, f := range configure {
+		f(cfg)
+	}
+	conn, err := pgx.ConnectConfig(testContext(t), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
 func TestNewDB(t *testing.T) {
 	t.Parallel()
 
@@ -77,9 +92,7 @@ func TestNewDB(t *testing.T) {
 		t.Parallel()
 		ctx := testContext(t)
 		db := pgtest.NewDB(t)
-		conn, err := pgx.Connect(ctx, db.URL)
-		require.NoError(t, err)
-		defer conn.Close(ctx)
+		conn := connect(t, db.URL)
 		var current string
 		require.NoError(t, conn.QueryRow(ctx, `SELECT current_database()`).Scan(&current))
 		require.Equal(t, db.Name, current)
@@ -91,10 +104,8 @@ func TestServer_TerminateBackend(t *testing.T) {
 	ctx := testContext(t)
 	db := pgtest.NewDB(t)
 
-	victim, err := pgx.Connect(ctx, db.URL)
-	require.NoError(t, err)
-	defer victim.Close(ctx)
-	_, err = victim.Exec(ctx, `SELECT 1`)
+	victim := connect(t, db.URL)
+	_, err := victim.Exec(ctx, `SELECT 1`)
 	require.NoError(t, err)
 
 	require.NoError(t, db.Server.TerminateBackend(ctx, victim.PgConn().PID()))
@@ -122,9 +133,7 @@ func TestServer_CrashRestart(t *testing.T) {
 	require.ErrorContains(t, srv.Crash(ctx), "not running")
 
 	require.NoError(t, srv.Restart(ctx))
-	conn, err := pgx.Connect(ctx, db.URL)
-	require.NoError(t, err)
-	defer conn.Close(ctx)
+	conn := connect(t, db.URL)
 	var holder string
 	require.NoError(t, conn.QueryRow(ctx, `SELECT holder FROM fencelock.leases WHERE name = 'committed'`).Scan(&holder))
 	require.Equal(t, "a", holder, "a commit before the crash survives it")
@@ -139,9 +148,7 @@ func TestWithSetting(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	srv := pgtest.NewServer(t, pgtest.WithSetting("synchronous_commit", "off"), pgtest.WithSetting("work_mem", "8MB"))
-	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
+	conn := connect(t, srv.URL("postgres"))
 
 	for name, want := range map[string]string{
 		"synchronous_commit": "off",
@@ -344,10 +351,8 @@ func TestExistingServer(t *testing.T) {
 	t.Parallel()
 	ctx := testContext(t)
 	srv := pgtest.NewServer(t)
-	conn, err := pgx.Connect(ctx, srv.URL("postgres"))
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	_, err = conn.Exec(ctx, `CREATE ROLE creator LOGIN CREATEDB; CREATE ROLE plain LOGIN`)
+	conn := connect(t, srv.URL("postgres"))
+	_, err := conn.Exec(ctx, `CREATE ROLE creator LOGIN CREATEDB; CREATE ROLE plain LOGIN`)
 	require.NoError(t, err)
 	cfg := conn.Config()
 

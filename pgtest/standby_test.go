@@ -1,6 +1,7 @@
 package pgtest_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -39,14 +40,19 @@ func TestServer_NewStandby(t *testing.T) {
 	t.Logf("NewStandby: %v", time.Since(began))
 	require.NotEqual(t, primary.URL("postgres"), standby.URL("postgres"))
 
-	t.Run("DatabaseCreatedBeforeIsThere", func(t *testing.T) {
-		conn, err := pgx.Connect(ctx, standby.URL(before.Name))
-		require.NoError(t, err)
-		defer conn.Close(ctx)
+	// requireReplicated checks that the standby has the primary's lease name in database, and
+	// refuses a write there.
+	requireReplicated := func(t *testing.T, database, name string) {
+		t.Helper()
+		conn := connect(t, standby.URL(database))
 		var holder string
-		require.NoError(t, conn.QueryRow(ctx, `SELECT holder FROM fencelock.leases WHERE name = 'before'`).Scan(&holder))
+		require.NoError(t, conn.QueryRow(ctx, `SELECT holder FROM fencelock.leases WHERE name = $1`, name).Scan(&holder))
 		require.Equal(t, "primary", holder)
 		requireReadOnly(t, conn)
+	}
+
+	t.Run("DatabaseCreatedBeforeIsThere", func(t *testing.T) {
+		requireReplicated(t, before.Name, "before")
 	})
 
 	t.Run("WaitReplay", func(t *testing.T) {
@@ -56,14 +62,7 @@ func TestServer_NewStandby(t *testing.T) {
 		began := time.Now()
 		require.NoError(t, primary.WaitReplay(ctx, standby))
 		t.Logf("WaitReplay: %v", time.Since(began))
-
-		conn, err := pgx.Connect(ctx, standby.URL(after.Name))
-		require.NoError(t, err)
-		defer conn.Close(ctx)
-		var holder string
-		require.NoError(t, conn.QueryRow(ctx, `SELECT holder FROM fencelock.leases WHERE name = 'after'`).Scan(&holder))
-		require.Equal(t, "primary", holder)
-		requireReadOnly(t, conn)
+		requireReplicated(t, after.Name, "after")
 	})
 
 	t.Run("NoDatabasesOnStandby", func(t *testing.T) {
@@ -84,9 +83,7 @@ func TestServer_NewStandby(t *testing.T) {
 		_, err := pgx.Connect(ctx, standby.URL(before.Name))
 		require.Error(t, err, "the standby is down")
 		require.NoError(t, standby.Restart(ctx))
-		conn, err := pgx.Connect(ctx, standby.URL(before.Name))
-		require.NoError(t, err)
-		defer conn.Close(ctx)
+		conn := connect(t, standby.URL(before.Name))
 		requireReadOnly(t, conn)
 		_, err = before.Pool.Exec(ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at) VALUES ('restarted', 'primary', now(), now() + interval '1 minute')`)
 		require.NoError(t, err)
@@ -136,7 +133,12 @@ func requireReadOnlyServer(t *testing.T, conn *pgx.Conn) {
 
 // pgxConnectScan runs query on a new connection to url and scans its one row into dest.
 func pgxConnectScan(t *testing.T, url, query string, dest ...any) error {
-	ctx := testContext(t)
+	return connectScan(testContext(t), url, query, dest...)
+}
+
+// connectScan runs query on a new connection to url, made within ctx, and scans its one row
+// into dest.
+func connectScan(ctx context.Context, url, query string, dest ...any) error {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return err

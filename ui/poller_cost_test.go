@@ -16,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/testkit"
-	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/ui"
 )
 
@@ -70,8 +69,7 @@ func TestNoPollAfterTheLastPageLeaves(t *testing.T) {
 func TestPageOfIdlePollerAnswers(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
-	_, err := fencetest.NewLessor(t, b.Pool, "idle-holder").TryAcquire(b.Ctx, "idle:1", time.Minute)
-	require.NoError(t, err)
+	hold(t, b, "idle-holder", "idle:1")
 	h, err := ui.New(b.Pool, ui.WithInterval(time.Minute))
 	require.NoError(t, err)
 	base := serve(t, h)
@@ -95,8 +93,7 @@ func TestPageOfIdlePollerAnswers(t *testing.T) {
 func TestPageBeforeTheFirstSnapshot(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
-	_, err := fencetest.NewLessor(t, b.Pool, "real-holder").TryAcquire(b.Ctx, "slow:1", time.Minute)
-	require.NoError(t, err)
+	hold(t, b, "real-holder", "slow:1")
 	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(context.WithoutCancel(b.Ctx)) //nolint:errcheck // after Rollback, a no-op

@@ -26,16 +26,24 @@ import (
 	"github.com/fencelock/fencelock/ui"
 )
 
-// rvDoor serves a writable view on b and returns its base URL and good headers.
+// doorOpen serves a writable view on b and returns its base URL and good headers.
 func doorOpen(t *testing.T, b *bundle, opts ...ui.Option) (string, http.Header) {
 	t.Helper()
-	base := serve(t, newHandler(t, b.Pool, append([]ui.Option{ui.WithForcedRelease(b.Pool, ui.SecretAuthorizer(secret))}, opts...)...))
+	return doorOn(t, b, b.Pool, opts...)
+}
+
+// doorOn serves a view on b whose forced release writes through writer, and returns its base
+// URL and good headers: the page's CSRF token, the secret, a same-origin request.
+func doorOn(t *testing.T, b *bundle, writer *pgxpool.Pool, opts ...ui.Option) (string, http.Header) {
+	t.Helper()
+	base := serve(t, newHandler(t, b.Pool, append([]ui.Option{ui.WithForcedRelease(writer, ui.SecretAuthorizer(secret))}, opts...)...))
 	m := csrfMeta.FindStringSubmatch(get(t, b.Ctx, base))
-	require.NotNil(t, m)
+	require.NotNil(t, m, "the page carries its CSRF token")
 	return base, http.Header{"X-Fencelock-Csrf": {m[1]}, "Authorization": {"Bearer " + secret}, "Sec-Fetch-Site": {"same-origin"}}
 }
 
-// rvRaw sends method to base+"release" with body and headers, returns status and body.
+// rawRelease sends method to u with body and headers h (as a form), and returns the status
+// and body of the response.
 func rawRelease(t *testing.T, ctx context.Context, method, u string, h http.Header, body io.Reader) (int, string) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, method, u, body)
@@ -82,15 +90,10 @@ func readState(t *testing.T, ctx context.Context, b *bundle) dbState {
 func TestReleaseRefusesBadInputBeforeSQL(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
-	lease, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "door:1", time.Minute)
-	require.NoError(t, err)
-	tok := fmt.Sprint(int64(lease.Token()))
+	tok := fmt.Sprint(int64(hold(t, b, "worker-1", "door:1").Token()))
 	tr := &countingTracer{}
 	writer := testkit.NewPool(t, b.Ctx, b.DB.URL, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
-	base := serve(t, newHandler(t, b.Pool, ui.WithForcedRelease(writer, ui.SecretAuthorizer(secret))))
-	m := csrfMeta.FindStringSubmatch(get(t, b.Ctx, base))
-	require.NotNil(t, m)
-	good := http.Header{"X-Fencelock-Csrf": {m[1]}, "Authorization": {"Bearer " + secret}, "Sec-Fetch-Site": {"same-origin"}}
+	base, good := doorOn(t, b, writer)
 	before := readState(t, b.Ctx, b)
 
 	form := func(kv ...string) string {
@@ -147,8 +150,7 @@ func TestReleaseOfNoGrantChangesNothing(t *testing.T) {
 	require.Equal(t, before, readState(t, b.Ctx, b), "nothing changed")
 
 	// A forced mark (row held by 'fencelock force-release') named by its token and holder.
-	l, err := fencetest.NewLessor(t, b.Pool, "w").TryAcquire(b.Ctx, "marked:1", time.Minute)
-	require.NoError(t, err)
+	l := hold(t, b, "w", "marked:1")
 	var newTok int64
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT new_token FROM fencelock.force_release('marked:1', '{}', $1)`, int64(l.Token())).Scan(&newTok))
 	before = readState(t, b.Ctx, b)
@@ -186,8 +188,7 @@ func TestReleaseOfWrongHolderChangesNothing(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
 	base, good := doorOpen(t, b)
-	l, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "wh:1", time.Minute)
-	require.NoError(t, err)
+	l := hold(t, b, "worker-1", "wh:1")
 	ctx, cancel := context.WithCancel(b.Ctx)
 	defer cancel()
 	go func() { _, _ = fencetest.NewLessor(t, b.Pool, "worker-2").Acquire(ctx, "wh:1", time.Minute) }()
@@ -208,8 +209,7 @@ func TestReleaseSentTwiceEndsOneGrant(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
 	base, good := doorOpen(t, b)
-	l, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "dbl:1", time.Minute)
-	require.NoError(t, err)
+	l := hold(t, b, "worker-1", "dbl:1")
 	var wg sync.WaitGroup
 	codes := make([]int, 8)
 	msgs := make([]string, 8)
@@ -240,8 +240,7 @@ func TestReleaseGivesUpOnGuardedTransaction(t *testing.T) {
 	b := testkit.Setup(t)
 	fencetest.CreateWrites(t, b.Ctx, b.Pool)
 	base, good := doorOpen(t, b)
-	l, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "guard:1", time.Minute)
-	require.NoError(t, err)
+	l := hold(t, b, "worker-1", "guard:1")
 
 	for _, mode := range []string{"GuardTx", "FenceTxOtherResource"} {
 		tx, err := b.Pool.Begin(b.Ctx)
@@ -339,8 +338,7 @@ func TestReleaseRefusesOtherOrigins(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
 	base, good := doorOpen(t, b)
-	l, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "origin:1", time.Minute)
-	require.NoError(t, err)
+	l := hold(t, b, "worker-1", "origin:1")
 	before := readState(t, b.Ctx, b)
 	for _, h := range []http.Header{
 		{"Origin": {"http://evil.example"}},

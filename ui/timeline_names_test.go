@@ -79,46 +79,51 @@ func TestTimelineNamesHowGrantsEnd(t *testing.T) {
 	sleepy := fencetest.NewLessor(t, b.Pool, "S", fencelock.WithoutHeartbeat())
 	ctx := b.Ctx
 	tok := func(l *fencelock.Lease) int64 { return int64(l.Token()) }
+	// open opens the event stream of name's page, then grants name to lessor for ttl.
+	open := func(t *testing.T, lessor *fencelock.Lessor, name string, ttl time.Duration) (<-chan string, *fencelock.Lease) {
+		t.Helper()
+		s := events(t, ctx, base, "name", name)
+		l, err := lessor.TryAcquire(ctx, name, ttl)
+		require.NoError(t, err)
+		return s, l
+	}
 	// settle waits until the name's page shows the grant held: a poll saw it.
 	settle := func(s <-chan string, holder string, l *fencelock.Lease) {
 		awaitGrants(t, s, 10*time.Second, []grantSeen{{holder, tok(l), "held"}})
 	}
+	// grantToB has B wait for name; the channel delivers B's grant.
+	grantToB := func(name string) <-chan *fencelock.Lease {
+		return testkit.Async(func() *fencelock.Lease { l2, _ := bl.Acquire(ctx, name, time.Minute); return l2 })
+	}
+	// expect checks that the name's page shows want within 5 s.
+	expect := func(t *testing.T, s <-chan string, label string, want ...grantSeen) {
+		t.Helper()
+		checkGrants(t, label, awaitGrants(t, s, 5*time.Second, want), want)
+	}
 
 	t.Run("Release", func(t *testing.T) {
-		s := events(t, ctx, base, "name", "n:rel")
-		l, err := a.TryAcquire(ctx, "n:rel", time.Minute)
-		require.NoError(t, err)
+		s, l := open(t, a, "n:rel", time.Minute)
 		settle(s, "A", l)
 		require.NoError(t, l.Release(ctx))
-		want := []grantSeen{{"A", tok(l), "released"}}
-		checkGrants(t, "release", awaitGrants(t, s, 5*time.Second, want), want)
+		expect(t, s, "release", grantSeen{"A", tok(l), "released"})
 	})
 	t.Run("Expiry", func(t *testing.T) {
-		s := events(t, ctx, base, "name", "n:exp")
-		l, err := sleepy.TryAcquire(ctx, "n:exp", time.Second)
-		require.NoError(t, err)
-		want := []grantSeen{{"S", tok(l), "expired"}}
-		checkGrants(t, "expiry", awaitGrants(t, s, 5*time.Second, want), want)
+		s, l := open(t, sleepy, "n:exp", time.Second)
+		expect(t, s, "expiry", grantSeen{"S", tok(l), "expired"})
 	})
 	t.Run("HandOffByRelease", func(t *testing.T) {
-		s := events(t, ctx, base, "name", "n:ho")
-		l, err := a.TryAcquire(ctx, "n:ho", time.Minute)
-		require.NoError(t, err)
-		got := testkit.Async(func() *fencelock.Lease { l2, _ := bl.Acquire(ctx, "n:ho", time.Minute); return l2 })
+		s, l := open(t, a, "n:ho", time.Minute)
+		got := grantToB("n:ho")
 		testkit.AwaitWaiters(t, ctx, b.Pool, "n:ho", 1)
 		settle(s, "A", l)
 		require.NoError(t, l.Release(ctx))
 		l2 := testkit.Receive(t, got, 10*time.Second, "B's grant")
-		want := []grantSeen{{"A", tok(l), "released"}, {"B", tok(l2), "held"}}
-		checkGrants(t, "hand-off by release", awaitGrants(t, s, 5*time.Second, want), want)
+		expect(t, s, "hand-off by release", grantSeen{"A", tok(l), "released"}, grantSeen{"B", tok(l2), "held"})
 		require.NoError(t, l2.Release(ctx))
 	})
 	t.Run("HandOffAfterExpiry", func(t *testing.T) {
-		s := events(t, ctx, base, "name", "n:hx")
-		l, err := sleepy.TryAcquire(ctx, "n:hx", time.Second)
-		require.NoError(t, err)
-		got := testkit.Async(func() *fencelock.Lease { l2, _ := bl.Acquire(ctx, "n:hx", time.Minute); return l2 })
-		l2 := testkit.Receive(t, got, 10*time.Second, "B's grant")
+		s, l := open(t, sleepy, "n:hx", time.Second)
+		l2 := testkit.Receive(t, grantToB("n:hx"), 10*time.Second, "B's grant")
 		// "expired" when a poll saw S's row lapse before B's grant replaced it, else "ended":
 		// the rows cannot tell a lapse from a renewal and a release then.
 		var seen []grantSeen
@@ -131,52 +136,40 @@ func TestTimelineNamesHowGrantsEnd(t *testing.T) {
 		require.NoError(t, l2.Release(ctx))
 	})
 	t.Run("ForcedSQLNoWaiter", func(t *testing.T) {
-		s := events(t, ctx, base, "name", "n:fs")
-		l, err := a.TryAcquire(ctx, "n:fs", time.Minute)
-		require.NoError(t, err)
+		s, l := open(t, a, "n:fs", time.Minute)
 		settle(s, "A", l)
 		var nt int64
 		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT new_token FROM fencelock.force_release('n:fs', '{}', $1)`, tok(l)).Scan(&nt))
-		want := []grantSeen{{"A", tok(l), "forced release"}, {"fencelock force-release", nt, "fenced"}}
-		checkGrants(t, "forced (SQL, no waiter)", awaitGrants(t, s, 5*time.Second, want), want)
+		expect(t, s, "forced (SQL, no waiter)", grantSeen{"A", tok(l), "forced release"}, grantSeen{"fencelock force-release", nt, "fenced"})
 	})
 	t.Run("ForcedSQLHandedOn", func(t *testing.T) {
-		s := events(t, ctx, base, "name", "n:fh")
-		l, err := a.TryAcquire(ctx, "n:fh", time.Minute)
-		require.NoError(t, err)
-		got := testkit.Async(func() *fencelock.Lease { l2, _ := bl.Acquire(ctx, "n:fh", time.Minute); return l2 })
+		s, l := open(t, a, "n:fh", time.Minute)
+		got := grantToB("n:fh")
 		testkit.AwaitWaiters(t, ctx, b.Pool, "n:fh", 1)
 		settle(s, "A", l)
-		_, err = b.Pool.Exec(ctx, `SELECT fencelock.force_release('n:fh', '{}', $1)`, tok(l))
+		_, err := b.Pool.Exec(ctx, `SELECT fencelock.force_release('n:fh', '{}', $1)`, tok(l))
 		require.NoError(t, err)
 		l2 := testkit.Receive(t, got, 10*time.Second, "B's grant")
-		want := []grantSeen{{"A", tok(l), "released"}, {"B", tok(l2), "held"}} // documented: shows as a release
-		checkGrants(t, "forced (SQL, handed on)", awaitGrants(t, s, 5*time.Second, want), want)
+		expect(t, s, "forced (SQL, handed on)", grantSeen{"A", tok(l), "released"}, grantSeen{"B", tok(l2), "held"}) // documented: shows as a release
 		require.NoError(t, l2.Release(ctx))
 	})
 	t.Run("ForcedByView", func(t *testing.T) {
-		s := events(t, ctx, base, "name", "n:fv")
-		l, err := a.TryAcquire(ctx, "n:fv", time.Minute)
-		require.NoError(t, err)
+		s, l := open(t, a, "n:fv", time.Minute)
 		settle(s, "A", l)
 		code, msg := releaseForm(t, ctx, base, good, "n:fv", "A", tok(l))
 		require.Equal(t, 200, code, msg)
 		var nt int64
 		require.NoError(t, b.Pool.QueryRow(ctx, `SELECT token FROM fencelock.leases WHERE name='n:fv'`).Scan(&nt))
-		want := []grantSeen{{"A", tok(l), "forced release"}, {"fencelock force-release", nt, "fenced"}}
-		checkGrants(t, "forced by the view", awaitGrants(t, s, 5*time.Second, want), want)
+		expect(t, s, "forced by the view", grantSeen{"A", tok(l), "forced release"}, grantSeen{"fencelock force-release", nt, "fenced"})
 	})
 	t.Run("RowDeletedWhileHeld", func(t *testing.T) {
-		s := events(t, ctx, base, "name", "n:del")
-		l, err := bl.TryAcquire(ctx, "n:del", time.Minute)
-		require.NoError(t, err)
+		s, l := open(t, bl, "n:del", time.Minute)
 		settle(s, "B", l)
-		_, err = b.Pool.Exec(ctx, `DELETE FROM fencelock.leases WHERE name='n:del'`)
+		_, err := b.Pool.Exec(ctx, `DELETE FROM fencelock.leases WHERE name='n:del'`)
 		require.NoError(t, err)
 		_, err = fencelock.SweepLeases(ctx, b.Pool, fencelock.MinSweepGrace)
 		require.NoError(t, err)
-		want := []grantSeen{{"B", tok(l), "ended"}}
-		checkGrants(t, "row deleted", awaitGrants(t, s, 5*time.Second, want), want)
+		expect(t, s, "row deleted", grantSeen{"B", tok(l), "ended"})
 	})
 }
 

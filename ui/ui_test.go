@@ -121,6 +121,14 @@ func awaitEvent(t *testing.T, ch <-chan string, limit time.Duration, what string
 	}
 }
 
+// hold returns the grant of name, for a minute, to a new lessor of holder on b's pool.
+func hold(t *testing.T, b *bundle, holder, name string) *fencelock.Lease {
+	t.Helper()
+	l, err := fencetest.NewLessor(t, b.Pool, holder).TryAcquire(b.Ctx, name, time.Minute)
+	require.NoError(t, err)
+	return l
+}
+
 func contains(subs ...string) func(string) bool {
 	return func(s string) bool {
 		for _, sub := range subs {
@@ -135,8 +143,7 @@ func contains(subs ...string) func(string) bool {
 func TestPagesShowWhatIsHeld(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
-	lease, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "payment:42", time.Minute)
-	require.NoError(t, err)
+	lease := hold(t, b, "worker-1", "payment:42")
 	base := serve(t, newHandler(t, b.Pool))
 
 	page := get(t, b.Ctx, base)
@@ -155,8 +162,7 @@ func TestPagesShowWhatIsHeld(t *testing.T) {
 func TestEventsFollowAHandOff(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
-	first, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "payment:7", time.Minute)
-	require.NoError(t, err)
+	first := hold(t, b, "worker-1", "payment:7")
 	base := serve(t, newHandler(t, b.Pool))
 	leases := events(t, b.Ctx, base, "leases", "")
 	timeline := events(t, b.Ctx, base, "name", "payment:7")
@@ -188,20 +194,14 @@ func TestEventsFollowAHandOff(t *testing.T) {
 func releaseForm(t *testing.T, ctx context.Context, base string, header http.Header, name, holder string, token int64, fence ...string) (int, string) {
 	t.Helper()
 	form := url.Values{"name": {name}, "holder": {holder}, "token": {fmt.Sprint(token)}, "fence": fence}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"release", strings.NewReader(form.Encode()))
-	require.NoError(t, err)
-	req.Header = header.Clone()
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
+	code, body := rawRelease(t, ctx, http.MethodPost, base+"release", header, strings.NewReader(form.Encode()))
 	var rep struct {
 		OK      bool   `json:"ok"`
 		Message string `json:"message"`
 	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&rep))
-	require.Equal(t, resp.StatusCode == http.StatusOK, rep.OK)
-	return resp.StatusCode, rep.Message
+	require.NoError(t, json.NewDecoder(strings.NewReader(body)).Decode(&rep))
+	require.Equal(t, code == http.StatusOK, rep.OK)
+	return code, rep.Message
 }
 
 var csrfMeta = regexp.MustCompile(`<meta name="fencelock-csrf" content="([0-9a-f]+)">`)
@@ -212,17 +212,13 @@ func TestForcedReleaseDoor(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
 	fencetest.CreateWrites(t, b.Ctx, b.Pool)
-	lease, err := fencetest.NewLessor(t, b.Pool, "worker-1").TryAcquire(b.Ctx, "payment:9", time.Minute)
-	require.NoError(t, err)
+	lease := hold(t, b, "worker-1", "payment:9")
 	token := int64(lease.Token())
 	require.NoError(t, fencetest.FencedWrite(b.Ctx, b.Pool, "payment:9", lease.Token()))
 
 	readOnly := serve(t, newHandler(t, b.Pool))
-	base := serve(t, newHandler(t, b.Pool, ui.WithForcedRelease(b.Pool, ui.SecretAuthorizer(secret))))
-	m := csrfMeta.FindStringSubmatch(get(t, b.Ctx, base))
-	require.NotNil(t, m, "the page carries its CSRF token")
-	csrf := m[1]
-	good := http.Header{"X-Fencelock-Csrf": {csrf}, "Authorization": {"Bearer " + secret}, "Sec-Fetch-Site": {"same-origin"}}
+	base, good := doorOpen(t, b)
+	csrf := good.Get("X-Fencelock-Csrf")
 	with := func(k, v string) http.Header { h := good.Clone(); h.Set(k, v); return h }
 	without := func(k string) http.Header { h := good.Clone(); h.Del(k); return h }
 
@@ -344,9 +340,8 @@ func TestReadOnlyRole(t *testing.T) {
 	t.Cleanup(h.Close) // before the role's pool closes and the role is dropped: registered later, runs first
 	base := serve(t, h)
 
-	_, err := fencetest.NewLessor(t, b.Pool, "w").TryAcquire(b.Ctx, "ro:1", time.Minute)
-	require.NoError(t, err)
-	_, err = fencetest.NewSemaphore(t, b.Pool, "w", "sem:ro", 3).TryAcquire(b.Ctx, time.Minute)
+	hold(t, b, "w", "ro:1")
+	_, err := fencetest.NewSemaphore(t, b.Pool, "w", "sem:ro", 3).TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err)
 	for _, p := range []string{"leases", "semaphores", "advisory", "elections", "jobs", "fences", "ratelimits"} {
 		s := events(t, b.Ctx, base, p, "")

@@ -61,11 +61,7 @@ func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
 		Mu:    &o.mu,
 		Clock: clk,
 		Slot:  func(x *lease) *Slot { return &x.slot },
-		State: func(x *lease) State {
-			x.mu.Lock()
-			defer x.mu.Unlock()
-			return State{Times: x.times, NextRenew: x.nextRenew, TrustUntil: x.trustUntil, Retrying: x.retrying}
-		},
+		State: (*lease).state,
 		Ended: func(x *lease) bool {
 			x.mu.Lock()
 			defer x.mu.Unlock()
@@ -100,15 +96,25 @@ func newOwner(clk timing.Clock) (*owner, *Renewer[*lease]) {
 	return o, r
 }
 
+// threeSecondHeartbeat are the times of most leases here: renewed every 3 s, a TTL of 9 s and
+// a margin of 1 s (queued 750 ms early; a window of 750 ms).
+var threeSecondHeartbeat = timing.Times{TTL: 9 * time.Second, Heartbeat: 3 * time.Second, Margin: time.Second}
+
+// onManualClock returns a new manual clock, and an owner and its renewer on it.
+func onManualClock() (*timingtest.ManualClock, *owner, *Renewer[*lease]) {
+	clk := timingtest.NewManualClock()
+	o, r := newOwner(clk)
+	return clk, o, r
+}
+
 // The heartbeat renews due leases in batches of at most maxBatch, with at most maxInFlight
 // statements at a time: with 2,000 leases due beyond what two full batches take, one round
 // takes two full batches and leaves 2,000 queued until a batch returns. A lease about to lapse is left to the trust
 // watch, and one that its holder renewed is queued again at its new time. (No database: the
 // renewal statements are never sent.) Moved from the root's heartbeat_internal_test.go.
 func TestHeartbeatTakeBatches(t *testing.T) {
-	clk := timingtest.NewManualClock()
-	o, r := newOwner(clk)
-	lt := timing.Times{TTL: 9 * time.Second, Heartbeat: 3 * time.Second, Margin: time.Second}
+	clk, o, r := onManualClock()
+	lt := threeSecondHeartbeat
 	start := clk.Now()
 	sent := start.Add(-3 * time.Second) // granted a heartbeat ago: due now
 	add := func(name string, sent time.Time) *lease {
@@ -155,8 +161,7 @@ func TestHeartbeatTakeBatches(t *testing.T) {
 // trust watch ends a lease whose window is over (Expire) and follows one a renewal extended,
 // and with nothing held neither the heartbeat nor a round stays armed.
 func TestRenewerOnManualClock(t *testing.T) {
-	clk := timingtest.NewManualClock()
-	o, r := newOwner(clk)
+	clk, o, r := onManualClock()
 	lt := timing.Times{TTL: 9 * time.Second, Heartbeat: 3 * time.Second, Margin: 900 * time.Millisecond}
 	hold := func(name string) *lease {
 		x := &lease{name: name, slot: NewSlot(), times: lt}

@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock/internal/timing"
-	"github.com/fencelock/fencelock/internal/timing/timingtest"
 )
 
 // holdAt adds a lease of times lt, granted (or last renewed) at sent, to o's held set and to
@@ -39,9 +38,8 @@ func names(leases []*lease) []string {
 // own heartbeat is so short that the window would renew it more than a quarter of that
 // heartbeat early.
 func TestRenewalWindow(t *testing.T) {
-	clk := timingtest.NewManualClock()
-	o, r := newOwner(clk)
-	lt := timing.Times{TTL: 9 * time.Second, Heartbeat: 3 * time.Second, Margin: time.Second} // queued 750 ms early; window 750 ms
+	clk, o, r := onManualClock()
+	lt := threeSecondHeartbeat // queued 750 ms early; window 750 ms
 	now := clk.Now()
 	due := now.Add(-lt.Heartbeat + lt.Heartbeat/4) // sent then, its queue time is now
 	a := holdAt(o, r, "due", lt, due)
@@ -76,10 +74,9 @@ func (x *lease) state() State {
 // When the in-flight bound stops a round, the window stays open: the round that runs when a
 // statement returns renews the leases left in it, though none of them is due yet.
 func TestRenewalWindowOutlivesInFlightBound(t *testing.T) {
-	clk := timingtest.NewManualClock()
-	o, r := newOwner(clk)
+	clk, o, r := onManualClock()
 	o.renew = true
-	lt := timing.Times{TTL: 9 * time.Second, Heartbeat: 3 * time.Second, Margin: time.Second}
+	lt := threeSecondHeartbeat
 	now := clk.Now()
 	due := now.Add(-lt.Heartbeat + lt.Heartbeat/4)
 	for i := range maxInFlight * maxBatch {
@@ -108,10 +105,9 @@ func TestRenewalWindowOutlivesInFlightBound(t *testing.T) {
 // about 1,000 statements a period. The heartbeat is driven round by round on a manual clock,
 // each statement returning at once.
 func TestRenewalCohorts(t *testing.T) {
-	clk := timingtest.NewManualClock()
-	o, r := newOwner(clk)
+	clk, o, r := onManualClock()
 	o.renew = true
-	lt := timing.Times{TTL: 9 * time.Second, Heartbeat: 3 * time.Second, Margin: time.Second}
+	lt := threeSecondHeartbeat
 	start := clk.Now()
 	const n = 1000
 	for i := range n {
@@ -159,9 +155,8 @@ func TestRenewalCohorts(t *testing.T) {
 // is handled whole across chunks: every lease not renewed is ended, every renewed one stays
 // watched at its new window end, and the timer is set for it.
 func TestTrustWatchCohortAcrossChunks(t *testing.T) {
-	clk := timingtest.NewManualClock()
-	o, r := newOwner(clk)
-	lt := timing.Times{TTL: 9 * time.Second, Heartbeat: 3 * time.Second, Margin: time.Second}
+	clk, o, r := onManualClock()
+	lt := threeSecondHeartbeat
 	start := clk.Now()
 	const n = 3*trustChunk + 7
 	leases := make([]*lease, n)
