@@ -151,13 +151,10 @@ func TestAdvisoryLabelLazy(t *testing.T) {
 func TestAdvisorySessionLabelOnlyItsBackend(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	conn, err := b.Pool.Acquire(b.Ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	pid := conn.Conn().PgConn().PID()
+	conn, pid := testkit.Conn(t, b.Ctx, b.Pool)
 	before := appOf(t, b, pid)
 
-	err = advisory.LabelSession(conn, pid+1, "job", advisory.Key{}, time.Minute)
+	err := advisory.LabelSession(conn, pid+1, "job", advisory.Key{}, time.Minute)
 	var changed *advisory.PIDChangedError
 	require.ErrorAs(t, err, &changed)
 	require.Equal(t, advisory.PIDChangedError{Got: pid, Want: pid + 1}, *changed)

@@ -63,11 +63,11 @@ func TestEndedContextLeaseRelease(t *testing.T) {
 		awaitQueue(t, b.Ctx, b.Pool, "ended:handoff", true, "waiter")
 		require.NoError(t, lease.Release(endedCtx(b.Ctx)))
 		got := receive(t, waiting, 5*time.Second) // the TTL is a minute: only a hand-off is this fast
-		require.NoError(t, got.err)
-		require.Greater(t, got.lease.Token(), lease.Token())
-		require.Equal(t, leaseRow{Holder: "waiter", Token: int64(got.lease.Token())}, readLease(t, b.Ctx, b.Pool, "ended:handoff"))
+		require.NoError(t, got.Err)
+		require.Greater(t, got.Lease.Token(), lease.Token())
+		require.Equal(t, leaseRow{Holder: "waiter", Token: int64(got.Lease.Token())}, readLease(t, b.Ctx, b.Pool, "ended:handoff"))
 		requireNoWaiters(t, b, "ended:handoff")
-		require.NoError(t, got.lease.Release(b.Ctx))
+		require.NoError(t, got.Lease.Release(b.Ctx))
 	})
 }
 
@@ -195,11 +195,7 @@ func TestEndedContextPermitRelease(t *testing.T) {
 	// A waiter: the release with an ended ctx lets it in, well before the permit's TTL.
 	s3, err := fencelock.NewSemaphore(newLessor(t, b.Pool, "waiter"), "sem:ended", 1)
 	require.NoError(t, err)
-	waiting := make(chan acquired, 1)
-	go func() {
-		p, err := s3.Acquire(b.Ctx, time.Minute)
-		waiting <- acquired{p, err, time.Now()}
-	}()
+	waiting := permitAsync(b.Ctx, s3, time.Minute)
 	waitFor(t, b, "the waiter queues", func() bool {
 		st, err := s.State(b.Ctx)
 		require.NoError(t, err)
@@ -207,11 +203,11 @@ func TestEndedContextPermitRelease(t *testing.T) {
 	})
 	require.NoError(t, permit2.Release(endedCtx(b.Ctx)))
 	got := receive(t, waiting, 10*time.Second)
-	require.NoError(t, got.err)
+	require.NoError(t, got.Err)
 	st, err := s.State(b.Ctx)
 	require.NoError(t, err)
 	require.Equal(t, fencelock.SemaphoreState{Limit: 1, Held: 1, Waiting: 0}, st)
-	require.NoError(t, got.lease.Release(b.Ctx))
+	require.NoError(t, got.Lease.Release(b.Ctx))
 }
 
 // gooselock.Locker.Unlock with an ended ctx (goose's locktesting does this: it unlocks with the
@@ -239,7 +235,7 @@ func TestEndedContextLeaveQueue(t *testing.T) {
 	waiting := acquireAsync(ctx, newLessor(t, b.Pool, "waiter"), "ended:queue", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "ended:queue", false, "waiter")
 	cancel()
-	require.ErrorIs(t, receive(t, waiting, 10*time.Second).err, context.Canceled)
+	require.ErrorIs(t, receive(t, waiting, 10*time.Second).Err, context.Canceled)
 	requireNoWaiters(t, b, "ended:queue")
 	require.NoError(t, holder.Release(b.Ctx))
 }

@@ -115,7 +115,7 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 	silencedAt := time.Now()
 	require.NoError(t, permit.Release(b.Ctx)) // its NOTIFY is lost in the silence
 	a := <-got
-	require.NoError(t, a.err, "the waiter polls while its listener is deaf")
+	require.NoError(t, a.Err, "the waiter polls while its listener is deaf")
 
 	// Noticed: a new connection listens within seconds (the bound is 4 s; 30 s leaves room for
 	// a loaded machine, and is still not the minutes a kernel keeps a half-open flow), and the
@@ -139,13 +139,13 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 	}
 
 	// The new listener serves the waiter again: the next hand-off reaches it.
-	require.NoError(t, a.lease.Release(b.Ctx))
+	require.NoError(t, a.Lease.Release(b.Ctx))
 	permit, err = s.TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err)
 	got = permitAsync(b.Ctx, ws, time.Minute)
 	waitQueued(t, b, ws, 1)
 	require.NoError(t, permit.Release(b.Ctx))
 	a = <-got
-	require.NoError(t, a.err)
-	require.NoError(t, a.lease.Release(b.Ctx))
+	require.NoError(t, a.Err)
+	require.NoError(t, a.Lease.Release(b.Ctx))
 }

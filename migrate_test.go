@@ -85,9 +85,7 @@ func TestMigrateDoesNotWaitForApplicationGooseLock(t *testing.T) {
 	// Migrations pending: with nothing pending Migrate takes no lock at all.
 	_, err := b.Pool.Exec(b.Ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
-	conn, err := b.Pool.Acquire(b.Ctx)
-	require.NoError(t, err)
-	defer conn.Release()
+	conn, _ := testkit.Conn(t, b.Ctx, b.Pool)
 	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, lock.DefaultLockID)
 	require.NoError(t, err)
 	defer func() { _, _ = conn.Exec(b.Ctx, `SELECT pg_advisory_unlock($1)`, lock.DefaultLockID) }()
@@ -109,10 +107,8 @@ func migrateWaiting(t *testing.T, b *bundle) bool {
 func TestMigrateWaitsForSessionLockOfEarlierVersion(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	conn, err := b.Pool.Acquire(b.Ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, migrateLockKey)
+	conn, _ := testkit.Conn(t, b.Ctx, b.Pool)
+	_, err := conn.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, migrateLockKey)
 	require.NoError(t, err)
 	locked := true
 	defer func() {

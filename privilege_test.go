@@ -94,8 +94,8 @@ func TestLeastPrivilege(t *testing.T) {
 	require.EqualValues(t, 1, summary)
 	require.NoError(t, held.Release(ctx))
 	got := <-waiter
-	require.NoError(t, got.err)
-	lease := got.lease
+	require.NoError(t, got.Err)
+	lease := got.Lease
 	require.Greater(t, lease.Token(), held.Token(), "handed over with a larger token")
 
 	// GuardTx, Lease.FenceTx, FenceTx and UpdateFencedTx in one transaction of the role.
@@ -231,8 +231,8 @@ func TestLeastPrivilege(t *testing.T) {
 	require.Eventually(t, func() bool { st, err := sem.State(ctx); return err == nil && st.Waiting == 1 }, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, permit.Release(ctx))
 	gotB := receive(t, permitB, 10*time.Second)
-	require.NoError(t, gotB.err)
-	require.NoError(t, gotB.lease.Release(ctx))
+	require.NoError(t, gotB.Err)
+	require.NoError(t, gotB.Lease.Release(ctx))
 	_, err = sem.SetLimit(ctx, 3)
 	require.NoError(t, err)
 	rl, err := ratelimit.New(app, ratelimit.PerSecond(10))

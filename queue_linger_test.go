@@ -51,8 +51,8 @@ func TestQueuePlaceCarriesChannelAfterRelease(t *testing.T) {
 		require.NoError(t, held.Release(b.Ctx))
 		for _, ch := range []<-chan acquired{first, got} {
 			a := <-ch
-			require.NoError(t, a.err)
-			require.NoError(t, a.lease.Release(b.Ctx))
+			require.NoError(t, a.Err)
+			require.NoError(t, a.Lease.Release(b.Ctx))
 		}
 	}
 }

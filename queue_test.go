@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // Tests of the queue of lease waiters (migration 00004, lease_queue.go, listener.go): first
@@ -29,26 +30,15 @@ var (
 	awaitQueue = testkit.AwaitQueue
 )
 
-// acquired is the result of an Acquire run by acquireAsync, with the time it came back.
-type acquired struct {
-	lease *fencelock.Lease
-	err   error
-	at    time.Time
-}
+// acquired is the result of an Acquire run by acquireAsync or permitAsync (in a goroutine of
+// its own), with the time it came back; receive waits for it, failing the test after a limit.
+type acquired = fencetest.Acquired
 
-// acquireAsync runs l.Acquire in a goroutine; the result arrives on the channel.
-func acquireAsync(ctx context.Context, l *fencelock.Lessor, name string, ttl time.Duration) <-chan acquired {
-	return testkit.Async(func() acquired {
-		lease, err := l.Acquire(ctx, name, ttl)
-		return acquired{lease, err, time.Now()}
-	})
-}
-
-// receive waits for an acquire's result, failing the test after limit.
-func receive(t *testing.T, ch <-chan acquired, limit time.Duration) acquired {
-	t.Helper()
-	return testkit.Receive(t, ch, limit, "grant")
-}
+var (
+	acquireAsync = fencetest.AcquireAsync
+	permitAsync  = fencetest.PermitAsync
+	receive      = fencetest.Receive
+)
 
 // Eight waiters that join one after the other are granted in that order, each by the release
 // of the one before (a hand-off in the release's statement, woken by NOTIFY: well within the
@@ -82,12 +72,12 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 	for i := range n {
 		require.NoError(t, prev.Release(b.Ctx))
 		got := receive(t, results[i], time.Second)
-		require.NoError(t, got.err, "w%d", i)
-		require.Equal(t, names[i], got.lease.Holder(), "grant %d went out of order", i)
-		require.Greater(t, got.lease.Token(), prev.Token())
+		require.NoError(t, got.Err, "w%d", i)
+		require.Equal(t, names[i], got.Lease.Holder(), "grant %d went out of order", i)
+		require.Greater(t, got.Lease.Token(), prev.Token())
 		require.Equal(t, names[i], readLease(t, b.Ctx, b.Pool, "fifo").Holder)
 		awaitQueue(t, b.Ctx, b.Pool, "fifo", true, names[i+1:]...)
-		prev = got.lease
+		prev = got.Lease
 	}
 	require.NoError(t, prev.Release(b.Ctx))
 }
@@ -146,9 +136,9 @@ func TestReleaseInsideGuardedTransaction(t *testing.T) {
 	require.True(t, row.Expired)
 	require.NoError(t, tx.Commit(b.Ctx))
 	got := receive(t, w, 2*time.Second)
-	require.NoError(t, got.err)
-	require.Greater(t, got.lease.Token(), lh.Token())
-	require.NoError(t, got.lease.Release(b.Ctx))
+	require.NoError(t, got.Err)
+	require.Greater(t, got.Lease.Token(), lh.Token())
+	require.NoError(t, got.Lease.Release(b.Ctx))
 }
 
 // A RunLocked waits in the same queue: queued before a TTL waiter, it runs first, woken by the
@@ -183,9 +173,9 @@ func TestRunLockedWaitsInQueue(t *testing.T) {
 	require.NoError(t, <-txDone)
 	require.Greater(t, token, lh.Token())
 	got := receive(t, ttl, 10*time.Second)
-	require.NoError(t, got.err)
-	require.Greater(t, got.lease.Token(), token, "the TTL waiter behind the RunLocked was granted first")
-	require.NoError(t, got.lease.Release(b.Ctx))
+	require.NoError(t, got.Err)
+	require.Greater(t, got.Lease.Token(), token, "the TTL waiter behind the RunLocked was granted first")
+	require.NoError(t, got.Lease.Release(b.Ctx))
 }
 
 // A waiter that gives up (ctx ends) leaves the queue before Acquire returns, and the next one
@@ -207,12 +197,12 @@ func TestQueueWaiterCancelled(t *testing.T) {
 	n := acquireAsync(b.Ctx, next, "cancel", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "cancel", true, "quitter", "next")
 	cancel()
-	require.ErrorIs(t, receive(t, q, time.Second).err, context.Canceled)
+	require.ErrorIs(t, receive(t, q, time.Second).Err, context.Canceled)
 	require.Equal(t, []queued{{Holder: "next", Position: 1, Notify: true}}, readQueue(t, b.Ctx, b.Pool, "cancel"))
 	require.NoError(t, lh.Release(b.Ctx))
 	got := receive(t, n, time.Second)
-	require.NoError(t, got.err)
-	require.NoError(t, got.lease.Release(b.Ctx))
+	require.NoError(t, got.Err)
+	require.NoError(t, got.Lease.Release(b.Ctx))
 
 	for round := range 50 {
 		name := fmt.Sprintf("race:%d", round)
@@ -226,20 +216,20 @@ func TestQueueWaiterCancelled(t *testing.T) {
 		time.AfterFunc(time.Duration(rand.IntN(2000))*time.Microsecond, cancel)
 		released := time.Now()
 		require.NoError(t, lh.Release(b.Ctx))
-		if r := receive(t, q, time.Second); r.err == nil {
+		if r := receive(t, q, time.Second); r.Err == nil {
 			// The quitter was granted before its ctx ended: a grant like any other.
-			require.NoError(t, r.lease.Release(b.Ctx), "round %d", round)
+			require.NoError(t, r.Lease.Release(b.Ctx), "round %d", round)
 		} else {
-			require.ErrorIs(t, r.err, context.Canceled, "round %d", round)
+			require.ErrorIs(t, r.Err, context.Canceled, "round %d", round)
 		}
 		got := receive(t, n, time.Second)
-		require.NoError(t, got.err, "round %d", round)
-		require.Less(t, got.at.Sub(released), time.Second, "round %d", round)
+		require.NoError(t, got.Err, "round %d", round)
+		require.Less(t, got.At.Sub(released), time.Second, "round %d", round)
 		require.Empty(t, readQueue(t, b.Ctx, b.Pool, name), "round %d", round)
 		var held int
 		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.leases WHERE holder = 'quitter' AND expires_at > clock_timestamp()`).Scan(&held))
 		require.Zero(t, held, "round %d", round)
-		require.NoError(t, got.lease.Release(b.Ctx))
+		require.NoError(t, got.Lease.Release(b.Ctx))
 		cancel()
 	}
 }

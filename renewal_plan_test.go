@@ -31,9 +31,7 @@ func TestRenewalPlanScalesWithBatch(t *testing.T) {
 
 	// Several times on one session: pgx prepares the statement, and the server may switch to
 	// a generic plan after five executions.
-	conn, err := b.Pool.Acquire(b.Ctx)
-	require.NoError(t, err)
-	defer conn.Release()
+	conn, _ := testkit.Conn(t, b.Ctx, b.Pool)
 	for run := range 7 {
 		var plan []map[string]any
 		err = conn.QueryRow(b.Ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+db.Statement("LeaseRenew"), names, tokens, ttls, "h").Scan(&plan)

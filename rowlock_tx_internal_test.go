@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/stretchr/testify/require"
 )
 
@@ -14,10 +15,7 @@ import (
 func TestAbandonedGrantCleanupSparesOtherStatements(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	conn, err := b.Pool.Acquire(b.Ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	pid := conn.Conn().PgConn().PID()
+	conn, pid := testkit.Conn(t, b.Ctx, b.Pool)
 	slept := make(chan error, 1)
 	go func() {
 		_, err := conn.Exec(b.Ctx, `SELECT pg_sleep(0.5)`)

@@ -141,10 +141,10 @@ func TestSemaphoreWaiterGivingUpWakesTheNext(t *testing.T) {
 	released := time.Now()
 	require.ErrorIs(t, <-gave, context.Canceled)
 	got := receive(t, second, 10*time.Second)
-	require.NoError(t, got.err)
-	require.Less(t, got.at.Sub(released), 1200*time.Millisecond, "the next waiter waited for its refresh")
-	t.Logf("the waiter behind the one that gave up was granted %v after the release", got.at.Sub(released).Round(time.Millisecond))
-	require.NoError(t, got.lease.Release(b.Ctx))
+	require.NoError(t, got.Err)
+	require.Less(t, got.At.Sub(released), 1200*time.Millisecond, "the next waiter waited for its refresh")
+	t.Logf("the waiter behind the one that gave up was granted %v after the release", got.At.Sub(released).Round(time.Millisecond))
+	require.NoError(t, got.Lease.Release(b.Ctx))
 }
 
 // The cleanup of an attempt of unknown outcome ends only what that attempt may have granted:
@@ -233,15 +233,4 @@ func holdFor(t *testing.T, b *bundle, d time.Duration, sql string) (wait func())
 		_ = tx.Commit(b.Ctx)
 	}()
 	return func() { <-committed }
-}
-
-// permitAsync waits for a permit of s in a goroutine of its own and delivers the result, with
-// the time it came back.
-func permitAsync(ctx context.Context, s *fencelock.Semaphore, ttl time.Duration) <-chan acquired {
-	ch := make(chan acquired, 1)
-	go func() {
-		p, err := s.Acquire(ctx, ttl)
-		ch <- acquired{p, err, time.Now()}
-	}()
-	return ch
 }

@@ -233,17 +233,17 @@ func TestSemaphoreGrantedAndHandedPermitLost(t *testing.T) {
 	rvWaitLockedOrDone(t, b, "SemaphoreAcquire", 5*time.Second, rvRanSince(b, "SemaphoreAcquire", since))
 	require.NoError(t, tx.Commit(b.Ctx))
 	r := receive(t, got, 5*time.Second)
-	require.NoError(t, r.err)
-	defer func() { _ = r.lease.Release(b.Ctx) }()
+	require.NoError(t, r.Err)
+	defer func() { _ = r.Lease.Release(b.Ctx) }()
 
 	var names []string
 	rows, err := b.Pool.Query(b.Ctx, `SELECT name FROM fencelock.leases WHERE holder = 'rv-w' AND expires_at > clock_timestamp() ORDER BY name`)
 	require.NoError(t, err)
 	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
-	t.Logf("Acquire returned %s; the server has W holding %v", r.lease.Name(), names)
+	t.Logf("Acquire returned %s; the server has W holding %v", r.Lease.Name(), names)
 	_, tryErr := newSemaphore(t, b, "rv-z", "rv1g", 3).TryAcquire(b.Ctx, time.Second)
-	require.Equal(t, []string{r.lease.Name()}, names, "a permit given to the wait is held by nobody until its TTL ends (try: %v)", tryErr)
+	require.Equal(t, []string{r.Lease.Name()}, names, "a permit given to the wait is held by nobody until its TTL ends (try: %v)", tryErr)
 }
 
 // A2. After a lowered limit, the release of a permit at or above the new limit is the one that
@@ -269,9 +269,9 @@ func TestSemaphoreReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
 	require.NoError(t, p1.Release(b.Ctx)) // above the limit: now nothing is held
 	released := time.Now()
 	r := receive(t, got, 5*time.Second)
-	require.NoError(t, r.err)
-	defer func() { _ = r.lease.Release(b.Ctx) }()
-	took := r.at.Sub(released)
+	require.NoError(t, r.Err)
+	defer func() { _ = r.Lease.Release(b.Ctx) }()
+	took := r.At.Sub(released)
 	t.Logf("granted %v after the release that made room", took.Round(time.Millisecond))
 	require.Less(t, took, 1200*time.Millisecond, "the release that made room woke nobody (the refresh is 1.67 s)")
 }

@@ -75,11 +75,11 @@ func TestSemaphoreCountingGrantLeavesRoomUntold(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 	released := time.Now()
 	r1 := receive(t, g1, 5*time.Second)
-	require.NoError(t, r1.err)
+	require.NoError(t, r1.Err)
 	r2 := receive(t, g2, 5*time.Second)
-	require.NoError(t, r2.err)
-	t.Logf("W1 granted %v, W2 %v after the releases (2 of 4 held before them)", r1.at.Sub(released).Round(time.Millisecond), r2.at.Sub(released).Round(time.Millisecond))
-	require.Less(t, r2.at.Sub(released), 1200*time.Millisecond, "W2 was not told of the room W1's grant left (the refresh is 1.67 s)")
+	require.NoError(t, r2.Err)
+	t.Logf("W1 granted %v, W2 %v after the releases (2 of 4 held before them)", r1.At.Sub(released).Round(time.Millisecond), r2.At.Sub(released).Round(time.Millisecond))
+	require.Less(t, r2.At.Sub(released), 1200*time.Millisecond, "W2 was not told of the room W1's grant left (the refresh is 1.67 s)")
 }
 
 // A7. semaphore_acquire reads t once, at its start, and later treats a free permit whose row
@@ -177,24 +177,18 @@ func TestSemaphoreRefreshWaitsForHeadsGrant(t *testing.T) {
 // grant + release at a limit of 10,000 with all but one held, before and after lowering the
 // limit by one while the top permit stays held.
 func TestSemaphoreCostAfterLowerLimit(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := b.Ctx
 	const n = 10_000
 	// n-2 permits held for an hour (as TryAcquires would leave them), slots 0 and 1 free.
-	s := fillPermits(t, b, "rvc", n, 2, false)
-	measure := func() time.Duration {
-		return timePerCall(50, func() {
-			p, err := s.TryAcquire(ctx, time.Minute)
-			require.NoError(t, err)
-			require.NoError(t, p.Release(ctx))
-		})
+	b, s := filledSemaphore(t, "rvc", n, 2, false)
+	grantRelease := func() {
+		p, err := s.TryAcquire(b.Ctx, time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, p.Release(b.Ctx))
 	}
-	measure()
-	before := measure()
-	_, err := s.SetLimit(ctx, n-1) // rvc#9999 stays held: counting until it ends
+	before := timePerCall(50, grantRelease)
+	_, err := s.SetLimit(b.Ctx, n-1) // rvc#9999 stays held: counting until it ends
 	require.NoError(t, err)
-	after := measure()
+	after := timePerCall(50, grantRelease)
 	t.Logf("grant + release at limit %d: %v; after lowering the limit by one: %v (x%.1f)", n, before, after, float64(after)/float64(before))
 }
 
@@ -202,25 +196,20 @@ func TestSemaphoreCostAfterLowerLimit(t *testing.T) {
 // open): semaphore_reclaim returns t ("reclaim again soon"), so every attempt that finds no
 // free permit reads all permits again: O(limit) per refused try, not once a second.
 func TestSemaphoreCostReclaimWhileGuarded(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := b.Ctx
 	const n = 10_000
 	// All n permits held for an hour but rvg#0, expired; none free.
-	s := fillPermits(t, b, "rvg", n, 0, true)
-	measure := func() time.Duration {
-		return timePerCall(40, func() {
-			_, err := s.TryAcquire(ctx, time.Minute)
-			require.ErrorIs(t, err, fencelock.ErrNotAcquired)
-		})
+	b, s := filledSemaphore(t, "rvg", n, 0, true)
+	ctx := b.Ctx
+	refused := func() {
+		_, err := s.TryAcquire(ctx, time.Minute)
+		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 	}
 	// rvg#0 expired, its row locked FOR KEY SHARE (as GuardTx holds it).
 	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	rvExec(t, ctx, tx, `SELECT 1 FROM fencelock.leases WHERE name = 'rvg#0' FOR KEY SHARE`)
-	measure()
-	guarded := measure()
+	guarded := timePerCall(40, refused)
 	// The invariant behind the cost, whatever the machine's speed: reclaims (each one reads
 	// every permit row, and moves next_reclaim) are at least 100 ms apart while an expired
 	// permit stays guarded, however many tries are refused in between. Counted from the values
@@ -249,16 +238,18 @@ func TestSemaphoreCostReclaimWhileGuarded(t *testing.T) {
 		return err == nil
 	}, 2*time.Second, 10*time.Millisecond, "the expired permit is reclaimed once its guard ends")
 	defer func() { _ = p.Release(ctx) }()
-	measure()
-	full := measure()
+	full := timePerCall(40, refused)
 	t.Logf("refused try at limit %d, all held: %v; with one expired permit guarded: %v (x%.1f)", n, full, guarded, float64(guarded)/float64(full))
 }
 
-// fillPermits sets semaphore name's limit to n and fills permits lo..n-1 with rows held by
-// "filler" for an hour (permit lo already expired when loExpired), none of them on the free
-// list, then analyzes the leases table, and returns a Semaphore of name for a lessor of its own.
-func fillPermits(t *testing.T, b *bundle, name string, n, lo int, loExpired bool) *fencelock.Semaphore {
+// filledSemaphore runs t in parallel on a database of its own, where it sets semaphore name's
+// limit to n and fills permits lo..n-1 with rows held by "filler" for an hour (permit lo
+// already expired when loExpired), none of them on the free list, then analyzes the leases
+// table. It returns the database and a Semaphore of name for a lessor of its own.
+func filledSemaphore(t *testing.T, name string, n, lo int, loExpired bool) (*bundle, *fencelock.Semaphore) {
 	t.Helper()
+	t.Parallel()
+	b := setup(t)
 	rvExec(t, b.Ctx, b.Pool, `SELECT fencelock.semaphore_set_limit($1, $2)`, name, n)
 	rvExec(t, b.Ctx, b.Pool, `INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
 		SELECT $1 || '#' || i, 'filler', fencelock.next_token(false), clock_timestamp(),
@@ -268,11 +259,15 @@ func fillPermits(t *testing.T, b *bundle, name string, n, lo int, loExpired bool
 	rvExec(t, b.Ctx, b.Pool, `VACUUM ANALYZE fencelock.leases`)
 	s, err := fencelock.NewSemaphore(newLessor(t, b.Pool, name+"-l"), name, n)
 	require.NoError(t, err)
-	return s
+	return b, s
 }
 
-// timePerCall returns the mean wall time of k calls of call, one after another.
+// timePerCall returns the mean wall time of k calls of call, one after another, measured after
+// k calls that warm caches and plans up.
 func timePerCall(k int, call func()) time.Duration {
+	for range k {
+		call()
+	}
 	start := time.Now()
 	for range k {
 		call()

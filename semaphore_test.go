@@ -162,8 +162,8 @@ func TestSemaphoreSetLimit(t *testing.T) {
 	require.Equal(t, 1, prev)
 	// Not woken, the waiter would find the room at its refresh, 1.67 s.
 	got := receive(t, granted, 1200*time.Millisecond)
-	require.NoError(t, got.err)
-	p2 := got.lease
+	require.NoError(t, got.Err)
+	p2 := got.Lease
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2, Held: 2}, semState(t, b, s))
 
 	_, err = s.SetLimit(b.Ctx, 1)
@@ -236,8 +236,8 @@ func TestSemaphoreCancelAndSameLessor(t *testing.T) {
 	require.NoError(t, p2.Release(b.Ctx))
 	for _, ch := range []<-chan acquired{first, second} {
 		got := receive(t, ch, 10*time.Second)
-		require.NoError(t, got.err)
-		require.NoError(t, got.lease.Release(b.Ctx))
+		require.NoError(t, got.Err)
+		require.NoError(t, got.Lease.Release(b.Ctx))
 	}
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, s))
 }

@@ -90,9 +90,9 @@ func TestSiblingCleanupSparesHandedGrant(t *testing.T) {
 			}
 
 			a := receive(t, got, 10*time.Second)
-			require.NoError(t, a.err)
-			require.Equal(t, handed, int64(a.lease.Token()), "the Acquire claimed the grant handed to its wait")
-			require.NoError(t, a.lease.Err(), "the Acquire trusts its grant")
+			require.NoError(t, a.Err)
+			require.Equal(t, handed, int64(a.Lease.Token()), "the Acquire claimed the grant handed to its wait")
+			require.NoError(t, a.Lease.Err(), "the Acquire trusts its grant")
 			var holder string
 			var token int64
 			var live bool
@@ -103,8 +103,8 @@ func TestSiblingCleanupSparesHandedGrant(t *testing.T) {
 			require.True(t, live, "the grant L trusts (token %d) was ended on the server by its sibling's cleanup", handed)
 			_, err = newLessor(t, b.Pool, "third").TryAcquire(b.Ctx, "x", time.Second)
 			require.ErrorIs(t, err, fencelock.ErrNotAcquired, "x was granted to a third lessor while L trusts it")
-			require.NoError(t, a.lease.Err())
-			require.NoError(t, a.lease.Release(b.Ctx))
+			require.NoError(t, a.Lease.Err())
+			require.NoError(t, a.Lease.Release(b.Ctx))
 		})
 	}
 }

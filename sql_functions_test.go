@@ -143,9 +143,9 @@ func TestSQLLeaseAndGoLessor(t *testing.T) {
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT fencelock.release('acct:7', 'py-1', $1)`, int64(pyToken)).Scan(&released))
 	require.True(t, released)
 	a := <-got
-	require.NoError(t, a.err)
-	require.Greater(t, a.lease.Token(), pyToken)
-	require.NoError(t, a.lease.FenceTx(b.Ctx, mustBegin(t, b), "acct:7"))
+	require.NoError(t, a.Err)
+	require.Greater(t, a.Lease.Token(), pyToken)
+	require.NoError(t, a.Lease.FenceTx(b.Ctx, mustBegin(t, b), "acct:7"))
 
 	// Now the SQL holder is the stale one.
 	_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.fence_lease('acct:7', 'py-1', $1, 'acct:7')`, int64(pyToken))

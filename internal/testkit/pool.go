@@ -49,3 +49,13 @@ func UnreachablePool(t testing.TB) *pgxpool.Pool {
 	t.Helper()
 	return NewPool(t, context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
 }
+
+// Conn takes a connection of pool for the test, released at test cleanup, and returns it with
+// the process ID of its backend (pg_backend_pid() as the server knew it at connect).
+func Conn(t testing.TB, ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, uint32) {
+	t.Helper()
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	t.Cleanup(conn.Release)
+	return conn, conn.Conn().PgConn().PID()
+}
