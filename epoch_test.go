@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -76,19 +77,27 @@ func migrationSections(t *testing.T, file string) (up, down string) {
 // gooseProvider returns a goose provider for fencelock's migrations on pool, as Migrate has it.
 var gooseProvider = fencetest.GooseProvider
 
-// A database migrated before epoch tokens issued plain sequence values; after migration 00003
-// every new token is larger than all of them.
-func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
+// atVersion2 runs t in parallel on a database of its own, migrated down to version 2 (before
+// epoch tokens), and returns it with the goose provider that did it.
+func atVersion2(t *testing.T) (*bundle, *goose.Provider) {
+	t.Helper()
 	t.Parallel()
 	b := setup(t)
 	p := gooseProvider(t, b.Pool)
 	_, err := p.DownTo(b.Ctx, 2)
 	require.NoError(t, err)
+	return b, p
+}
+
+// A database migrated before epoch tokens issued plain sequence values; after migration 00003
+// every new token is larger than all of them.
+func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
+	b, _ := atVersion2(t)
 	// Today's TryAcquire needs the queue of waiters (migration 00004), which is independent of
 	// the tokens: put it in place by hand for the grants at version 2, and take it out again
 	// before migrating.
 	up, down := migrationSections(t, "00004_lease_queue.sql")
-	_, err = b.Pool.Exec(b.Ctx, up)
+	_, err := b.Pool.Exec(b.Ctx, up)
 	require.NoError(t, err)
 	// Today's lease grant draws its token inline from what migrations 00003 and 00011 create,
 	// so at version 2 the lease paths' tokens are the ones that version's grant drew:
@@ -122,12 +131,8 @@ func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
 // Migration 00003 refuses a sequence already past what epoch tokens leave for it, and leaves
 // the database at version 2.
 func TestMigrationRefusesSequencePastBudget(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	p := gooseProvider(t, b.Pool)
-	_, err := p.DownTo(b.Ctx, 2)
-	require.NoError(t, err)
-	_, err = b.Pool.Exec(b.Ctx, `SELECT setval('fencelock.leases_token_seq', $1::bigint)`, int64(1)<<47)
+	b, p := atVersion2(t)
+	_, err := b.Pool.Exec(b.Ctx, `SELECT setval('fencelock.leases_token_seq', $1::bigint)`, int64(1)<<47)
 	require.NoError(t, err)
 	err = fencelock.Migrate(b.Ctx, b.Pool)
 	require.ErrorIs(t, err, fencelock.ErrTokenBudget)

@@ -46,16 +46,27 @@ type rvWait struct {
 	channel string
 }
 
-// rvFull sets semaphore sem's limit to 1, grants its permit to "a" (wait id 1) and queues each
-// of waits in order, all with ttl, failing the test unless each outcome is a grant, then a
-// queued wait.
-func rvFull(t *testing.T, ctx context.Context, q rvQuerier, sem string, ttl time.Duration, waits ...rvWait) {
+// rvSemaphore runs t in parallel on a database of its own, where it sets semaphore sem's limit,
+// and returns the database and its context.
+func rvSemaphore(t *testing.T, sem string, limit int) (*bundle, context.Context) {
 	t.Helper()
-	rvExec(t, ctx, q, `SELECT fencelock.semaphore_set_limit($1, 1)`, sem)
-	require.EqualValues(t, 1, rvAcquire(t, ctx, q, sem, "a", 1, ttl, false, "").outcome)
+	t.Parallel()
+	b := setup(t)
+	rvExec(t, b.Ctx, b.Pool, `SELECT fencelock.semaphore_set_limit($1, $2)`, sem, limit)
+	return b, b.Ctx
+}
+
+// rvFull is rvSemaphore with a limit of 1, whose permit it grants to "a" (wait id 1); then it
+// queues each of waits in order, all with ttl, failing the test unless each outcome is a grant,
+// then a queued wait.
+func rvFull(t *testing.T, sem string, ttl time.Duration, waits ...rvWait) (*bundle, context.Context) {
+	t.Helper()
+	b, ctx := rvSemaphore(t, sem, 1)
+	require.EqualValues(t, 1, rvAcquire(t, ctx, b.Pool, sem, "a", 1, ttl, false, "").outcome)
 	for _, w := range waits {
-		require.EqualValues(t, 4, rvAcquire(t, ctx, q, sem, w.holder, w.wait, ttl, true, w.channel).outcome)
+		require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, sem, w.holder, w.wait, ttl, true, w.channel).outcome)
 	}
+	return b, ctx
 }
 
 func rvAcquireErr(ctx context.Context, q rvQuerier, sem, who string, wait int64, ttl time.Duration, queue bool, channel string) (rvAttempt, error) {
@@ -97,13 +108,8 @@ func rvInt(t *testing.T, ctx context.Context, q rvQuerier, sql string, args ...a
 // statement that contains what.
 func rvWaitLocked(t *testing.T, b *bundle, what string, limit time.Duration) {
 	t.Helper()
-	require.Eventually(t, func() bool {
-		var n int
-		err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'
-			  AND pid <> pg_backend_pid()`, what).Scan(&n)
-		return err == nil && n > 0
-	}, limit, 2*time.Millisecond, "no statement with %q waits for a lock", what)
+	require.Eventually(t, rvLockedOrDone(b, what, func() bool { return false }), limit, 2*time.Millisecond,
+		"no statement with %q waits for a lock", what)
 }
 
 // rvWaitLockedOrDone waits until some backend of b's database waits for a lock while running a
@@ -111,7 +117,13 @@ func rvWaitLocked(t *testing.T, b *bundle, what string, limit time.Duration) {
 // redesign's attempts return at once where 00012's first version waited).
 func rvWaitLockedOrDone(t *testing.T, b *bundle, what string, limit time.Duration, done func() bool) {
 	t.Helper()
-	require.Eventually(t, func() bool {
+	require.Eventually(t, rvLockedOrDone(b, what, done), limit, 2*time.Millisecond,
+		"no statement with %q waits for a lock, nor did it return", what)
+}
+
+// rvLockedOrDone is the condition of rvWaitLocked and rvWaitLockedOrDone.
+func rvLockedOrDone(b *bundle, what string, done func() bool) func() bool {
+	return func() bool {
 		if done() {
 			return true
 		}
@@ -120,7 +132,7 @@ func rvWaitLockedOrDone(t *testing.T, b *bundle, what string, limit time.Duratio
 			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'
 			  AND pid <> pg_backend_pid()`, what).Scan(&n)
 		return err == nil && n > 0
-	}, limit, 2*time.Millisecond, "no statement with %q waits for a lock, nor did it return", what)
+	}
 }
 
 // rvRanSince reports whether a backend of b's database other than the caller's last ran a
@@ -178,10 +190,7 @@ func rvOn(ns []*pgconn.Notification, channel string) []string {
 // raises the limit and, in its transaction, hands a new permit to W (dispatch); W's next
 // attempt, started meanwhile, blocks on the semaphore's row, then pops a second free permit.
 func TestSemaphoreGrantedAndHandedSameWaitSQL(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := b.Ctx
-	rvFull(t, ctx, b.Pool, "rv1", 10*time.Second, rvWait{"w", 100, ""})
+	b, ctx := rvFull(t, "rv1", 10*time.Second, rvWait{"w", 100, ""})
 
 	tx, err := b.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -280,10 +289,7 @@ func TestSemaphoreReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
 // the first waiter whose row is locked (a waiter refreshing its place) and wakes nobody: the
 // permit stays free while that waiter waits for its next refresh (1.67 s at a 5 s liveness).
 func TestSemaphoreDispatchSkipsRefreshingWaiter(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := b.Ctx
-	rvFull(t, ctx, b.Pool, "rv3", 20*time.Second, rvWait{"w1", 101, "rvc1"}, rvWait{"w2", 102, "rvc2"})
+	b, ctx := rvFull(t, "rv3", 20*time.Second, rvWait{"w1", 101, "rvc1"}, rvWait{"w2", 102, "rvc2"})
 	collect := rvListen(t, b, "rvc1", "rvc2")
 
 	tx, err := b.Pool.Begin(ctx) // W2 refreshing its place: its row is locked
@@ -308,10 +314,7 @@ func TestSemaphoreDispatchSkipsRefreshingWaiter(t *testing.T) {
 // ahead, is not told, and waits for its next refresh with the permit free. (00008 woke the
 // first two waiters for this reason.)
 func TestSemaphoreTwoReleasesLoseWake(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := b.Ctx
-	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv4', 2)`)
+	b, ctx := rvSemaphore(t, "rv4", 2)
 	pa := rvAcquire(t, ctx, b.Pool, "rv4", "a", 1, 20*time.Second, false, "")
 	pb := rvAcquire(t, ctx, b.Pool, "rv4", "b", 2, 20*time.Second, false, "")
 	require.EqualValues(t, 1, pa.outcome)
@@ -345,16 +348,13 @@ func TestSemaphoreTwoReleasesLoseWake(t *testing.T) {
 // permit's tokens go backwards, and the new holder's fenced writes are refused. The trigger
 // only widens the window between next_token and the insert (a slow or preempted backend).
 func TestSemaphoreGiveTokenGoesBackwards(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := b.Ctx
+	b, ctx := rvFull(t, "rv5", 20*time.Second, rvWait{"w", 100, ""})
 	rvExec(t, ctx, b.Pool, `CREATE FUNCTION rv_slow() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.name = 'rv5#1' AND NEW.holder = 'w' THEN PERFORM pg_sleep(1); END IF;
 			RETURN NEW;
 		END $$`)
 	rvExec(t, ctx, b.Pool, `CREATE TRIGGER rv_slow BEFORE INSERT ON fencelock.leases FOR EACH ROW EXECUTE FUNCTION rv_slow()`)
-	rvFull(t, ctx, b.Pool, "rv5", 20*time.Second, rvWait{"w", 100, ""})
 
 	done := make(chan error, 1)
 	go func() {

@@ -89,10 +89,7 @@ func TestSemaphoreCountingGrantLeavesRoomUntold(t *testing.T) {
 // it, and throws it away: the try is refused with a permit free and nobody waiting, and so is
 // every attempt until next_reclaim (up to a second later).
 func TestSemaphoreStaleClockDropsFreePermit(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := b.Ctx
-	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv7', 3)`)
+	b, ctx := rvSemaphore(t, "rv7", 3)
 	pa := rvAcquire(t, ctx, b.Pool, "rv7", "a", 1, time.Minute, false, "")
 	pb := rvAcquire(t, ctx, b.Pool, "rv7", "b", 2, time.Minute, false, "")
 	require.Equal(t, "rv7#0", pa.name)
@@ -130,10 +127,7 @@ func TestSemaphoreStaleClockDropsFreePermit(t *testing.T) {
 // sees it under load: up to 141 samples, 2 ms apart, of one SemaphoreAcquire waiting on
 // another's transaction.)
 func TestSemaphoreRefreshWaitsForHeadsGrant(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	ctx := b.Ctx
-	rvExec(t, ctx, b.Pool, `SELECT fencelock.semaphore_set_limit('rv8', 2)`)
+	b, ctx := rvSemaphore(t, "rv8", 2)
 	pa := rvAcquire(t, ctx, b.Pool, "rv8", "a", 1, time.Minute, false, "")
 	pb := rvAcquire(t, ctx, b.Pool, "rv8", "b", 2, time.Minute, false, "")
 	require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rv8", "w1", 101, time.Minute, true, "").outcome)

@@ -24,6 +24,20 @@ import (
 	"github.com/fencelock/fencelock"
 )
 
+// lwRequireBusy runs a try ("t", wait id tryID) and a wait ("w", wait id waitID) of semaphore
+// sem, each within 3 s, and requires both to be refused as busy: told to look again at once
+// (ahead -1) rather than waiting for a lock.
+func lwRequireBusy(t *testing.T, b *bundle, sem string, tryID, waitID int64) {
+	t.Helper()
+	for _, a := range []rvAttempt{
+		lwAttempt(t, b, sem, "t", tryID, false, 3*time.Second),
+		lwAttempt(t, b, sem, "w", waitID, true, 3*time.Second),
+	} {
+		require.EqualValues(t, 4, a.outcome)
+		require.EqualValues(t, -1, a.ahead, "busy: look again at once")
+	}
+}
+
 // lwAttempt runs fencelock.semaphore_acquire on its own connection of b's pool and returns its
 // row, or fails the test if it has not returned within limit: it waited for a lock (the
 // transaction holding it stays open for longer than limit).
@@ -78,17 +92,12 @@ func TestSemaphoreCountingAttemptWaitsForNoOther(t *testing.T) {
 	g := rvAcquire(t, ctx, tx, "lwc", "g", 10, time.Minute, false, "")
 	require.EqualValues(t, 1, g.outcome, "the counting grant")
 
-	try := lwAttempt(t, b, "lwc", "t", 11, false, 3*time.Second)
-	require.EqualValues(t, 4, try.outcome)
-	require.EqualValues(t, -1, try.ahead, "busy: look again at once")
-	w := lwAttempt(t, b, "lwc", "w", 12, true, 3*time.Second)
-	require.EqualValues(t, 4, w.outcome)
-	require.EqualValues(t, -1, w.ahead, "busy: look again at once")
+	lwRequireBusy(t, b, "lwc", 11, 12)
 	require.EqualValues(t, 0, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = 'lwc'`),
 		"a busy attempt changes nothing: the wait takes no place")
 
 	require.NoError(t, tx.Commit(ctx))
-	w = lwAttempt(t, b, "lwc", "w", 12, true, 3*time.Second)
+	w := lwAttempt(t, b, "lwc", "w", 12, true, 3*time.Second)
 	require.EqualValues(t, 4, w.outcome, "2 of 2 held: refused")
 	require.EqualValues(t, 0, w.ahead, "decided: at the head")
 	require.EqualValues(t, 2, rvInt(t, ctx, b.Pool, `SELECT held FROM fencelock.semaphore_state WHERE name = 'lwc'`))
@@ -112,12 +121,7 @@ func TestSemaphoreFirstAcquireWaitsForNoOther(t *testing.T) {
 		time.Minute.Microseconds(), (5*time.Second).Microseconds()).Scan(&first))
 	require.EqualValues(t, 1, first, "the creating grant")
 
-	try := lwAttempt(t, b, "lwf", "t", 2, false, 3*time.Second)
-	require.EqualValues(t, 4, try.outcome)
-	require.EqualValues(t, -1, try.ahead, "busy: look again at once")
-	w := lwAttempt(t, b, "lwf", "w", 3, true, 3*time.Second)
-	require.EqualValues(t, 4, w.outcome)
-	require.EqualValues(t, -1, w.ahead, "busy: look again at once")
+	lwRequireBusy(t, b, "lwf", 2, 3)
 	require.EqualValues(t, 0, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphores WHERE name = 'lwf'`)+
 		rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = 'lwf'`), "a busy attempt changes nothing")
 
@@ -132,10 +136,10 @@ func TestSemaphoreFirstAcquireWaitsForNoOther(t *testing.T) {
 	require.EqualValues(t, 3, rvInt(t, ctx, b.Pool, `SELECT permit_limit FROM fencelock.semaphores WHERE name = 'lwf'`))
 	require.EqualValues(t, 2, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'lwf'`), "slots 1 and 2 free")
 
-	w = lwAttempt(t, b, "lwf", "w", 3, true, 3*time.Second)
+	w := lwAttempt(t, b, "lwf", "w", 3, true, 3*time.Second)
 	require.EqualValues(t, 1, w.outcome, "the wait at the head, 1 of 3 held: granted")
 	require.Equal(t, "lwf#1", w.name)
-	try = lwAttempt(t, b, "lwf", "t", 2, false, 3*time.Second)
+	try := lwAttempt(t, b, "lwf", "t", 2, false, 3*time.Second)
 	require.EqualValues(t, 1, try.outcome, "2 of 3 held, nobody waiting: granted")
 }
 

@@ -83,13 +83,7 @@ func TestSQLTryAcquireInTransactionBlockCountsFromItsStatement(t *testing.T) {
 	require.NotNil(t, tokA)
 	require.NoError(t, tx.Commit(b.Ctx))
 
-	var tokB fencelock.Token
-	for time.Since(sent) < ttl*3/4 {
-		if tokB = sqlTryAcquire(t, b, "acct", "B", ttl); tokB != 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	tokB := sqlFirstGrantToB(t, b, sent, ttl)
 	require.Zero(t, tokB, "B took the lease %v after A's grant was sent (ttl %v)", time.Since(sent), ttl)
 }
 
@@ -115,13 +109,7 @@ func TestSQLRenewInTransactionCountsFromItsStatement(t *testing.T) {
 
 	// The renewal opened a trust window up to sent + ttl. Ask inside it, once its first
 	// grant's TTL (from before the renewal) has passed on the database clock.
-	var tokB fencelock.Token
-	for time.Since(sent) < ttl*3/4 {
-		if tokB = sqlTryAcquire(t, b, "acct", "B", ttl); tokB != 0 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	tokB := sqlFirstGrantToB(t, b, sent, ttl)
 	require.Zero(t, tokB, "B took the lease %v after A's renewal was sent (ttl %v; the renewal said it expires at %v, %v after its send time)",
 		time.Since(sent), ttl, expires, expires.Sub(sent))
 }
@@ -271,4 +259,17 @@ func TestSQLTryAcquireDoesNotBargeAndRenewDoesNotRevive(t *testing.T) {
 	time.Sleep(40 * time.Millisecond)
 	_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.renew('e', 'A', $1, '1 minute'::interval)`, int64(tokE))
 	require.Equal(t, "FL005", sqlState(err), "renew of an expired grant nobody took")
+}
+
+// sqlFirstGrantToB has B try fencelock.try_acquire of "acct" with ttl every 20 ms until 3/4 of
+// ttl has passed since sent, and returns the token of its first grant (0 when none came).
+func sqlFirstGrantToB(t *testing.T, b *bundle, sent time.Time, ttl time.Duration) fencelock.Token {
+	t.Helper()
+	for time.Since(sent) < ttl*3/4 {
+		if tok := sqlTryAcquire(t, b, "acct", "B", ttl); tok != 0 {
+			return tok
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return 0
 }
