@@ -99,14 +99,23 @@ func requireEachVersionOnce(t *testing.T, b *bundle) {
 	testkit.RequireEachVersionOnce(t, b.Ctx, b.Pool)
 }
 
+// insertLeases inserts n lease rows <prefix>1 .. <prefix><n> of holder 'h', acquired at now()
+// plus the interval acquired and expiring at now() plus the interval expires (intervals in
+// SQL's words: "-2 hours", "30 seconds"), each with a token of the sequence's default.
+func insertLeases(t *testing.T, b *bundle, prefix string, n int, acquired, expires string) {
+	t.Helper()
+	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
+		SELECT $1 || i, 'h', now() + $3::interval, now() + $4::interval FROM generate_series(1, $2) AS i`,
+		prefix, n, acquired, expires)
+	require.NoError(t, err)
+}
+
 // seedLeases inserts total leases 'lease:1' .. 'lease:<total>' held by 'h' for an hour, and
 // returns the first take of them by name as LeaseRenew's arrays: names, tokens, and TTLs of a
 // minute in microseconds.
 func seedLeases(t *testing.T, b *bundle, total, take int) (names []string, tokens, ttls []int64) {
 	t.Helper()
-	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
-		SELECT 'lease:' || i, 'h', now(), now() + interval '1 hour' FROM generate_series(1, $1) AS i`, total)
-	require.NoError(t, err)
+	insertLeases(t, b, "lease:", total, "0", "1 hour")
 	rows, err := b.Pool.Query(b.Ctx, `SELECT name, token FROM fencelock.leases ORDER BY name LIMIT $1`, take)
 	require.NoError(t, err)
 	for rows.Next() {

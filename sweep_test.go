@@ -21,12 +21,8 @@ func TestSweepLeases(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	// 1,200 rows expired an hour ago (more than two pages), 10 expired 30 s ago, 10 held.
-	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
-		SELECT 'old:' || i, 'h', now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, 1200) AS i`)
-	require.NoError(t, err)
-	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
-		SELECT 'recent:' || i, 'h', now() - interval '1 minute', now() - interval '30 seconds' FROM generate_series(1, 10) AS i`)
-	require.NoError(t, err)
+	insertLeases(t, b, "old:", 1200, "-2 hours", "-1 hour")
+	insertLeases(t, b, "recent:", 10, "-1 minute", "-30 seconds")
 	l := newLessor(t, b.Pool, "holder")
 	var held []*fencelock.Lease
 	for _, name := range []string{"live:1", "live:2", "live:3", "live:4", "live:5", "live:6", "live:7", "live:8", "live:9", "live:10"} {
@@ -34,8 +30,7 @@ func TestSweepLeases(t *testing.T) {
 		require.NoError(t, err)
 		held = append(held, lease)
 	}
-	var maxToken int64
-	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT max(token) FROM fencelock.leases`).Scan(&maxToken))
+	maxToken := maxLeaseToken(t, b)
 	// A fence row is never swept, however old the lease that advanced it.
 	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, "old:3", 1) }))
 
@@ -53,7 +48,7 @@ func TestSweepLeases(t *testing.T) {
 	}()
 	<-inTx
 
-	_, err = fencelock.SweepLeases(b.Ctx, b.Pool, fencelock.MinSweepGrace-time.Second)
+	_, err := fencelock.SweepLeases(b.Ctx, b.Pool, fencelock.MinSweepGrace-time.Second)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
 	_, err = fencelock.SweepLeases(b.Ctx, nil, time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrInvalidArgument)
@@ -102,13 +97,10 @@ func TestSweepLeases(t *testing.T) {
 func TestSweepLeasesConcurrent(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
-		SELECT 'old:' || i, 'h', now() - interval '2 hours', now() - interval '1 hour' FROM generate_series(1, 5000) AS i`)
-	require.NoError(t, err)
-	var maxToken int64
-	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT max(token) FROM fencelock.leases`).Scan(&maxToken))
+	insertLeases(t, b, "old:", 5000, "-2 hours", "-1 hour")
+	maxToken := maxLeaseToken(t, b)
 	// A token_flushes row of a backend that has exited, and one of a live backend.
-	_, err = b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.token_flushes VALUES (2147483000, 1), (pg_backend_pid(), 2)`)
+	_, err := b.Pool.Exec(b.Ctx, `INSERT INTO fencelock.token_flushes VALUES (2147483000, 1), (pg_backend_pid(), 2)`)
 	require.NoError(t, err)
 
 	l := newLessor(t, b.Pool, "g")
@@ -147,4 +139,12 @@ func TestSweepLeasesConcurrent(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, pids, int32(2147483000), "the row of an exited backend was not swept")
 	require.Len(t, pids, 1, "the row of a live backend was swept")
+}
+
+// maxLeaseToken returns the largest token of fencelock.leases.
+func maxLeaseToken(t *testing.T, b *bundle) int64 {
+	t.Helper()
+	var token int64
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT max(token) FROM fencelock.leases`).Scan(&token))
+	return token
 }
