@@ -183,7 +183,7 @@ func TestLeaseSetAndTermSQLTx(t *testing.T) {
 	_, err = inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error { return set.GuardSQLTx(b.Ctx, tx) })
 	require.NoError(t, err)
 
-	e := newElection(t, b.Pool, "a", "leader", time.Minute)
+	e := fencetest.NewElection(t, b.Pool, "a", "leader", time.Minute)
 	term, err := e.Campaign(b.Ctx, "a")
 	require.NoError(t, err)
 	_, err = inSQLTx(t, b.Ctx, sqlDB, func(tx *sql.Tx) error { return term.FenceSQLTx(b.Ctx, tx, "leader-writes") })

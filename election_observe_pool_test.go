@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // An election observer reads the leader on a session of its own (taken from the pool and
@@ -36,7 +37,7 @@ func TestObserveWithSaturatedPool(t *testing.T) {
 	// The first state means the observer has read once, on its own session (hijacked: the
 	// pool's slot freed). Whether LISTEN is in place yet does not matter: without it the
 	// observer polls, on that same session.
-	require.Equal(t, fencelock.LeaderInfo{}, next(t, states), "nobody leads yet")
+	require.Equal(t, fencelock.LeaderInfo{}, fencetest.Next(t, states), "nobody leads yet")
 
 	// The application takes the small pool's only connection (a listening connection is
 	// hijacked too and does not count).

@@ -14,16 +14,6 @@ import (
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
-// newElection(t, pool, holder, name, ttl, opts...) returns the election name on a lessor of
-// its own with holder id holder; next receives the observer's next state, failing the test
-// after 10 s; nextWhere skips states until one satisfies a condition, checking that terms only
-// rise.
-var (
-	newElection = fencetest.NewElection
-	next        = fencetest.Next
-	nextWhere   = fencetest.NextWhere
-)
-
 // Campaign, Proclaim, Resign, Leader and Observe: candidates are elected in the order they
 // campaigned; a resign hands the term to the next candidate at once; the observer sees each
 // leader with its value, and nobody leading once the last resigns; terms rise.
@@ -31,20 +21,20 @@ func TestElection(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const name = "election:payments"
-	a := newElection(t, b.Pool, "cand-a", name, 5*time.Second)
-	c := newElection(t, b.Pool, "cand-b", name, 5*time.Second)
-	watcher := newElection(t, b.Pool, "watcher", name, 5*time.Second)
+	a := fencetest.NewElection(t, b.Pool, "cand-a", name, 5*time.Second)
+	c := fencetest.NewElection(t, b.Pool, "cand-b", name, 5*time.Second)
+	watcher := fencetest.NewElection(t, b.Pool, "watcher", name, 5*time.Second)
 
 	octx, stop := context.WithCancel(b.Ctx)
 	defer stop()
 	states := watcher.Observe(octx)
-	require.Equal(t, fencelock.LeaderInfo{}, next(t, states), "nobody leads yet")
+	require.Equal(t, fencelock.LeaderInfo{}, fencetest.Next(t, states), "nobody leads yet")
 	_, err := watcher.Leader(b.Ctx)
 	require.ErrorIs(t, err, fencelock.ErrNoLeader)
 
 	ta, err := a.Campaign(b.Ctx, "10.0.0.1:8080")
 	require.NoError(t, err)
-	got := nextWhere(t, states, 0, func(i fencelock.LeaderInfo) bool { return i.Value == "10.0.0.1:8080" })
+	got := fencetest.NextWhere(t, states, 0, func(i fencelock.LeaderInfo) bool { return i.Value == "10.0.0.1:8080" })
 	require.Equal(t, "cand-a", got.Holder)
 	require.Equal(t, ta.Token(), got.Token)
 	leader, err := watcher.Leader(b.Ctx)
@@ -53,7 +43,7 @@ func TestElection(t *testing.T) {
 	require.Equal(t, "10.0.0.1:8080", leader.Value)
 
 	require.NoError(t, ta.Proclaim(b.Ctx, "10.0.0.1:9090"))
-	require.Equal(t, "10.0.0.1:9090", nextWhere(t, states, ta.Token(), func(i fencelock.LeaderInfo) bool { return i.Value == "10.0.0.1:9090" }).Value)
+	require.Equal(t, "10.0.0.1:9090", fencetest.NextWhere(t, states, ta.Token(), func(i fencelock.LeaderInfo) bool { return i.Value == "10.0.0.1:9090" }).Value)
 
 	elected := make(chan *fencelock.Term, 1)
 	go func() {
@@ -70,7 +60,7 @@ func TestElection(t *testing.T) {
 	t.Logf("new leader %v after the resign", time.Since(resigned).Round(time.Microsecond))
 	require.NotNil(t, tc)
 	require.Greater(t, tc.Token(), ta.Token())
-	got = nextWhere(t, states, ta.Token(), func(i fencelock.LeaderInfo) bool { return i.Holder == "cand-b" && i.Value == "10.0.0.2:8080" })
+	got = fencetest.NextWhere(t, states, ta.Token(), func(i fencelock.LeaderInfo) bool { return i.Holder == "cand-b" && i.Value == "10.0.0.2:8080" })
 	require.Equal(t, tc.Token(), got.Token)
 	require.ErrorIs(t, ta.Err(), fencelock.ErrReleased)
 
@@ -80,7 +70,7 @@ func TestElection(t *testing.T) {
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
 
 	require.NoError(t, tc.Resign(b.Ctx))
-	require.Equal(t, fencelock.LeaderInfo{}, nextWhere(t, states, tc.Token(), func(i fencelock.LeaderInfo) bool { return i.Token == 0 }))
+	require.Equal(t, fencelock.LeaderInfo{}, fencetest.NextWhere(t, states, tc.Token(), func(i fencelock.LeaderInfo) bool { return i.Token == 0 }))
 	stop()
 	for range states { // closed once ctx ended
 	}
@@ -94,19 +84,19 @@ func TestElectionLeaderDies(t *testing.T) {
 	b := setup(t)
 	const name = "election:dies"
 	const ttl = time.Second
-	dead := newElection(t, b.Pool, "dead", name, ttl, fencelock.WithoutHeartbeat())
-	heir := newElection(t, b.Pool, "heir", name, ttl)
+	dead := fencetest.NewElection(t, b.Pool, "dead", name, ttl, fencelock.WithoutHeartbeat())
+	heir := fencetest.NewElection(t, b.Pool, "heir", name, ttl)
 	td, err := dead.Campaign(b.Ctx, "dead")
 	require.NoError(t, err)
 	states := heir.Observe(b.Ctx)
-	require.Equal(t, "dead", nextWhere(t, states, 0, func(i fencelock.LeaderInfo) bool { return i.Value == "dead" }).Holder)
+	require.Equal(t, "dead", fencetest.NextWhere(t, states, 0, func(i fencelock.LeaderInfo) bool { return i.Value == "dead" }).Holder)
 	th, err := heir.Campaign(b.Ctx, "heir")
 	require.NoError(t, err)
 	after := time.Since(td.Lease().ExpiresAt()) // ExpiresAt is on the database clock; same host here
 	t.Logf("heir elected %v after the dead leader's term expired", after.Round(time.Millisecond))
 	require.Less(t, after, 500*time.Millisecond, "elected long after the term lapsed")
 	require.Greater(t, th.Token(), td.Token())
-	require.Equal(t, "heir", nextWhere(t, states, td.Token(), func(i fencelock.LeaderInfo) bool { return i.Value == "heir" }).Holder)
+	require.Equal(t, "heir", fencetest.NextWhere(t, states, td.Token(), func(i fencelock.LeaderInfo) bool { return i.Value == "heir" }).Holder)
 	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return th.FenceTx(b.Ctx, tx, name) }))
 	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return td.FenceTx(b.Ctx, tx, name) })
 	require.ErrorIs(t, err, fencelock.ErrLeaseLost)
@@ -129,7 +119,7 @@ func TestElectionRun(t *testing.T) {
 	var seen []string
 	done := make(chan error, 2)
 	for _, id := range []string{"run-a", "run-b"} {
-		e := newElection(t, b.Pool, id, name, 5*time.Second)
+		e := fencetest.NewElection(t, b.Pool, id, name, 5*time.Second)
 		go func() {
 			done <- e.Run(ctx, id, fencelock.ElectionCallbacks{
 				OnStartedLeading: func(tctx context.Context, term *fencelock.Term) {
@@ -228,7 +218,7 @@ func TestElectionBadInput(t *testing.T) {
 func TestElectionRunPanic(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e := newElection(t, b.Pool, "panicky", "election:panic", 5*time.Second)
+	e := fencetest.NewElection(t, b.Pool, "panicky", "election:panic", 5*time.Second)
 	stopped := false
 	func() {
 		defer func() { require.Equal(t, "boom", recover()) }()
@@ -249,13 +239,13 @@ func TestElectionObserveUnannouncedTerm(t *testing.T) {
 	b := setup(t)
 	const name = "election:quiet"
 	const ttl = time.Second
-	watcher := newElection(t, b.Pool, "quiet-watcher", name, ttl)
+	watcher := fencetest.NewElection(t, b.Pool, "quiet-watcher", name, ttl)
 	states := watcher.Observe(b.Ctx)
-	require.Equal(t, fencelock.LeaderInfo{}, next(t, states))
+	require.Equal(t, fencelock.LeaderInfo{}, fencetest.Next(t, states))
 	lease, err := newLessor(t, b.Pool, "quiet-holder").TryAcquire(b.Ctx, name, 5*time.Second)
 	require.NoError(t, err)
 	took := time.Now()
-	got := next(t, states)
+	got := fencetest.Next(t, states)
 	require.Equal(t, "quiet-holder", got.Holder)
 	require.Equal(t, lease.Token(), got.Token)
 	require.Less(t, time.Since(took), ttl+500*time.Millisecond, "not read within a TTL")

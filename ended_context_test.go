@@ -59,10 +59,10 @@ func TestEndedContextLeaseRelease(t *testing.T) {
 		b := setup(t)
 		lease, err := newLessor(t, b.Pool, "holder").TryAcquire(b.Ctx, "ended:handoff", time.Minute)
 		require.NoError(t, err)
-		waiting := acquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter"), "ended:handoff", time.Minute)
+		waiting := fencetest.AcquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter"), "ended:handoff", time.Minute)
 		awaitQueue(t, b.Ctx, b.Pool, "ended:handoff", true, "waiter")
 		require.NoError(t, lease.Release(endedCtx(b.Ctx)))
-		got := receive(t, waiting, 5*time.Second) // the TTL is a minute: only a hand-off is this fast
+		got := fencetest.Receive(t, waiting, 5*time.Second) // the TTL is a minute: only a hand-off is this fast
 		require.NoError(t, got.Err)
 		require.Greater(t, got.Lease.Token(), lease.Token())
 		require.Equal(t, leaseRow{Holder: "waiter", Token: int64(got.Lease.Token())}, readLease(t, b.Ctx, b.Pool, "ended:handoff"))
@@ -106,17 +106,17 @@ func TestEndedContextAdvisoryUnlock(t *testing.T) {
 func TestEndedContextTermResign(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e := newElection(t, b.Pool, "leader", "election/ended", 30*time.Second)
+	e := fencetest.NewElection(t, b.Pool, "leader", "election/ended", 30*time.Second)
 	term, err := e.Campaign(b.Ctx, "leader:1")
 	require.NoError(t, err)
 	octx, stop := context.WithCancel(b.Ctx)
 	defer stop()
 	seen := e.Observe(octx)
-	require.Equal(t, term.Token(), next(t, seen).Token)
+	require.Equal(t, term.Token(), fencetest.Next(t, seen).Token)
 
 	require.NoError(t, term.Resign(endedCtx(b.Ctx)))
 	require.ErrorIs(t, term.Err(), fencelock.ErrReleased)
-	require.Zero(t, next(t, seen).Token, "nobody leads: the observer is woken by the resign, within 10 s")
+	require.Zero(t, fencetest.Next(t, seen).Token, "nobody leads: the observer is woken by the resign, within 10 s")
 	_, err = e.Leader(b.Ctx)
 	require.ErrorIs(t, err, fencelock.ErrNoLeader)
 	requireFree(t, b, "election/ended")
@@ -127,7 +127,7 @@ func TestEndedContextTermResign(t *testing.T) {
 func TestEndedContextElectionRunExit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e := newElection(t, b.Pool, "leader", "election/run", 30*time.Second)
+	e := fencetest.NewElection(t, b.Pool, "leader", "election/run", 30*time.Second)
 	ctx, cancel := context.WithCancel(b.Ctx)
 	var stopped error
 	err := e.Run(ctx, "leader:1", fencelock.ElectionCallbacks{
@@ -143,10 +143,10 @@ func TestEndedContextElectionRunExit(t *testing.T) {
 func TestEndedContextCampaignExit(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	e := newElection(t, b.Pool, "leader", "election/wait", 30*time.Second)
+	e := fencetest.NewElection(t, b.Pool, "leader", "election/wait", 30*time.Second)
 	term, err := e.Campaign(b.Ctx, "leader")
 	require.NoError(t, err)
-	ec := newElection(t, b.Pool, "candidate", "election/wait", 30*time.Second)
+	ec := fencetest.NewElection(t, b.Pool, "candidate", "election/wait", 30*time.Second)
 	ctx, cancel := context.WithCancel(b.Ctx)
 	campaigned := make(chan error, 1)
 	go func() {
@@ -195,14 +195,14 @@ func TestEndedContextPermitRelease(t *testing.T) {
 	// A waiter: the release with an ended ctx lets it in, well before the permit's TTL.
 	s3, err := fencelock.NewSemaphore(newLessor(t, b.Pool, "waiter"), "sem:ended", 1)
 	require.NoError(t, err)
-	waiting := permitAsync(b.Ctx, s3, time.Minute)
+	waiting := fencetest.PermitAsync(b.Ctx, s3, time.Minute)
 	waitFor(t, b, "the waiter queues", func() bool {
 		st, err := s.State(b.Ctx)
 		require.NoError(t, err)
 		return st.Waiting == 1
 	})
 	require.NoError(t, permit2.Release(endedCtx(b.Ctx)))
-	got := receive(t, waiting, 10*time.Second)
+	got := fencetest.Receive(t, waiting, 10*time.Second)
 	require.NoError(t, got.Err)
 	st, err := s.State(b.Ctx)
 	require.NoError(t, err)
@@ -232,10 +232,10 @@ func TestEndedContextLeaveQueue(t *testing.T) {
 	holder, err := newLessor(t, b.Pool, "holder").TryAcquire(b.Ctx, "ended:queue", time.Minute)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.Ctx)
-	waiting := acquireAsync(ctx, newLessor(t, b.Pool, "waiter"), "ended:queue", time.Minute)
+	waiting := fencetest.AcquireAsync(ctx, newLessor(t, b.Pool, "waiter"), "ended:queue", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "ended:queue", false, "waiter")
 	cancel()
-	require.ErrorIs(t, receive(t, waiting, 10*time.Second).Err, context.Canceled)
+	require.ErrorIs(t, fencetest.Receive(t, waiting, 10*time.Second).Err, context.Canceled)
 	requireNoWaiters(t, b, "ended:queue")
 	require.NoError(t, holder.Release(b.Ctx))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // silentConn is a connection that can go silent without an error, as a half-open TCP flow
@@ -102,7 +103,7 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 
 	permit, err := s.TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err)
-	got := permitAsync(b.Ctx, ws, time.Minute)
+	got := fencetest.PermitAsync(b.Ctx, ws, time.Minute)
 	var first *silentConn
 	select {
 	case first = <-d.listening:
@@ -142,7 +143,7 @@ func TestSilentListenerIsReplaced(t *testing.T) {
 	require.NoError(t, a.Lease.Release(b.Ctx))
 	permit, err = s.TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err)
-	got = permitAsync(b.Ctx, ws, time.Minute)
+	got = fencetest.PermitAsync(b.Ctx, ws, time.Minute)
 	waitQueued(t, b, ws, 1)
 	require.NoError(t, permit.Release(b.Ctx))
 	a = <-got

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/job"
 	"github.com/fencelock/fencelock/ratelimit"
 )
@@ -82,7 +83,7 @@ func TestLeastPrivilege(t *testing.T) {
 	la, lb := newLessor(t, app, "a"), newLessor(t, app, "b")
 	held, err := la.TryAcquire(ctx, "account:1", 10*time.Second)
 	require.NoError(t, err)
-	waiter := acquireAsync(ctx, lb, "account:1", 10*time.Second)
+	waiter := fencetest.AcquireAsync(ctx, lb, "account:1", 10*time.Second)
 	awaitQueue(t, ctx, app, "account:1", false, "b")
 	var holder string
 	var waiters int64
@@ -227,10 +228,10 @@ func TestLeastPrivilege(t *testing.T) {
 	require.NoError(t, err)
 	semB, err := fencelock.NewSemaphore(lb, "sem/app", 1)
 	require.NoError(t, err)
-	permitB := permitAsync(ctx, semB, 10*time.Second)
+	permitB := fencetest.PermitAsync(ctx, semB, 10*time.Second)
 	require.Eventually(t, func() bool { st, err := sem.State(ctx); return err == nil && st.Waiting == 1 }, 10*time.Second, 5*time.Millisecond)
 	require.NoError(t, permit.Release(ctx))
-	gotB := receive(t, permitB, 10*time.Second)
+	gotB := fencetest.Receive(t, permitB, 10*time.Second)
 	require.NoError(t, gotB.Err)
 	require.NoError(t, gotB.Lease.Release(ctx))
 	_, err = sem.SetLimit(ctx, 3)

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // A lessor that has waited, held and released stays attached to its pool's notifier for a
@@ -36,11 +37,11 @@ func TestQueuePlaceCarriesChannelAfterRelease(t *testing.T) {
 	for round := range 2 {
 		held, err := holder.TryAcquire(b.Ctx, name, 10*time.Second)
 		require.NoError(t, err)
-		first := acquireAsync(b.Ctx, ahead, name, 10*time.Second)
+		first := fencetest.AcquireAsync(b.Ctx, ahead, name, 10*time.Second)
 		awaitWaiters(t, b, name, 1)
 		// Behind another waiter: a wait that joins at the head looks again 20 ms later anyway
 		// (joinRecheck), which would give the queue its channel by the second attempt.
-		got := acquireAsync(b.Ctx, waiter, name, 10*time.Second)
+		got := fencetest.AcquireAsync(b.Ctx, waiter, name, 10*time.Second)
 		awaitWaiters(t, b, name, 2)
 		t.Logf("round %d channel %q", round, channelOf())
 		if round == 1 {

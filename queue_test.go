@@ -30,15 +30,9 @@ var (
 	awaitQueue = testkit.AwaitQueue
 )
 
-// acquired is the result of an Acquire run by acquireAsync or permitAsync (in a goroutine of
-// its own), with the time it came back; receive waits for it, failing the test after a limit.
+// acquired is the result of an Acquire run in a goroutine of its own (fencetest.AcquireAsync,
+// fencetest.PermitAsync), with the time it came back.
 type acquired = fencetest.Acquired
-
-var (
-	acquireAsync = fencetest.AcquireAsync
-	permitAsync  = fencetest.PermitAsync
-	receive      = fencetest.Receive
-)
 
 // Eight waiters that join one after the other are granted in that order, each by the release
 // of the one before (a hand-off in the release's statement, woken by NOTIFY: well within the
@@ -56,7 +50,7 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 	for i := range n {
 		name := fmt.Sprintf("w%d", i)
 		names = append(names, name)
-		results = append(results, acquireAsync(b.Ctx, newLessor(t, b.Pool, name), "fifo", time.Minute))
+		results = append(results, fencetest.AcquireAsync(b.Ctx, newLessor(t, b.Pool, name), "fifo", time.Minute))
 		awaitQueue(t, b.Ctx, b.Pool, "fifo", true, names...)
 	}
 	var waiters int64
@@ -71,7 +65,7 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 	prev := first
 	for i := range n {
 		require.NoError(t, prev.Release(b.Ctx))
-		got := receive(t, results[i], time.Second)
+		got := fencetest.Receive(t, results[i], time.Second)
 		require.NoError(t, got.Err, "w%d", i)
 		require.Equal(t, names[i], got.Lease.Holder(), "grant %d went out of order", i)
 		require.Greater(t, got.Lease.Token(), prev.Token())
@@ -122,7 +116,7 @@ func TestReleaseInsideGuardedTransaction(t *testing.T) {
 	holder := newLessor(t, b.Pool, "holder")
 	lh, err := holder.TryAcquire(b.Ctx, "guarded", time.Minute)
 	require.NoError(t, err)
-	w := acquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter", fastBackoff), "guarded", time.Minute)
+	w := fencetest.AcquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter", fastBackoff), "guarded", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "guarded", true, "waiter")
 	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
@@ -135,7 +129,7 @@ func TestReleaseInsideGuardedTransaction(t *testing.T) {
 	require.Equal(t, "holder", row.Holder, "handed over while the holder's guarded transaction was open")
 	require.True(t, row.Expired)
 	require.NoError(t, tx.Commit(b.Ctx))
-	got := receive(t, w, 2*time.Second)
+	got := fencetest.Receive(t, w, 2*time.Second)
 	require.NoError(t, got.Err)
 	require.Greater(t, got.Lease.Token(), lh.Token())
 	require.NoError(t, got.Lease.Release(b.Ctx))
@@ -159,7 +153,7 @@ func TestRunLockedWaitsInQueue(t *testing.T) {
 		})
 	}()
 	awaitQueue(t, b.Ctx, b.Pool, "mixed", true, "tx")
-	ttl := acquireAsync(b.Ctx, newLessor(t, b.Pool, "ttl"), "mixed", time.Minute)
+	ttl := fencetest.AcquireAsync(b.Ctx, newLessor(t, b.Pool, "ttl"), "mixed", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "mixed", true, "tx", "ttl")
 	require.NoError(t, lh.Release(b.Ctx))
 	// The order of the two grants is their tokens' (one sequence): on a loaded machine both may
@@ -172,7 +166,7 @@ func TestRunLockedWaitsInQueue(t *testing.T) {
 	}
 	require.NoError(t, <-txDone)
 	require.Greater(t, token, lh.Token())
-	got := receive(t, ttl, 10*time.Second)
+	got := fencetest.Receive(t, ttl, 10*time.Second)
 	require.NoError(t, got.Err)
 	require.Greater(t, got.Lease.Token(), token, "the TTL waiter behind the RunLocked was granted first")
 	require.NoError(t, got.Lease.Release(b.Ctx))
@@ -192,15 +186,15 @@ func TestQueueWaiterCancelled(t *testing.T) {
 	lh, err := holder.TryAcquire(b.Ctx, "cancel", time.Minute)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.Ctx)
-	q := acquireAsync(ctx, quitter, "cancel", time.Minute)
+	q := fencetest.AcquireAsync(ctx, quitter, "cancel", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "cancel", true, "quitter")
-	n := acquireAsync(b.Ctx, next, "cancel", time.Minute)
+	n := fencetest.AcquireAsync(b.Ctx, next, "cancel", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "cancel", true, "quitter", "next")
 	cancel()
-	require.ErrorIs(t, receive(t, q, time.Second).Err, context.Canceled)
+	require.ErrorIs(t, fencetest.Receive(t, q, time.Second).Err, context.Canceled)
 	require.Equal(t, []queued{{Holder: "next", Position: 1, Notify: true}}, readQueue(t, b.Ctx, b.Pool, "cancel"))
 	require.NoError(t, lh.Release(b.Ctx))
-	got := receive(t, n, time.Second)
+	got := fencetest.Receive(t, n, time.Second)
 	require.NoError(t, got.Err)
 	require.NoError(t, got.Lease.Release(b.Ctx))
 
@@ -209,20 +203,20 @@ func TestQueueWaiterCancelled(t *testing.T) {
 		lh, err := holder.TryAcquire(b.Ctx, name, time.Minute)
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(b.Ctx)
-		q := acquireAsync(ctx, quitter, name, time.Minute)
+		q := fencetest.AcquireAsync(ctx, quitter, name, time.Minute)
 		awaitQueue(t, b.Ctx, b.Pool, name, true, "quitter")
-		n := acquireAsync(b.Ctx, next, name, time.Minute)
+		n := fencetest.AcquireAsync(b.Ctx, next, name, time.Minute)
 		awaitQueue(t, b.Ctx, b.Pool, name, true, "quitter", "next")
 		time.AfterFunc(time.Duration(rand.IntN(2000))*time.Microsecond, cancel)
 		released := time.Now()
 		require.NoError(t, lh.Release(b.Ctx))
-		if r := receive(t, q, time.Second); r.Err == nil {
+		if r := fencetest.Receive(t, q, time.Second); r.Err == nil {
 			// The quitter was granted before its ctx ended: a grant like any other.
 			require.NoError(t, r.Lease.Release(b.Ctx), "round %d", round)
 		} else {
 			require.ErrorIs(t, r.Err, context.Canceled, "round %d", round)
 		}
-		got := receive(t, n, time.Second)
+		got := fencetest.Receive(t, n, time.Second)
 		require.NoError(t, got.Err, "round %d", round)
 		require.Less(t, got.At.Sub(released), time.Second, "round %d", round)
 		require.Empty(t, readQueue(t, b.Ctx, b.Pool, name), "round %d", round)

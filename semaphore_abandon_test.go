@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // A ctx that ends while the grant statement is in flight (here blocked on the semaphore's row,
@@ -134,13 +135,13 @@ func TestSemaphoreWaiterGivingUpWakesTheNext(t *testing.T) {
 	gave := make(chan error, 1)
 	go func() { _, err := w1.Acquire(ctx1, 15*time.Second); gave <- err }()
 	waitQueued(t, b, h, 1)
-	second := permitAsync(b.Ctx, w2, 15*time.Second)
+	second := fencetest.PermitAsync(b.Ctx, w2, 15*time.Second)
 	waitQueued(t, b, h, 2)
 	cancel1()
 	require.NoError(t, held.Release(b.Ctx))
 	released := time.Now()
 	require.ErrorIs(t, <-gave, context.Canceled)
-	got := receive(t, second, 10*time.Second)
+	got := fencetest.Receive(t, second, 10*time.Second)
 	require.NoError(t, got.Err)
 	require.Less(t, got.At.Sub(released), 1200*time.Millisecond, "the next waiter waited for its refresh")
 	t.Logf("the waiter behind the one that gave up was granted %v after the release", got.At.Sub(released).Round(time.Millisecond))

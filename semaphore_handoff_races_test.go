@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // rvQuerier is what runs a statement: a pool, a pooled connection or a transaction.
@@ -228,7 +229,7 @@ func TestSemaphoreGrantedAndHandedPermitLost(t *testing.T) {
 	defer func() { _ = pa.Release(b.Ctx) }()
 	w := newSemaphore(t, b, "rv-w", "rv1g", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
 	// TTL 2 s: liveness 2 s, a refresh every 667 ms (the head's attempt, which runs the grant).
-	got := permitAsync(b.Ctx, w, 2*time.Second)
+	got := fencetest.PermitAsync(b.Ctx, w, 2*time.Second)
 	waitQueued(t, b, h, 1)
 	time.Sleep(100 * time.Millisecond) // past the join recheck
 
@@ -241,7 +242,7 @@ func TestSemaphoreGrantedAndHandedPermitLost(t *testing.T) {
 	// at once (its row is locked by SetLimit's hand-off).
 	rvWaitLockedOrDone(t, b, "SemaphoreAcquire", 5*time.Second, rvRanSince(b, "SemaphoreAcquire", since))
 	require.NoError(t, tx.Commit(b.Ctx))
-	r := receive(t, got, 5*time.Second)
+	r := fencetest.Receive(t, got, 5*time.Second)
 	require.NoError(t, r.Err)
 	defer func() { _ = r.Lease.Release(b.Ctx) }()
 
@@ -270,14 +271,14 @@ func TestSemaphoreReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
 	_, err = h.SetLimit(b.Ctx, 1)
 	require.NoError(t, err)
 	w := newSemaphore(t, b, "rv2-w", "rv2", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
-	got := permitAsync(b.Ctx, w, 10*time.Second)
+	got := fencetest.PermitAsync(b.Ctx, w, 10*time.Second)
 	waitQueued(t, b, h, 1)
 	time.Sleep(100 * time.Millisecond)
 	require.NoError(t, p0.Release(b.Ctx)) // below the limit: freed, the head woken, still 1 held
 	time.Sleep(200 * time.Millisecond)
 	require.NoError(t, p1.Release(b.Ctx)) // above the limit: now nothing is held
 	released := time.Now()
-	r := receive(t, got, 5*time.Second)
+	r := fencetest.Receive(t, got, 5*time.Second)
 	require.NoError(t, r.Err)
 	defer func() { _ = r.Lease.Release(b.Ctx) }()
 	took := r.At.Sub(released)

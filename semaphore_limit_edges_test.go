@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/migrations"
 )
 
@@ -61,9 +62,9 @@ func TestSemaphoreCountingGrantLeavesRoomUntold(t *testing.T) {
 	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
 	w1 := newSemaphore(t, b, "rv6-w1", "rv6", 5, slow)
 	w2 := newSemaphore(t, b, "rv6-w2", "rv6", 5, slow)
-	g1 := permitAsync(ctx, w1, 10*time.Second)
+	g1 := fencetest.PermitAsync(ctx, w1, 10*time.Second)
 	waitQueued(t, b, w1, 1)
-	g2 := permitAsync(ctx, w2, 10*time.Second)
+	g2 := fencetest.PermitAsync(ctx, w2, 10*time.Second)
 	waitQueued(t, b, w1, 2)
 	time.Sleep(100 * time.Millisecond) // past the join rechecks
 	tx, err := b.Pool.Begin(ctx)
@@ -74,9 +75,9 @@ func TestSemaphoreCountingGrantLeavesRoomUntold(t *testing.T) {
 	}
 	require.NoError(t, tx.Commit(ctx))
 	released := time.Now()
-	r1 := receive(t, g1, 5*time.Second)
+	r1 := fencetest.Receive(t, g1, 5*time.Second)
 	require.NoError(t, r1.Err)
-	r2 := receive(t, g2, 5*time.Second)
+	r2 := fencetest.Receive(t, g2, 5*time.Second)
 	require.NoError(t, r2.Err)
 	t.Logf("W1 granted %v, W2 %v after the releases (2 of 4 held before them)", r1.At.Sub(released).Round(time.Millisecond), r2.At.Sub(released).Round(time.Millisecond))
 	require.Less(t, r2.At.Sub(released), 1200*time.Millisecond, "W2 was not told of the room W1's grant left (the refresh is 1.67 s)")

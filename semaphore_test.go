@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // newSemaphore returns semaphore name with limit on a lessor of its own with holder id holder.
@@ -155,13 +156,13 @@ func TestSemaphoreSetLimit(t *testing.T) {
 	p1, err := s.TryAcquire(b.Ctx, 10*time.Second)
 	require.NoError(t, err)
 	w := newSemaphore(t, b, "sem-setw", "sem:set", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
-	granted := permitAsync(b.Ctx, w, 10*time.Second)
+	granted := fencetest.PermitAsync(b.Ctx, w, 10*time.Second)
 	waitQueued(t, b, s, 1)
 	prev, err := s.SetLimit(b.Ctx, 2)
 	require.NoError(t, err)
 	require.Equal(t, 1, prev)
 	// Not woken, the waiter would find the room at its refresh, 1.67 s.
-	got := receive(t, granted, 1200*time.Millisecond)
+	got := fencetest.Receive(t, granted, 1200*time.Millisecond)
 	require.NoError(t, got.Err)
 	p2 := got.Lease
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2, Held: 2}, semState(t, b, s))
@@ -230,12 +231,12 @@ func TestSemaphoreCancelAndSameLessor(t *testing.T) {
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.semaphore_waiters`).Scan(&rows))
 	require.Zero(t, rows)
 	// Two goroutines of the lessor wait at once; each release lets one in.
-	first, second := permitAsync(b.Ctx, s, 10*time.Second), permitAsync(b.Ctx, s, 10*time.Second)
+	first, second := fencetest.PermitAsync(b.Ctx, s, 10*time.Second), fencetest.PermitAsync(b.Ctx, s, 10*time.Second)
 	waitQueued(t, b, s, 2)
 	require.NoError(t, p1.Release(b.Ctx))
 	require.NoError(t, p2.Release(b.Ctx))
 	for _, ch := range []<-chan acquired{first, second} {
-		got := receive(t, ch, 10*time.Second)
+		got := fencetest.Receive(t, ch, 10*time.Second)
 		require.NoError(t, got.Err)
 		require.NoError(t, got.Lease.Release(b.Ctx))
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // The cleanup of a grant statement of unknown outcome ends only what that statement may have
@@ -59,7 +60,7 @@ func TestSiblingCleanupSparesHandedGrant(t *testing.T) {
 
 			written := make(chan struct{}, 1)
 			l := newLessor(t, poolHoldingReplies(t, b, tc.hold, written), "l")
-			got := acquireAsync(b.Ctx, l, "x", 20*time.Second)
+			got := fencetest.AcquireAsync(b.Ctx, l, "x", 20*time.Second)
 			awaitQueue(t, b.Ctx, b.Pool, "x", true, "l") // the head, woken by NOTIFY
 
 			tried := make(chan error, 1)
@@ -89,7 +90,7 @@ func TestSiblingCleanupSparesHandedGrant(t *testing.T) {
 				t.Fatal("the sibling did not return")
 			}
 
-			a := receive(t, got, 10*time.Second)
+			a := fencetest.Receive(t, got, 10*time.Second)
 			require.NoError(t, a.Err)
 			require.Equal(t, handed, int64(a.Lease.Token()), "the Acquire claimed the grant handed to its wait")
 			require.NoError(t, a.Lease.Err(), "the Acquire trusts its grant")

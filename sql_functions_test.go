@@ -137,7 +137,7 @@ func TestSQLLeaseAndGoLessor(t *testing.T) {
 	require.ErrorIs(t, fenceOnly(b.Ctx, b.Pool, "acct:7", goLease.Token()), fencelock.ErrStaleToken)
 
 	// A waiting Go Acquire gets the lease handed over by the SQL release.
-	got := acquireAsync(b.Ctx, l, "acct:7", time.Minute)
+	got := fencetest.AcquireAsync(b.Ctx, l, "acct:7", time.Minute)
 	awaitWaiters(t, b, "acct:7", 1)
 	var released bool
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT fencelock.release('acct:7', 'py-1', $1)`, int64(pyToken)).Scan(&released))
