@@ -6,6 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/pgserver"
 	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
@@ -97,6 +98,19 @@ const migrateLockKey = testkit.MigrateLockKey
 func requireEachVersionOnce(t *testing.T, b *bundle) {
 	t.Helper()
 	testkit.RequireEachVersionOnce(t, b.Ctx, b.Pool)
+}
+
+// twoLessors runs t in parallel on a database of its own, with the lessors of holders "a" and
+// "c". When expiring, a's leases have no heartbeat (they expire at their TTL) and c backs off
+// briefly (fastBackoff: 200 us doubling to 5 ms), to take them soon after they do.
+func twoLessors(t *testing.T, expiring bool) (b *bundle, a, c *fencelock.Lessor) {
+	t.Helper()
+	t.Parallel()
+	b = setup(t)
+	if expiring {
+		return b, newLessor(t, b.Pool, "a", fencelock.WithoutHeartbeat()), newLessor(t, b.Pool, "c", fastBackoff)
+	}
+	return b, newLessor(t, b.Pool, "a"), newLessor(t, b.Pool, "c")
 }
 
 // insertLeases inserts n lease rows <prefix>1 .. <prefix><n> of holder 'h', acquired at now()

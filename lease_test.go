@@ -17,10 +17,7 @@ func TestLease(t *testing.T) {
 	t.Parallel()
 
 	t.Run("OneHolderThenLargerTokenAfterRelease", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		a := newLessor(t, b.Pool, "a")
-		c := newLessor(t, b.Pool, "c")
+		b, a, c := twoLessors(t, false)
 
 		la, err := a.TryAcquire(b.Ctx, "job", 10*time.Second)
 		require.NoError(t, err)
@@ -40,10 +37,7 @@ func TestLease(t *testing.T) {
 	})
 
 	t.Run("LargerTokenAfterExpiry", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		a := newLessor(t, b.Pool, "a", fencelock.WithoutHeartbeat())
-		c := newLessor(t, b.Pool, "c", fastBackoff)
+		b, a, c := twoLessors(t, true)
 
 		la, err := a.Acquire(b.Ctx, "job", 300*time.Millisecond)
 		require.NoError(t, err)
@@ -64,10 +58,7 @@ func TestLease(t *testing.T) {
 	})
 
 	t.Run("HeartbeatKeepsLeasePastTTL", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		a := newLessor(t, b.Pool, "a")
-		c := newLessor(t, b.Pool, "c")
+		b, a, c := twoLessors(t, false)
 		la, err := a.Acquire(b.Ctx, "job", 150*time.Millisecond)
 		require.NoError(t, err)
 		// Wait for several renewals: each moves ExpiresAt on the database clock.
@@ -241,10 +232,7 @@ func TestHeartbeatSignalsTakeover(t *testing.T) {
 // A cancelled ctx during the grant statement itself (blocked on a row held by a transaction)
 // leaves nothing held.
 func TestRunLockedCancelledWhileWaitingOnRow(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	a := newLessor(t, b.Pool, "a")
-	c := newLessor(t, b.Pool, "c")
+	b, a, c := twoLessors(t, false)
 	inside, finish := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {

@@ -15,11 +15,8 @@ func TestRunLocked(t *testing.T) {
 	t.Parallel()
 
 	t.Run("ExcludesTTLHoldersAndIssuesFreshToken", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
+		b, a, c := twoLessors(t, false)
 		createWrites(t, b)
-		a := newLessor(t, b.Pool, "a")
-		c := newLessor(t, b.Pool, "c")
 		prev, err := c.TryAcquire(b.Ctx, "job", time.Second)
 		require.NoError(t, err)
 		// While a TTL holder has the lease, the transaction mode is refused.
@@ -92,10 +89,7 @@ func TestRunLocked(t *testing.T) {
 	})
 
 	t.Run("WaitingVariantQueuesBehindTransaction", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		a := newLessor(t, b.Pool, "a")
-		c := newLessor(t, b.Pool, "c")
+		b, a, c := twoLessors(t, false)
 		inside, finish := make(chan struct{}), make(chan struct{})
 		var first, second fencelock.Token
 		done := make(chan error, 1)
@@ -120,10 +114,7 @@ func TestRunLocked(t *testing.T) {
 	})
 
 	t.Run("WaitsOutTTLHolder", func(t *testing.T) {
-		t.Parallel()
-		b := setup(t)
-		a := newLessor(t, b.Pool, "a", fencelock.WithoutHeartbeat())
-		c := newLessor(t, b.Pool, "c", fastBackoff)
+		b, a, c := twoLessors(t, true)
 		la, err := a.Acquire(b.Ctx, "job", 200*time.Millisecond)
 		require.NoError(t, err)
 		var got fencelock.Token
