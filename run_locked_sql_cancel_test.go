@@ -70,6 +70,15 @@ func (p *latencyProxy) close() {
 	p.wg.Wait()
 }
 
+// jobRowMade returns the lessor of holder "a", whose first run (of nothing) has made the lease
+// row of "job": a later run's grant locks that row rather than inserting it.
+func jobRowMade(t *testing.T, b *bundle) *fencelock.Lessor {
+	t.Helper()
+	l := newLessor(t, b.Pool, "a")
+	require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+	return l
+}
+
 // overSlowLink runs body as parallel subtests, one for the database/sql form ("SQL") and one
 // for its pgx control (named control), each with a database of its own behind a latencyProxy:
 // the "SQL" subtest gets a *sql.DB through the proxy (far nil), the other a pgx pool through
@@ -189,9 +198,7 @@ func requireRowFreeOnReturn(t *testing.T, b *bundle, name string, returned time.
 func TestRunLockedSQLCancelledInFnFreesRowOnReturn(t *testing.T) {
 	const latency = 100 * time.Millisecond
 	overSlowLink(t, "PgxControl", func(t *testing.T, b *bundle, proxy *latencyProxy, sqlDB *sql.DB, far *pgxpool.Pool) {
-		// The row exists before the run (a first run creates it).
-		l := newLessor(t, b.Pool, "a")
-		require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+		l := jobRowMade(t, b)
 
 		ctx, cancel := context.WithCancel(b.Ctx)
 		defer cancel()
@@ -300,8 +307,7 @@ func TestLockTxCancelledLeavesNoAbandonedWait(t *testing.T) {
 func TestTryRunLockedSQLCancelledAfterGrantFreesRowOnReturn(t *testing.T) {
 	const latency = 300 * time.Millisecond
 	overSlowLink(t, "PgxControl", func(t *testing.T, b *bundle, proxy *latencyProxy, sqlDB *sql.DB, far *pgxpool.Pool) {
-		l := newLessor(t, b.Pool, "a")
-		require.NoError(t, l.TryRunLocked(b.Ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { return nil }))
+		l := jobRowMade(t, b)
 		ctx, cancel := context.WithCancel(b.Ctx)
 		defer cancel()
 		ran := make(chan struct{}, 1)
