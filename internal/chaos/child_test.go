@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // childConfig configures a holder child process: it takes lease Name for TTL on the database
@@ -66,7 +67,7 @@ func runChild(cfgJSON string) int {
 		}
 		_ = enc.Encode(childEvent{ev, op, wall})
 	}
-	l, err := fencelock.NewLessor(pool, fencelock.WithHolder(cfg.Worker), fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond)))
+	l, err := fencelock.NewLessor(pool, fencelock.WithHolder(cfg.Worker), backoffUpTo(20*time.Millisecond))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -163,12 +164,7 @@ func startChild(t *testing.T, cfg childConfig, rec *Recorder) *child {
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), childEnv+"="+string(js))
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
+	stdin, stdout := testkit.StartPiped(t, cmd)
 	c := &child{t: t, cmd: cmd, stdin: stdin, granted: make(chan Op, 1), exited: make(chan struct{})}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-c.exited })
 	go func() {

@@ -134,6 +134,19 @@ func newRecorder(t *testing.T, ctx context.Context, pool *pgxpool.Pool) *Recorde
 	return NewRecorder(off)
 }
 
+// newRun sets up register name on pool (SetupRegister) for a run of a scenario and returns the
+// run's recorder, its clock offset measured on pool.
+func newRun(t *testing.T, ctx context.Context, pool *pgxpool.Pool, name string) *Recorder {
+	t.Helper()
+	require.NoError(t, SetupRegister(ctx, pool, name))
+	return newRecorder(t, ctx, pool)
+}
+
+// backoffUpTo is the workers' backoff between tries: exponential from 1 ms up to most.
+func backoffUpTo(most time.Duration) fencelock.LessorOption {
+	return fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, most))
+}
+
 // leaseWorker takes lease name in a loop and makes fenced appends while its own check says
 // the lease is held; it records grants, checks, appends, Done closings and releases.
 type leaseWorker struct {

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/stretchr/testify/require"
-
 	"github.com/fencelock/fencelock"
 )
 
@@ -27,11 +25,10 @@ func TestScenarioPauseBetweenCheckAndWrite(t *testing.T) {
 			const ttl = 300 * time.Millisecond
 			for run := range runs(3) {
 				name := fmt.Sprintf("pause:%d", run)
-				require.NoError(t, SetupRegister(ctx, db.Pool, name))
-				rec := newRecorder(t, ctx, db.Pool)
+				rec := newRun(t, ctx, db.Pool, name)
 				wctx, stop := context.WithTimeout(ctx, 2500*time.Millisecond)
 				var wg sync.WaitGroup
-				backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
+				backoff := backoffUpTo(20 * time.Millisecond)
 				paused := &leaseWorker{rec: rec, pool: db.Pool, worker: "paused", name: name, ttl: ttl, writes: 3, guard: guard,
 					opts:  []fencelock.LessorOption{fencelock.WithoutHeartbeat(), backoff},
 					pause: func() { time.Sleep(jitter(0, ttl*3/2)) }}

@@ -24,8 +24,7 @@ func TestScenarioContention200(t *testing.T) {
 	ctx, pool, report := e.ctx, e.pool, e.report
 	for run := range runs(1) {
 		name := fmt.Sprintf("hot:%d", run)
-		require.NoError(t, SetupRegister(ctx, pool, name))
-		rec := newRecorder(t, ctx, pool)
+		rec := newRun(t, ctx, pool, name)
 		wctx, stop := context.WithTimeout(ctx, 4*time.Second)
 		var wg sync.WaitGroup
 		var spurious atomic.Int64

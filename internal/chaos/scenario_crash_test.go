@@ -48,13 +48,12 @@ func TestScenarioServerCrash(t *testing.T) {
 			var top int64 // the largest token granted in the runs before this one
 			for run := range runs(3) {
 				name := fmt.Sprintf("crash:%d", run)
-				require.NoError(t, SetupRegister(ctx, db.Pool, name))
-				rec := newRecorder(t, ctx, db.Pool)
+				rec := newRun(t, ctx, db.Pool, name)
 				wctx, stop := context.WithCancel(ctx)
 				var wg sync.WaitGroup
 				for i := range 3 {
 					w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 4, gap: 5 * time.Millisecond,
-						opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))}}
+						opts: []fencelock.LessorOption{backoffUpTo(50 * time.Millisecond)}}
 					wg.Go(func() { w.run(wctx) })
 				}
 				time.Sleep(jitter(100*time.Millisecond, 400*time.Millisecond))

@@ -118,7 +118,7 @@ var registerNames = append([]string{leaseName, advName, pausedName}, heldNames..
 func failoverRun(t *testing.T, ctx context.Context, report *Report, fc *failoverCluster) failoverStats {
 	pool := fc.pool
 	rec := newRecorder(t, ctx, pool)
-	backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))
+	backoff := backoffUpTo(50 * time.Millisecond)
 
 	var watchers sync.WaitGroup
 	defer watchers.Wait()

@@ -23,15 +23,14 @@ func TestScenarioKillHolder(t *testing.T) {
 	bound := ttl + backoffMax + 250*time.Millisecond
 	for run := range runs(3) {
 		name := fmt.Sprintf("kill:%d", run)
-		require.NoError(t, SetupRegister(ctx, db.Pool, name))
-		rec := newRecorder(t, ctx, db.Pool)
+		rec := newRun(t, ctx, db.Pool, name)
 		c := startChild(t, childConfig{URL: db.URL, Worker: "child", Name: name, TTL: ttl, Interval: 10 * time.Millisecond}, rec)
 		c.waitGrant(ctx)
 		wctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		for i := range 2 {
 			w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 2, gap: 5 * time.Millisecond,
-				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, backoffMax))}}
+				opts: []fencelock.LessorOption{backoffUpTo(backoffMax)}}
 			wg.Go(func() { w.run(wctx) })
 		}
 		time.Sleep(jitter(50*time.Millisecond, 400*time.Millisecond))
@@ -65,8 +64,7 @@ func TestScenarioTerminateBackend(t *testing.T) {
 	const watchdog = 100 * time.Millisecond
 	for run := range runs(4) {
 		name := fmt.Sprintf("term:%d", run)
-		require.NoError(t, SetupRegister(ctx, db.Pool, name))
-		rec := newRecorder(t, ctx, db.Pool)
+		rec := newRun(t, ctx, db.Pool, name)
 		wctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
 		var mu sync.Mutex

@@ -32,11 +32,10 @@ func TestScenarioProxyLatencyBlackhole(t *testing.T) {
 			const ttl = 600 * time.Millisecond
 			for run := range runs(2) {
 				name := fmt.Sprintf("%s:%d", fault, run)
-				require.NoError(t, SetupRegister(ctx, db.Pool, name))
-				rec := newRecorder(t, ctx, db.Pool)
+				rec := newRun(t, ctx, db.Pool, name)
 				wctx, stop := context.WithCancel(ctx)
 				var wg sync.WaitGroup
-				backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
+				backoff := backoffUpTo(20 * time.Millisecond)
 				holder := &leaseWorker{rec: rec, pool: hpool, worker: "holder", name: name, ttl: ttl, writes: 6, gap: 20 * time.Millisecond, opts: []fencelock.LessorOption{backoff}}
 				contender := &leaseWorker{rec: rec, pool: db.Pool, worker: "contender", name: name, ttl: ttl, writes: 2, gap: 5 * time.Millisecond, opts: []fencelock.LessorOption{backoff}}
 				wg.Go(func() { holder.run(wctx) })
@@ -93,13 +92,12 @@ func TestScenarioProxyReset(t *testing.T) {
 	var grantsUnknown, cleanupFailed, unknownWrites, unknownApplied int
 	for run := range runs(4) {
 		name := fmt.Sprintf("reset:%d", run)
-		require.NoError(t, SetupRegister(ctx, db.Pool, name))
-		rec := newRecorder(t, ctx, db.Pool)
+		rec := newRun(t, ctx, db.Pool, name)
 		// Short runs: every unknown outcome stays open to the end of the history, and
 		// porcupine's search grows with the number of open operations.
 		wctx, stop := context.WithTimeout(ctx, 1200*time.Millisecond)
 		var wg sync.WaitGroup
-		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
+		backoff := backoffUpTo(20 * time.Millisecond)
 		contender := &leaseWorker{rec: rec, pool: db.Pool, worker: "contender", name: name, ttl: 300 * time.Millisecond, writes: 2, gap: 5 * time.Millisecond, opts: []fencelock.LessorOption{backoff}}
 		wg.Go(func() { contender.run(wctx) })
 		var mu sync.Mutex // one toxic at a time

@@ -25,7 +25,7 @@ func TestScenarioQueueWaiterKilled(t *testing.T) {
 	const ttl = time.Second
 	const live = time.Second             // queueLiveness(ttl)
 	const slack = 500 * time.Millisecond // scheduling under -race on 2 cores
-	backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
+	backoff := backoffUpTo(20 * time.Millisecond)
 	for _, tc := range []struct {
 		desc          string
 		releaseAtOnce bool // release right after the kill, while the dead waiter's place is live

@@ -56,7 +56,7 @@ func runSemChild(js string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	l, err := fencelock.NewLessor(pool, fencelock.WithHolder(cfg.App), fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond)))
+	l, err := fencelock.NewLessor(pool, fencelock.WithHolder(cfg.App), backoffUpTo(50*time.Millisecond))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

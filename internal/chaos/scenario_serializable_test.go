@@ -37,7 +37,7 @@ func TestScenarioSerializable(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range 3 {
 			w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("l%d", i), name: name, ttl: time.Second, writes: 3,
-				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))}}
+				opts: []fencelock.LessorOption{backoffUpTo(20 * time.Millisecond)}}
 			wg.Go(func() { w.run(wctx) })
 		}
 		for i := range 3 { // advisory lockers: inventory and payments under a fenced session lock

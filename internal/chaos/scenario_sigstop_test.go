@@ -43,8 +43,7 @@ func sigstopRuns(t *testing.T, e *env, n int, prefix string, election bool) (sta
 	const ttl = time.Second
 	for run := range runs(n) {
 		name := fmt.Sprintf("%s:%d", prefix, run)
-		require.NoError(t, SetupRegister(ctx, db.Pool, name))
-		rec := newRecorder(t, ctx, db.Pool)
+		rec := newRun(t, ctx, db.Pool, name)
 		c := startChild(t, childConfig{URL: db.URL, Worker: "child", Name: name, TTL: ttl, Interval: 20 * time.Millisecond, Election: election}, rec)
 		c.waitGrant(ctx)
 
@@ -52,7 +51,7 @@ func sigstopRuns(t *testing.T, e *env, n int, prefix string, election bool) (sta
 		var wg sync.WaitGroup
 		for i := range 2 {
 			w := &leaseWorker{rec: rec, pool: db.Pool, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 3, gap: 10 * time.Millisecond, election: election,
-				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 50*time.Millisecond))}}
+				opts: []fencelock.LessorOption{backoffUpTo(50 * time.Millisecond)}}
 			wg.Go(func() { w.run(wctx) })
 		}
 		time.Sleep(jitter(0, 300*time.Millisecond))
@@ -89,15 +88,14 @@ func TestStoppedProcessIsFenced(t *testing.T) {
 	e := setup(t, setupOpts{scenario: "1-sigstop-stepwise"})
 	ctx, db := e.ctx, e.db
 	const name = "payment:7"
-	require.NoError(t, SetupRegister(ctx, db.Pool, name))
-	rec := newRecorder(t, ctx, db.Pool)
+	rec := newRun(t, ctx, db.Pool, name)
 	// Interval 0: the child holds the lease, heartbeat running, and writes only when told.
 	c := startChild(t, childConfig{URL: db.URL, Worker: "old", Name: name, TTL: 500 * time.Millisecond}, rec)
 	old := c.waitGrant(ctx)
 
 	stopped := rec.Now()
 	c.signal(syscall.SIGSTOP)
-	cur, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("new"), fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond)))
+	cur, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("new"), backoffUpTo(20*time.Millisecond))
 	require.NoError(t, err)
 	actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -45,11 +45,10 @@ func TestScenarioIdleInTransactionTimeout(t *testing.T) {
 		name := fmt.Sprintf("idle:%d", run)
 		// Setup, the recorder and the checks use db.Pool, without the workers' timeouts: a
 		// harness statement cancelled by statement_timeout would fail the test for nothing.
-		require.NoError(t, SetupRegister(ctx, db.Pool, name))
-		rec := newRecorder(t, ctx, db.Pool)
+		rec := newRun(t, ctx, db.Pool, name)
 		wctx, stop := context.WithTimeout(ctx, 2500*time.Millisecond)
 		var wg sync.WaitGroup
-		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
+		backoff := backoffUpTo(20 * time.Millisecond)
 		var calls atomic.Int64
 		idle := func() {
 			d := jitter(0, 3*idleTimeout)
@@ -152,11 +151,10 @@ func TestScenarioLockAndStatementTimeout(t *testing.T) {
 		name := fmt.Sprintf("tmo:%d", run)
 		// Setup, the recorder and the checks use db.Pool, without the workers' timeouts: a
 		// harness statement cancelled by statement_timeout would fail the test for nothing.
-		require.NoError(t, SetupRegister(ctx, db.Pool, name))
-		rec := newRecorder(t, ctx, db.Pool)
+		rec := newRun(t, ctx, db.Pool, name)
 		wctx, stop := context.WithTimeout(ctx, 2500*time.Millisecond)
 		var wg sync.WaitGroup
-		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
+		backoff := backoffUpTo(20 * time.Millisecond)
 		for i := range 2 {
 			w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("lease%d", i), name: name, ttl: 300 * time.Millisecond, writes: 2, gap: 5 * time.Millisecond, guard: true,
 				opts: []fencelock.LessorOption{backoff}}

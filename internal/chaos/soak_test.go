@@ -47,11 +47,10 @@ func TestSoak(t *testing.T) {
 	const ttl = 500 * time.Millisecond
 	for round := 0; time.Now().Before(end); round++ {
 		name := fmt.Sprintf("soak:%d", round)
-		require.NoError(t, SetupRegister(ctx, pool, name))
-		rec := newRecorder(t, ctx, pool)
+		rec := newRun(t, ctx, pool, name)
 		wctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
-		backoff := fencelock.WithBackoff(fencelock.ExponentialBackoff(time.Millisecond, 20*time.Millisecond))
+		backoff := backoffUpTo(20 * time.Millisecond)
 		for i, p := range []*pgxpool.Pool{hpool, hpool, pool, pool} {
 			w := &leaseWorker{rec: rec, pool: p, worker: fmt.Sprintf("w%d", i), name: name, ttl: ttl, writes: 3, gap: 5 * time.Millisecond, guard: i%2 == 0,
 				opts: []fencelock.LessorOption{backoff}}

@@ -54,10 +54,7 @@ func TestAdvisoryBackendTerminated(t *testing.T) {
 // can be taken again.
 func TestAdvisoryServerCrash(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.NewServer(t, pgtest.Crashable())
-	db := srv.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	srv, db, ctx := crashableDB(t, time.Minute)
 	a := newLocker(t, db.Pool, fencelock.WithWatchdogInterval(testWatchdog))
 	lk, err := a.TryLock(ctx, "job")
 	require.NoError(t, err)
@@ -259,13 +256,7 @@ func TestAdvisoryBehindPgBouncer(t *testing.T) {
 // A real hot standby (pg_basebackup -R): every lock is refused with the typed error.
 func TestRefusedOnHotStandby(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.NewServer(t, pgtest.Crashable())
-	primary := srv.NewDB(t)
-	standby := srv.NewStandby(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(t, srv.WaitReplay(ctx, standby))
-	pool := newPool(t, ctx, standby.URL(primary.Name))
+	ctx, _, pool := hotStandbyDB(t)
 
 	a := newLocker(t, pool)
 	_, err := a.TryLock(ctx, "job")

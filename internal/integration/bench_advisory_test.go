@@ -14,17 +14,8 @@ import (
 // round trips (target: within 1.1x).
 func BenchmarkAdvisoryTryLockUnlock(b *testing.B) {
 	e := benchSetup(b)
-	a, err := fencelock.NewAdvisoryLocker(e.pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ratio(b, func() error {
-		lk, err := a.TryLock(e.ctx, "bench")
-		if err != nil {
-			return err
-		}
-		return lk.Unlock(e.ctx)
-	}, twice(e.selectOne))
+	a := benchLocker(b, e.pool)
+	ratio(b, takeAndEnd(heldLock(e.ctx, a.TryLock, "bench")), twice(e.selectOne))
 }
 
 // BenchmarkHandoff measures the time from a holder's unlock or release to the grant of a
@@ -37,37 +28,13 @@ func BenchmarkHandoff(b *testing.B) {
 		pool := bigBenchPool(b, e)
 		holder, _ := fencelock.NewAdvisoryLocker(pool)
 		waiter, _ := fencelock.NewAdvisoryLocker(pool)
-		handoff(b, func() (func() error, error) {
-			lk, err := holder.TryLock(e.ctx, "h")
-			if err != nil {
-				return nil, err
-			}
-			return func() error { return lk.Unlock(e.ctx) }, nil
-		}, func() (func() error, error) {
-			lk, err := waiter.Lock(e.ctx, "h")
-			if err != nil {
-				return nil, err
-			}
-			return func() error { return lk.Unlock(e.ctx) }, nil
-		})
+		handoff(b, heldLock(e.ctx, holder.TryLock, "h"), heldLock(e.ctx, waiter.Lock, "h"))
 	})
 	b.Run("Lease", func(b *testing.B) {
 		e := benchSetup(b)
 		holder, _ := fencelock.NewLessor(e.pool)
 		waiter, _ := fencelock.NewLessor(e.pool)
-		handoff(b, func() (func() error, error) {
-			l, err := holder.TryAcquire(e.ctx, "h", time.Minute)
-			if err != nil {
-				return nil, err
-			}
-			return func() error { return l.Release(e.ctx) }, nil
-		}, func() (func() error, error) {
-			l, err := waiter.Acquire(e.ctx, "h", time.Minute)
-			if err != nil {
-				return nil, err
-			}
-			return func() error { return l.Release(e.ctx) }, nil
-		})
+		handoff(b, heldLease(e.ctx, holder.TryAcquire, "h", time.Minute), heldLease(e.ctx, waiter.Acquire, "h", time.Minute))
 	})
 }
 

@@ -11,8 +11,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/fencelock/fencelock"
 )
 
 // contenders is the number of lessors (or advisory lockers) of BenchmarkContention.
@@ -36,34 +34,14 @@ func BenchmarkContention(b *testing.B) {
 	b.Run("Lease", func(b *testing.B) {
 		withFsync(b, func(b *testing.B, e *benchEnv) {
 			contention(b, e, func(pool *pgxpool.Pool) func() (func() error, error) {
-				l, err := fencelock.NewLessor(pool)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return func() (func() error, error) {
-					lease, err := l.Acquire(e.ctx, "contended", time.Minute)
-					if err != nil {
-						return nil, err
-					}
-					return func() error { return lease.Release(e.ctx) }, nil
-				}
+				return heldLease(e.ctx, benchLessor(b, pool).Acquire, "contended", time.Minute)
 			})
 		}, withStatementStats()...)
 	})
 	b.Run("Advisory", func(b *testing.B) {
 		withFsync(b, func(b *testing.B, e *benchEnv) {
 			contention(b, e, func(pool *pgxpool.Pool) func() (func() error, error) {
-				a, err := fencelock.NewAdvisoryLocker(pool)
-				if err != nil {
-					b.Fatal(err)
-				}
-				return func() (func() error, error) {
-					lk, err := a.Lock(e.ctx, "contended")
-					if err != nil {
-						return nil, err
-					}
-					return func() error { return lk.Unlock(e.ctx) }, nil
-				}
+				return heldLock(e.ctx, benchLocker(b, pool).Lock, "contended")
 			})
 		}, withStatementStats()...)
 	})

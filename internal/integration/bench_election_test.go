@@ -22,19 +22,7 @@ func BenchmarkElection(b *testing.B) {
 		candidate, _ := fencelock.NewLessor(e.pool)
 		el, _ := fencelock.NewElection(leader, "bench-election", time.Minute)
 		ec, _ := fencelock.NewElection(candidate, "bench-election", time.Minute)
-		handoff(b, func() (func() error, error) {
-			t, err := el.Campaign(e.ctx, "leader")
-			if err != nil {
-				return nil, err
-			}
-			return func() error { return t.Resign(e.ctx) }, nil
-		}, func() (func() error, error) {
-			t, err := ec.Campaign(e.ctx, "candidate")
-			if err != nil {
-				return nil, err
-			}
-			return func() error { return t.Resign(e.ctx) }, nil
-		})
+		handoff(b, heldTerm(e.ctx, el, "leader"), heldTerm(e.ctx, ec, "candidate"))
 	})
 	b.Run("Crash", func(b *testing.B) {
 		e := benchSetup(b)

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"os"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -128,6 +130,13 @@ func benchServer(b *testing.B, fsync bool, extra ...pgtest.Option) *benchEnv {
 	}
 	return &benchEnv{ctx: ctx, pool: db.Pool, url: db.URL}
 }
+
+// lessorGrantStatement and lessorReleaseStatement match (serverTimes) the statements of a
+// Lessor's TryAcquire and of a Lease's Release.
+const (
+	lessorGrantStatement   = "%INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)%ON CONFLICT (name) DO UPDATE%RETURNING l.token, l.expires_at"
+	lessorReleaseStatement = "%WITH released AS (%fencelock.hand_off(%"
+)
 
 // floorOp is one row of a floor table. newClient is called once per client goroutine (client
 // is 0..clients-1) before any timing and returns that client's call of one operation.
@@ -357,6 +366,28 @@ func splitComma(s string) []string {
 func withClients(b *testing.B, f func(b *testing.B, clients int)) {
 	for _, n := range clientCounts() {
 		b.Run(fmt.Sprintf("clients=%d", n), func(b *testing.B) { f(b, n) })
+	}
+}
+
+// sqlDBOf returns a lib/pq *sql.DB of at most conns connections (all kept idle) to e's
+// database, closed at cleanup.
+func (e *benchEnv) sqlDBOf(b *testing.B, conns int) *sql.DB {
+	b.Helper()
+	sqlDB, err := sql.Open("postgres", e.url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(conns)
+	sqlDB.SetMaxIdleConns(conns)
+	b.Cleanup(func() { _ = sqlDB.Close() })
+	return sqlDB
+}
+
+// leaseFloorOp is the floor-table call of an uncontended Lessor.TryAcquire + Lease.Release of
+// l, TTL one minute, each client on a name of its own (prefix-client).
+func leaseFloorOp(ctx context.Context, l *fencelock.Lessor, prefix string) func(int) (func() error, error) {
+	return func(c int) (func() error, error) {
+		return takeAndEnd(heldLease(ctx, l.TryAcquire, fmt.Sprintf("%s-%d", prefix, c), time.Minute)), nil
 	}
 }
 

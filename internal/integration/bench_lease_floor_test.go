@@ -2,14 +2,11 @@ package integration
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"testing"
 	"time"
 
 	"cirello.io/pglock"
-
-	"github.com/fencelock/fencelock"
 )
 
 // hwLeaseSchema is the hand-written lease a user would write instead of a library: one table,
@@ -53,18 +50,8 @@ func BenchmarkFloorLease(b *testing.B) {
 		withClients(b, func(b *testing.B, clients int) {
 			resetStatementStats(b, e)
 			pool := e.poolOf(b, int32(clients)+4)
-			l, err := fencelock.NewLessor(pool)
-			if err != nil {
-				b.Fatal(err)
-			}
-			sqldb, err := sql.Open("postgres", e.url)
-			if err != nil {
-				b.Fatal(err)
-			}
-			sqldb.SetMaxOpenConns(clients + 4)
-			sqldb.SetMaxIdleConns(clients + 4)
-			b.Cleanup(func() { _ = sqldb.Close() })
-			peer, err := pglock.New(sqldb)
+			l := benchLessor(b, pool)
+			peer, err := pglock.New(e.sqlDBOf(b, clients+4))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -95,16 +82,7 @@ func BenchmarkFloorLease(b *testing.B) {
 				}},
 				{"hw-durable", hw(hwRelease)},
 				{"hw", hw(hwReleaseAsync)},
-				{"fencelock", func(c int) (func() error, error) {
-					name := fmt.Sprintf("fl-%d", c)
-					return func() error {
-						lease, err := l.TryAcquire(ctx, name, time.Minute)
-						if err != nil {
-							return err
-						}
-						return lease.Release(ctx)
-					}, nil
-				}},
+				{"fencelock", leaseFloorOp(ctx, l, "fl")},
 				{"pglock", func(c int) (func() error, error) {
 					name := fmt.Sprintf("pg-%d", c)
 					return func() error {
@@ -123,8 +101,8 @@ func BenchmarkFloorLease(b *testing.B) {
 			serverTimes(b, e, map[string]string{
 				"hw-grant":          "INSERT INTO hw_leases%",
 				"hw-release":        "UPDATE hw_leases AS l%",
-				"fencelock-grant":   "%INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)%ON CONFLICT (name) DO UPDATE%RETURNING l.token, l.expires_at",
-				"fencelock-release": "%WITH released AS (%fencelock.hand_off(%",
+				"fencelock-grant":   lessorGrantStatement,
+				"fencelock-release": lessorReleaseStatement,
 			})
 		})
 	}, withStatementStats()...)

@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,6 +65,33 @@ func startRedisWith(b *testing.B, persist ...string) *redis.Client {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return rdb
+}
+
+// run16 runs 16 goroutines at once; goroutine g (0..15) makes its call with newCall(g) and
+// calls it per times, stopping at its first error. It returns the wall time from the first
+// start to the last end, and an error of a goroutine that stopped on one (nil if none did).
+func run16(per int, newCall func(g int) func() error) (time.Duration, error) {
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		failed error
+	)
+	t0 := time.Now()
+	for g := range 16 {
+		wg.Go(func() {
+			call := newCall(g)
+			for range per {
+				if err := call(); err != nil {
+					mu.Lock()
+					failed = err
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(t0), failed
 }
 
 // BenchmarkRateLimit: one request (ratelimit.Limiter.Allow, GCRA, 1,000 keys at random, each used
@@ -184,23 +210,12 @@ func BenchmarkRateLimit(b *testing.B) {
 		for b.Loop() {
 			const per = 200
 			for i, op := range ops {
-				var wg sync.WaitGroup
-				var failed atomic.Value
-				t0 := time.Now()
-				for g := range 16 {
-					wg.Go(func() {
-						rng := rand.New(rand.NewPCG(uint64(g), uint64(n)))
-						for range per {
-							if err := op(rng); err != nil {
-								failed.Store(err)
-								return
-							}
-						}
-					})
-				}
-				wg.Wait()
-				spent[i] += time.Since(t0)
-				if err := failed.Load(); err != nil {
+				d, err := run16(per, func(g int) func() error {
+					rng := rand.New(rand.NewPCG(uint64(g), uint64(n)))
+					return func() error { return op(rng) }
+				})
+				spent[i] += d
+				if err != nil {
 					b.Fatal(names[i], err)
 				}
 			}
@@ -234,20 +249,11 @@ func BenchmarkRateLimitHotKey(b *testing.B) {
 	for b.Loop() {
 		const per = 200
 		for i, op := range ops {
-			var wg sync.WaitGroup
-			t0 := time.Now()
-			for range 16 {
-				wg.Go(func() {
-					for range per {
-						if err := op(); err != nil {
-							b.Error(err)
-							return
-						}
-					}
-				})
+			d, err := run16(per, func(int) func() error { return op })
+			spent[i] += d
+			if err != nil {
+				b.Error(err)
 			}
-			wg.Wait()
-			spent[i] += time.Since(t0)
 		}
 		n += 16 * per
 	}

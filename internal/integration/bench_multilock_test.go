@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/fencelock/fencelock"
 )
 
 // BenchmarkMultiLock: TryAcquireAll of n names and the set's release (n + 1 statements),
@@ -14,10 +12,7 @@ func BenchmarkMultiLock(b *testing.B) {
 	for _, n := range []int{1, 5, 20} {
 		b.Run(fmt.Sprint("Names", n), func(b *testing.B) {
 			e := benchSetup(b)
-			l, err := fencelock.NewLessor(e.pool)
-			if err != nil {
-				b.Fatal(err)
-			}
+			l := benchLessor(b, e.pool)
 			names := make([]string, n)
 			for i := range names {
 				names[i] = fmt.Sprint("multi:", i)

@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -34,13 +33,7 @@ func BenchmarkFloorFenceSQL(b *testing.B) {
 			pool := e.poolOf(b, int32(clients)+4)
 			shared := stdlib.OpenDBFromPool(pool)
 			b.Cleanup(func() { _ = shared.Close() })
-			pq, err := sql.Open("postgres", e.url)
-			if err != nil {
-				b.Fatal(err)
-			}
-			pq.SetMaxOpenConns(clients + 4)
-			pq.SetMaxIdleConns(clients + 4)
-			b.Cleanup(func() { _ = pq.Close() })
+			pq := e.sqlDBOf(b, clients+4)
 			ctx := context.Background()
 			viaSQL := func(sqlDB *sql.DB, prefix string) func(int) (func() error, error) {
 				return func(c int) (func() error, error) {
@@ -178,10 +171,7 @@ func BenchmarkFloorSQLAPILease(b *testing.B) {
 		withClients(b, func(b *testing.B, clients int) {
 			resetStatementStats(b, e)
 			pool := e.poolOf(b, int32(clients)+4)
-			l, err := fencelock.NewLessor(pool)
-			if err != nil {
-				b.Fatal(err)
-			}
+			l := benchLessor(b, pool)
 			ctx := context.Background()
 			viaSQL := func(release string) func(int) (func() error, error) {
 				return func(c int) (func() error, error) {
@@ -206,23 +196,14 @@ func BenchmarkFloorSQLAPILease(b *testing.B) {
 				}
 			}
 			rows := floorTable(b, clients, []floorOp{
-				{"go", func(c int) (func() error, error) {
-					name := fmt.Sprintf("go-%d", c)
-					return func() error {
-						lease, err := l.TryAcquire(ctx, name, time.Minute)
-						if err != nil {
-							return err
-						}
-						return lease.Release(ctx)
-					}, nil
-				}},
+				{"go", leaseFloorOp(ctx, l, "go")},
 				{"sql", viaSQL(`SELECT fencelock.release($1, $2, $3)`)},
 				{"sql-async", viaSQL(`SELECT fencelock.release($1, $2, $3) FROM (SELECT set_config('synchronous_commit', 'off', true)) AS cfg`)},
 			})
 			report(b, rows, [2]string{"sql", "go"}, [2]string{"sql-async", "go"})
 			serverTimes(b, e, map[string]string{
-				"go-grant":    "%INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)%ON CONFLICT (name) DO UPDATE%RETURNING l.token, l.expires_at",
-				"go-release":  "%WITH released AS (%fencelock.hand_off(%",
+				"go-grant":    lessorGrantStatement,
+				"go-release":  lessorReleaseStatement,
 				"sql-grant":   "SELECT fencelock.try_acquire%",
 				"sql-release": "SELECT fencelock.release%",
 			})

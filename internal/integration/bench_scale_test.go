@@ -110,10 +110,7 @@ func BenchmarkAcquireReleaseWhileHolding(b *testing.B) {
 	for _, held := range []int{0, 1000, 10_000} {
 		b.Run(fmt.Sprintf("held=%d", held), func(b *testing.B) {
 			e := benchSetup(b)
-			l, err := fencelock.NewLessor(e.pool)
-			if err != nil {
-				b.Fatal(err)
-			}
+			l := benchLessor(b, e.pool)
 			var leases []*fencelock.Lease
 			var mu sync.Mutex
 			var wg sync.WaitGroup
@@ -176,10 +173,7 @@ func BenchmarkAcquireReleaseWhileHolding(b *testing.B) {
 func BenchmarkSweep(b *testing.B) {
 	e := benchSetup(b)
 	insertLeases(b, e, "live", "live", 1000, false)
-	l, err := fencelock.NewLessor(e.pool)
-	if err != nil {
-		b.Fatal(err)
-	}
+	l := benchLessor(b, e.pool)
 	var refused int // grants refused: a name whose row the sweep held locked past lock_timeout
 	prefix := ""
 	grants := func(ctx context.Context, i *int) (lat []time.Duration) {

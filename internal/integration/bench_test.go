@@ -100,6 +100,85 @@ func ratio(b *testing.B, op, floor func() error) {
 	b.ReportMetric(float64(tOp)/float64(tFloor), "x-floor")
 }
 
+// benchLessor returns a lessor on pool with opts, failing b on error.
+func benchLessor(b *testing.B, pool *pgxpool.Pool, opts ...fencelock.LessorOption) *fencelock.Lessor {
+	b.Helper()
+	return newOnPool(b, fencelock.NewLessor, pool, opts...)
+}
+
+// benchLocker returns an advisory locker on pool with opts, failing b on error.
+func benchLocker(b *testing.B, pool *pgxpool.Pool, opts ...fencelock.AdvisoryOption) *fencelock.AdvisoryLocker {
+	b.Helper()
+	return newOnPool(b, fencelock.NewAdvisoryLocker, pool, opts...)
+}
+
+// newOnPool returns what newT makes on pool with opts (a lessor, an advisory locker), failing
+// b on error.
+func newOnPool[T, O any](b *testing.B, newT func(*pgxpool.Pool, ...O) (T, error), pool *pgxpool.Pool, opts ...O) T {
+	b.Helper()
+	v, err := newT(pool, opts...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return v
+}
+
+// benchLease returns a lease on "bench" for an hour from a lessor of its own on e's pool with
+// opts, released when the benchmark ends.
+func benchLease(b *testing.B, e *benchEnv, opts ...fencelock.LessorOption) *fencelock.Lease {
+	b.Helper()
+	lease, err := benchLessor(b, e.pool, opts...).TryAcquire(e.ctx, "bench", time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = lease.Release(e.ctx) })
+	return lease
+}
+
+// held returns a call that takes a grant with take and returns the call that ends it with end:
+// the form in which handoff and contention take a lock, a lease or a term.
+func held[H any](take func() (H, error), end func(H) error) func() (func() error, error) {
+	return func() (func() error, error) {
+		h, err := take()
+		if err != nil {
+			return nil, err
+		}
+		return func() error { return end(h) }, nil
+	}
+}
+
+// heldLock is held for an advisory lock of name taken with lock (an AdvisoryLocker's Lock or
+// TryLock) and unlocked, on ctx.
+func heldLock(ctx context.Context, lock func(context.Context, string, ...fencelock.LockOption) (*fencelock.AdvisoryLock, error), name string) func() (func() error, error) {
+	return held(func() (*fencelock.AdvisoryLock, error) { return lock(ctx, name) },
+		func(lk *fencelock.AdvisoryLock) error { return lk.Unlock(ctx) })
+}
+
+// heldLease is held for a lease of name with ttl taken with acquire (a Lessor's Acquire or
+// TryAcquire) and released, on ctx.
+func heldLease(ctx context.Context, acquire func(context.Context, string, time.Duration) (*fencelock.Lease, error), name string, ttl time.Duration) func() (func() error, error) {
+	return held(func() (*fencelock.Lease, error) { return acquire(ctx, name, ttl) },
+		func(lease *fencelock.Lease) error { return lease.Release(ctx) })
+}
+
+// heldTerm is held for a term of el won with Campaign(value) and resigned, on ctx.
+func heldTerm(ctx context.Context, el *fencelock.Election, value string) func() (func() error, error) {
+	return held(func() (*fencelock.Term, error) { return el.Campaign(ctx, value) },
+		func(t *fencelock.Term) error { return t.Resign(ctx) })
+}
+
+// takeAndEnd returns a call that takes a grant with hold (as held returns it) and ends it at
+// once: an uncontended grant and its release.
+func takeAndEnd(hold func() (func() error, error)) func() error {
+	return func() error {
+		end, err := hold()
+		if err != nil {
+			return err
+		}
+		return end()
+	}
+}
+
 func twice(f func() error) func() error {
 	return func() error {
 		if err := f(); err != nil {
@@ -113,31 +192,14 @@ func twice(f func() error) func() error {
 // UPDATEs (target: within 1.15x).
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	e := benchSetup(b)
-	l, err := fencelock.NewLessor(e.pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ratio(b, func() error {
-		lease, err := l.TryAcquire(e.ctx, "bench", time.Minute)
-		if err != nil {
-			return err
-		}
-		return lease.Release(e.ctx)
-	}, twice(e.update(1)))
+	l := benchLessor(b, e.pool)
+	ratio(b, takeAndEnd(heldLease(e.ctx, l.TryAcquire, "bench", time.Minute)), twice(e.update(1)))
 }
 
 // BenchmarkRenew: one renewal beside one one-row UPDATE.
 func BenchmarkRenew(b *testing.B) {
 	e := benchSetup(b)
-	l, err := fencelock.NewLessor(e.pool, fencelock.WithoutHeartbeat())
-	if err != nil {
-		b.Fatal(err)
-	}
-	lease, err := l.TryAcquire(e.ctx, "bench", time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer lease.Release(e.ctx)
+	lease := benchLease(b, e, fencelock.WithoutHeartbeat())
 	ratio(b, func() error { return lease.Renew(e.ctx) }, e.update(1))
 }
 
@@ -152,15 +214,7 @@ func BenchmarkFenceTx(b *testing.B) {
 // in one statement), beside the same transaction without it.
 func BenchmarkLeaseFenceTx(b *testing.B) {
 	e := benchSetup(b)
-	l, err := fencelock.NewLessor(e.pool)
-	if err != nil {
-		b.Fatal(err)
-	}
-	lease, err := l.TryAcquire(e.ctx, "bench", time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer lease.Release(e.ctx)
+	lease := benchLease(b, e)
 	ratio(b, e.writeTx(func(tx pgx.Tx) error { return lease.FenceTx(e.ctx, tx, "bench") }), e.writeTx(nil))
 }
 
@@ -168,10 +222,7 @@ func BenchmarkLeaseFenceTx(b *testing.B) {
 // write transaction (target: within 1.3x).
 func BenchmarkRunLocked(b *testing.B) {
 	e := benchSetup(b)
-	l, err := fencelock.NewLessor(e.pool)
-	if err != nil {
-		b.Fatal(err)
-	}
+	l := benchLessor(b, e.pool)
 	const write = `UPDATE bench SET v = v + 1 WHERE id = 3`
 	ratio(b, func() error {
 		return l.TryRunLocked(e.ctx, "bench", func(ctx context.Context, tx pgx.Tx, _ fencelock.Token) error {
@@ -197,21 +248,12 @@ func BenchmarkSelectOneVsUpdate(b *testing.B) {
 // of any lease table, which the int-keyed floor above does not carry.
 func BenchmarkTryAcquireReleaseVsLeaseRowUpdate(b *testing.B) {
 	e := benchSetup(b)
-	l, err := fencelock.NewLessor(e.pool)
-	if err != nil {
-		b.Fatal(err)
-	}
+	l := benchLessor(b, e.pool)
 	if _, err := e.pool.Exec(e.ctx, `INSERT INTO fencelock.leases (name, holder, acquired_at, expires_at)
 		VALUES ('floor', 'floor', now(), now())`); err != nil {
 		b.Fatal(err)
 	}
-	ratio(b, func() error {
-		lease, err := l.TryAcquire(e.ctx, "bench", time.Minute)
-		if err != nil {
-			return err
-		}
-		return lease.Release(e.ctx)
-	}, twice(func() error {
+	ratio(b, takeAndEnd(heldLease(e.ctx, l.TryAcquire, "bench", time.Minute)), twice(func() error {
 		_, err := e.pool.Exec(e.ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = $1`, "floor")
 		return err
 	}))

@@ -200,27 +200,12 @@ func TestCLIReleaseForceAfterWait(t *testing.T) {
 func TestCLIReleaseLapsedGrant(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	zombie := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat())
-	lease, err := zombie.TryAcquire(b.Ctx, "acct", 300*time.Millisecond)
-	require.NoError(t, err)
-	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.Ctx, b.Pool, "acct").Expired })
+	lease := lapsedGrant(t, b, "acct")
 
 	code, out, errOut := cliRun(t, b, "", "release", "--force", "--json", "--token", strconv.FormatInt(int64(lease.Token()), 10), "acct")
 	require.Equal(t, 0, code, errOut)
-	var res struct {
-		Held      bool    `json:"held"`
-		Lapsed    bool    `json:"lapsed"`
-		OldHolder *string `json:"old_holder"`
-		OldToken  *int64  `json:"old_token"`
-		NewToken  *int64  `json:"new_token"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
-	require.False(t, res.Held)
-	require.True(t, res.Lapsed)
-	require.Equal(t, "zombie", *res.OldHolder)
-	require.EqualValues(t, lease.Token(), *res.OldToken)
-	require.Greater(t, *res.NewToken, int64(lease.Token()))
-	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, "acct", lease.Token()) })
+	requireLapseFenced(t, out, lease)
+	err := pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, "acct", lease.Token()) })
 	require.ErrorIs(t, err, fencelock.ErrStaleToken, "the lapsed zombie's token is fenced out")
 
 	code, _, errOut = cliRun(t, b, "", "release", "--force", "--token", "0", "acct")

@@ -67,6 +67,43 @@ func TestCLIReleaseForce(t *testing.T) {
 
 }
 
+// releaseJSON is the object release --json prints for a lease, as a script reads it.
+type releaseJSON struct {
+	Lease     string   `json:"lease"`
+	Held      bool     `json:"held"`
+	Lapsed    bool     `json:"lapsed"`
+	OldHolder *string  `json:"old_holder"`
+	OldToken  *int64   `json:"old_token"`
+	NewToken  *int64   `json:"new_token"`
+	HandedTo  *string  `json:"handed_to"`
+	Fenced    []string `json:"fenced"`
+}
+
+// lapsedGrant returns a grant of name to holder "zombie" (no heartbeat, TTL 300 ms) once it
+// has lapsed on the server, nobody having taken the lease over.
+func lapsedGrant(t *testing.T, b *bundle, name string) *fencelock.Lease {
+	t.Helper()
+	lease, err := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.Ctx, name, 300*time.Millisecond)
+	require.NoError(t, err)
+	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.Ctx, b.Pool, name).Expired })
+	return lease
+}
+
+// requireLapseFenced checks out, what release --force --json printed for the lapsed grant
+// zombie (lapsedGrant): the lease not held, the grant lapsed, zombie's holder and token as the
+// old ones, and a newer token fenced. It returns the report.
+func requireLapseFenced(t *testing.T, out string, zombie *fencelock.Lease) releaseJSON {
+	t.Helper()
+	var res releaseJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
+	require.False(t, res.Held)
+	require.True(t, res.Lapsed)
+	require.Equal(t, "zombie", *res.OldHolder)
+	require.EqualValues(t, zombie.Token(), *res.OldToken)
+	require.Greater(t, *res.NewToken, int64(zombie.Token()))
+	return res
+}
+
 // release --force on a lease nobody holds exits 3 (not held), as README and --help say, and
 // says whether it raised the fence: a name never granted is left unchanged (no lease row, no
 // fence: a mistyped name leaves nothing behind); a grant that lapsed without a successor has
@@ -75,16 +112,6 @@ func TestCLIReleaseForce(t *testing.T) {
 func TestCLIReleaseForceNotHeld(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	type result struct {
-		Lease     string   `json:"lease"`
-		Held      bool     `json:"held"`
-		Lapsed    bool     `json:"lapsed"`
-		OldHolder *string  `json:"old_holder"`
-		OldToken  *int64   `json:"old_token"`
-		NewToken  *int64   `json:"new_token"`
-		HandedTo  *string  `json:"handed_to"`
-		Fenced    []string `json:"fenced"`
-	}
 	count := func(query, name string) int {
 		var n int
 		require.NoError(t, b.Pool.QueryRow(b.Ctx, query, name).Scan(&n))
@@ -100,32 +127,24 @@ func TestCLIReleaseForceNotHeld(t *testing.T) {
 	require.Equal(t, "fencelock: release lease \"cli:idle\": not held: never granted (or not since its last forced release); nothing changed, no fence raised\n", errOut)
 	code, out, errOut = cliRun(t, b, "", "release", "--force", "--json", "cli:idle")
 	require.Equal(t, cli.ExitNotFound, code, errOut)
-	var res result
+	var res releaseJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
-	require.Equal(t, result{Lease: "cli:idle", Fenced: []string{}}, res)
+	require.Equal(t, releaseJSON{Lease: "cli:idle", Fenced: []string{}}, res)
 	require.Zero(t, count(leaseRows, "cli:idle"), "a lease row was left behind")
 	require.Zero(t, count(fenceRows, "cli:idle"), "a fence was raised")
 	require.Zero(t, count(fenceRows, "cli:idle-other"), "a fence was raised")
 
 	// A lapsed grant, nobody after it: exit 3, and its holder is fenced out.
-	zombie, err := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.Ctx, "cli:lapsed", 300*time.Millisecond)
-	require.NoError(t, err)
-	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.Ctx, b.Pool, "cli:lapsed").Expired })
+	zombie := lapsedGrant(t, b, "cli:lapsed")
 	code, out, errOut = cliRun(t, b, "", "release", "--force", "--json", "cli:lapsed", "--fence", "cli:lapsed-other")
 	require.Equal(t, cli.ExitNotFound, code, errOut)
-	res = result{}
-	require.NoError(t, json.Unmarshal([]byte(out), &res), out)
-	require.False(t, res.Held)
-	require.True(t, res.Lapsed)
-	require.Equal(t, "zombie", *res.OldHolder)
-	require.EqualValues(t, zombie.Token(), *res.OldToken)
-	require.Greater(t, *res.NewToken, int64(zombie.Token()))
+	res = requireLapseFenced(t, out, zombie)
 	require.Nil(t, res.HandedTo)
 	require.Equal(t, []string{"cli:lapsed", "cli:lapsed-other"}, res.Fenced)
 	require.Equal(t, fmt.Sprintf("fencelock: release lease \"cli:lapsed\": not held: the grant of zombie (token %d) had lapsed; fenced with token %d (cli:lapsed, cli:lapsed-other), so its holder's fenced writes are refused\n",
 		zombie.Token(), *res.NewToken), errOut)
 	for _, r := range res.Fenced {
-		err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, r, zombie.Token()) })
+		err := pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return fencelock.FenceTx(b.Ctx, tx, r, zombie.Token()) })
 		require.ErrorIs(t, err, fencelock.ErrStaleToken, "the lapsed holder is not fenced out of %q", r)
 	}
 

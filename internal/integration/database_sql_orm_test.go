@@ -67,27 +67,20 @@ var orms = []struct {
 		return gormInTx(openGORM(t, postgres.New(postgres.Config{Conn: sqlDB})))
 	}},
 	{"Bun", func(t *testing.T, b *bundle) func(context.Context, func(ormTx) error) error {
-		sqlDB, err := sql.Open("pgx", b.DB.URL)
-		require.NoError(t, err)
-		db := bun.NewDB(sqlDB, pgdialect.New())
-		t.Cleanup(func() { _ = db.Close() })
+		db := bun.NewDB(openSQLDB(t, "pgx", b.DB.URL), pgdialect.New())
 		return func(ctx context.Context, fn func(ormTx) error) error {
 			return db.RunInTx(ctx, nil, func(ctx context.Context, tx bun.Tx) error { return fn(bunTx{tx}) })
 		}
 	}},
 	{"Sqlx", func(t *testing.T, b *bundle) func(context.Context, func(ormTx) error) error {
-		db, err := sqlx.Open("postgres", b.DB.URL)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
+		db := sqlx.NewDb(openSQLDB(t, "postgres", b.DB.URL), "postgres")
 		return func(ctx context.Context, fn func(ormTx) error) error {
 			tx, err := db.BeginTxx(ctx, nil)
 			return inTx(tx, err, func() error { return fn(sqlxTx{tx}) })
 		}
 	}},
 	{"LibPQ", func(t *testing.T, b *bundle) func(context.Context, func(ormTx) error) error {
-		db, err := sql.Open("postgres", b.DB.URL)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = db.Close() })
+		db := openSQLDB(t, "postgres", b.DB.URL)
 		return func(ctx context.Context, fn func(ormTx) error) error {
 			tx, err := db.BeginTx(ctx, nil)
 			return inTx(tx, err, func() error { return fn(plainTx{tx}) })
@@ -192,17 +185,37 @@ func (p plainTx) setToken(ctx context.Context, token fencelock.Token) error {
 	return err
 }
 
-// fencedInsert inserts it through the ORM, then runs fence on the *sql.Tx under the ORM's
-// transaction: the write comes first, so a refused fence has a write to roll back.
-func fencedInsert(ctx context.Context, tx ormTx, it item, fence func(*sql.Tx) error) error {
-	if err := tx.insert(ctx, it); err != nil {
-		return err
+// ormInTx runs fn in an ORM's own transaction, as orms' open returns it.
+type ormInTx = func(ctx context.Context, fn func(ormTx) error) error
+
+// forEachORM runs body, in parallel, in a subtest of each of orms, with a bundle of its own
+// whose items table is created and the ORM's transaction runner opened on it.
+func forEachORM(t *testing.T, body func(t *testing.T, b *bundle, inTx ormInTx)) {
+	t.Helper()
+	for _, o := range orms {
+		t.Run(o.desc, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			createItems(t, b)
+			body(t, b, o.open(t, b))
+		})
 	}
-	sqlTx, err := tx.sqlTx()
-	if err != nil {
-		return err
-	}
-	return fence(sqlTx)
+}
+
+// fencedInsert, in one transaction of inTx, inserts it through the ORM, then runs fence on the
+// *sql.Tx under the ORM's transaction: the write comes first, so a refused fence has a write
+// to roll back.
+func fencedInsert(ctx context.Context, inTx ormInTx, it item, fence func(*sql.Tx) error) error {
+	return inTx(ctx, func(tx ormTx) error {
+		if err := tx.insert(ctx, it); err != nil {
+			return err
+		}
+		sqlTx, err := tx.sqlTx()
+		if err != nil {
+			return err
+		}
+		return fence(sqlTx)
+	})
 }
 
 // readItems returns the ids of the rows of items, in order.
@@ -225,31 +238,21 @@ func readItems(t *testing.T, b *bundle) []string {
 // Lease.FenceSQLTx, and with FenceSQLTx and the lease's token.
 func TestORMCurrentFencedWriteCommits(t *testing.T) {
 	t.Parallel()
-	for _, o := range orms {
-		t.Run(o.desc, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			createItems(t, b)
-			inTx := o.open(t, b)
-			lease, err := newLessor(t, b.Pool, "a").TryAcquire(b.Ctx, "job", time.Minute)
-			require.NoError(t, err)
+	forEachORM(t, func(t *testing.T, b *bundle, inTx ormInTx) {
+		lease, err := newLessor(t, b.Pool, "a").TryAcquire(b.Ctx, "job", time.Minute)
+		require.NoError(t, err)
 
-			require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
-				return fencedInsert(b.Ctx, tx, item{ID: "lease", Qty: 1}, func(sqlTx *sql.Tx) error {
-					return lease.FenceSQLTx(b.Ctx, sqlTx, "job")
-				})
-			}))
-			require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
-				return fencedInsert(b.Ctx, tx, item{ID: "token", Qty: 2}, func(sqlTx *sql.Tx) error {
-					return fencelock.FenceSQLTx(b.Ctx, sqlTx, "job", lease.Token())
-				})
-			}))
-			require.Equal(t, []string{"lease", "token"}, readItems(t, b))
-			var mark int64
-			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT token FROM fencelock.fences WHERE resource = 'job'`).Scan(&mark))
-			require.Equal(t, int64(lease.Token()), mark)
-		})
-	}
+		require.NoError(t, fencedInsert(b.Ctx, inTx, item{ID: "lease", Qty: 1}, func(sqlTx *sql.Tx) error {
+			return lease.FenceSQLTx(b.Ctx, sqlTx, "job")
+		}))
+		require.NoError(t, fencedInsert(b.Ctx, inTx, item{ID: "token", Qty: 2}, func(sqlTx *sql.Tx) error {
+			return fencelock.FenceSQLTx(b.Ctx, sqlTx, "job", lease.Token())
+		}))
+		require.Equal(t, []string{"lease", "token"}, readItems(t, b))
+		var mark int64
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT token FROM fencelock.fences WHERE resource = 'job'`).Scan(&mark))
+		require.Equal(t, int64(lease.Token()), mark)
+	})
 }
 
 // Inside each ORM's own transaction, a write fenced with a token older than the resource's
@@ -257,43 +260,31 @@ func TestORMCurrentFencedWriteCommits(t *testing.T) {
 // ORM rolls the write back; so is a write fenced with a lease the database no longer has.
 func TestORMStaleFencedWriteRolledBack(t *testing.T) {
 	t.Parallel()
-	for _, o := range orms {
-		t.Run(o.desc, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			createItems(t, b)
-			inTx := o.open(t, b)
-			old, err := newLessor(t, b.Pool, "old").TryAcquire(b.Ctx, "job", time.Minute)
-			require.NoError(t, err)
-			_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.force_release('job', ARRAY[]::text[])`)
-			require.NoError(t, err)
-			cur, err := newLessor(t, b.Pool, "cur").TryAcquire(b.Ctx, "job", time.Minute)
-			require.NoError(t, err)
-			require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
-				return fencedInsert(b.Ctx, tx, item{ID: "cur", Qty: 1}, func(sqlTx *sql.Tx) error {
-					return cur.FenceSQLTx(b.Ctx, sqlTx, "job")
-				})
-			}))
+	forEachORM(t, func(t *testing.T, b *bundle, inTx ormInTx) {
+		old, err := newLessor(t, b.Pool, "old").TryAcquire(b.Ctx, "job", time.Minute)
+		require.NoError(t, err)
+		_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.force_release('job', ARRAY[]::text[])`)
+		require.NoError(t, err)
+		cur, err := newLessor(t, b.Pool, "cur").TryAcquire(b.Ctx, "job", time.Minute)
+		require.NoError(t, err)
+		require.NoError(t, fencedInsert(b.Ctx, inTx, item{ID: "cur", Qty: 1}, func(sqlTx *sql.Tx) error {
+			return cur.FenceSQLTx(b.Ctx, sqlTx, "job")
+		}))
 
-			err = inTx(b.Ctx, func(tx ormTx) error {
-				return fencedInsert(b.Ctx, tx, item{ID: "stale", Qty: 2}, func(sqlTx *sql.Tx) error {
-					return fencelock.FenceSQLTx(b.Ctx, sqlTx, "job", old.Token())
-				})
-			})
-			require.Equal(t, &fencelock.StaleTokenError{Resource: "job", Token: old.Token(), Current: cur.Token()}, errorsAsStale(t, err))
-
-			err = inTx(b.Ctx, func(tx ormTx) error {
-				return fencedInsert(b.Ctx, tx, item{ID: "lost", Qty: 3}, func(sqlTx *sql.Tx) error {
-					return old.FenceSQLTx(b.Ctx, sqlTx, "job")
-				})
-			})
-			var lost *fencelock.LeaseLostError
-			require.ErrorAs(t, err, &lost)
-			require.Equal(t, old.Token(), lost.Token)
-
-			require.Equal(t, []string{"cur"}, readItems(t, b), "a refused write was not rolled back")
+		err = fencedInsert(b.Ctx, inTx, item{ID: "stale", Qty: 2}, func(sqlTx *sql.Tx) error {
+			return fencelock.FenceSQLTx(b.Ctx, sqlTx, "job", old.Token())
 		})
-	}
+		require.Equal(t, &fencelock.StaleTokenError{Resource: "job", Token: old.Token(), Current: cur.Token()}, errorsAsStale(t, err))
+
+		err = fencedInsert(b.Ctx, inTx, item{ID: "lost", Qty: 3}, func(sqlTx *sql.Tx) error {
+			return old.FenceSQLTx(b.Ctx, sqlTx, "job")
+		})
+		var lost *fencelock.LeaseLostError
+		require.ErrorAs(t, err, &lost)
+		require.Equal(t, old.Token(), lost.Token)
+
+		require.Equal(t, []string{"cur"}, readItems(t, b), "a refused write was not rolled back")
+	})
 }
 
 // A table protected with fencelock.protect_table refuses, whichever ORM and driver sends it, a
@@ -302,53 +293,47 @@ func TestORMStaleFencedWriteRolledBack(t *testing.T) {
 // chain and the row is unchanged. A write with the row's token or a newer one passes.
 func TestORMProtectedTableRefusesStaleWrite(t *testing.T) {
 	t.Parallel()
-	for _, o := range orms {
-		t.Run(o.desc, func(t *testing.T) {
-			t.Parallel()
-			b := setup(t)
-			createItems(t, b)
-			_, err := b.Pool.Exec(b.Ctx, `SELECT fencelock.protect_table('items')`)
-			require.NoError(t, err)
-			inTx := o.open(t, b)
-			write := func(token fencelock.Token, qty int64) error {
-				return inTx(b.Ctx, func(tx ormTx) error {
-					if err := tx.setToken(b.Ctx, token); err != nil {
-						return err
-					}
-					return tx.setQty(b.Ctx, "A-1", qty)
-				})
-			}
-			requireRow := func(qty, token int64) {
-				t.Helper()
-				var got [2]int64
-				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT qty, fence_token FROM items WHERE id = 'A-1'`).Scan(&got[0], &got[1]))
-				require.Equal(t, [2]int64{qty, token}, got, "qty and fence_token of the row")
-			}
-			require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
-				if err := tx.setToken(b.Ctx, 7); err != nil {
+	forEachORM(t, func(t *testing.T, b *bundle, inTx ormInTx) {
+		_, err := b.Pool.Exec(b.Ctx, `SELECT fencelock.protect_table('items')`)
+		require.NoError(t, err)
+		write := func(token fencelock.Token, qty int64) error {
+			return inTx(b.Ctx, func(tx ormTx) error {
+				if err := tx.setToken(b.Ctx, token); err != nil {
 					return err
 				}
-				return tx.insert(b.Ctx, item{ID: "A-1", Qty: 10})
-			}))
-			requireRow(10, 7)
+				return tx.setQty(b.Ctx, "A-1", qty)
+			})
+		}
+		requireRow := func(qty, token int64) {
+			t.Helper()
+			var got [2]int64
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT qty, fence_token FROM items WHERE id = 'A-1'`).Scan(&got[0], &got[1]))
+			require.Equal(t, [2]int64{qty, token}, got, "qty and fence_token of the row")
+		}
+		require.NoError(t, inTx(b.Ctx, func(tx ormTx) error {
+			if err := tx.setToken(b.Ctx, 7); err != nil {
+				return err
+			}
+			return tx.insert(b.Ctx, item{ID: "A-1", Qty: 10})
+		}))
+		requireRow(10, 7)
 
-			err = write(5, 9)
-			require.ErrorIs(t, fencelock.WrapSQLError(err), fencelock.ErrStaleToken)
-			var driverErr interface{ SQLState() string }
-			require.ErrorAs(t, err, &driverErr)
-			require.Equal(t, "FL004", driverErr.SQLState())
-			requireRow(10, 7)
+		err = write(5, 9)
+		require.ErrorIs(t, fencelock.WrapSQLError(err), fencelock.ErrStaleToken)
+		var driverErr interface{ SQLState() string }
+		require.ErrorAs(t, err, &driverErr)
+		require.Equal(t, "FL004", driverErr.SQLState())
+		requireRow(10, 7)
 
-			err = inTx(b.Ctx, func(tx ormTx) error { return tx.setQty(b.Ctx, "A-1", 9) })
-			require.ErrorIs(t, fencelock.WrapSQLError(err), fencelock.ErrNoToken)
-			requireRow(10, 7)
+		err = inTx(b.Ctx, func(tx ormTx) error { return tx.setQty(b.Ctx, "A-1", 9) })
+		require.ErrorIs(t, fencelock.WrapSQLError(err), fencelock.ErrNoToken)
+		requireRow(10, 7)
 
-			require.NoError(t, write(7, 8))
-			requireRow(8, 7)
-			require.NoError(t, write(8, 6))
-			requireRow(6, 8)
-		})
-	}
+		require.NoError(t, write(7, 8))
+		requireRow(8, 7)
+		require.NoError(t, write(8, 6))
+		requireRow(6, 8)
+	})
 }
 
 // With GORM on the lessor's own pool (stdlib.OpenDBFromPool), RunLockedSQL on GORM's *sql.DB

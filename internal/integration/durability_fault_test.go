@@ -43,10 +43,7 @@ func TestTokenDurableAfterRolledBackRange(t *testing.T) {
 	for _, tc := range tokenPaths {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.WithSetting("wal_writer_delay", "10s"))
-			db := srv.NewDB(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
+			srv, db, ctx := crashableDB(t, 2*time.Minute, pgtest.WithSetting("wal_writer_delay", "10s"))
 			first, err := tc.issue(t, ctx, db.Pool, 0)
 			require.NoError(t, err)
 
@@ -63,10 +60,7 @@ func TestTokenDurableAfterRolledBackRange(t *testing.T) {
 			require.NoError(t, err)
 			require.Greater(t, inRange, first)
 
-			require.NoError(t, srv.Crash(ctx))
-			require.NoError(t, srv.Restart(ctx))
-			db.Pool.Reset()
-			awaitReconnect(t, ctx, db.Pool)
+			crashAndRestart(t, ctx, srv, db.Pool)
 			after, err := tc.issue(t, ctx, db.Pool, 2)
 			require.NoError(t, err)
 			require.Greater(t, after, inRange, "a token issued before the crash was issued again")
@@ -82,10 +76,7 @@ func TestTokenDurableAfterRolledBackRange(t *testing.T) {
 // committed update was lost with the unflushed WAL, and the older token passed.
 func TestUpdateFencedDurableAfterCrash(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
-	db := srv.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	srv, db, ctx := crashableDB(t, 2*time.Minute, pgtest.AsyncCommit())
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL, fence bigint)`)
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `INSERT INTO accounts VALUES (1, 0, NULL)`)
@@ -101,10 +92,7 @@ func TestUpdateFencedDurableAfterCrash(t *testing.T) {
 		})
 	}
 	require.NoError(t, update(10, 100))
-	require.NoError(t, srv.Crash(ctx))
-	require.NoError(t, srv.Restart(ctx))
-	db.Pool.Reset()
-	awaitReconnect(t, ctx, db.Pool)
+	crashAndRestart(t, ctx, srv, db.Pool)
 	require.ErrorIs(t, update(5, 50), fencelock.ErrStaleToken, "the acknowledged fenced update was lost in the crash")
 	var balance int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT balance FROM accounts WHERE id = 1`).Scan(&balance))
@@ -119,10 +107,7 @@ func TestUpdateFencedDurableAfterCrash(t *testing.T) {
 // durability tests could pass because the crash lost nothing.
 func TestAsyncCommitCrashLosesUnforcedCommits(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
-	db := srv.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	srv, db, ctx := crashableDB(t, 2*time.Minute, pgtest.AsyncCommit())
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE acked (i int)`)
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `CHECKPOINT`)
@@ -131,10 +116,7 @@ func TestAsyncCommitCrashLosesUnforcedCommits(t *testing.T) {
 		_, err := db.Pool.Exec(ctx, `INSERT INTO acked VALUES ($1)`, i)
 		require.NoError(t, err)
 	}
-	require.NoError(t, srv.Crash(ctx))
-	require.NoError(t, srv.Restart(ctx))
-	db.Pool.Reset()
-	awaitReconnect(t, ctx, db.Pool)
+	crashAndRestart(t, ctx, srv, db.Pool)
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM acked`).Scan(&n))
 	require.Less(t, n, 100, "the crash lost no acknowledged commit: the durability tests would prove nothing")
@@ -169,10 +151,7 @@ func TestFencesAndRenewalsDurableAfterCrash(t *testing.T) {
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
 			t.Parallel()
-			srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
-			db := srv.NewDB(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
+			srv, db, ctx := crashableDB(t, 2*time.Minute, pgtest.AsyncCommit())
 			lease, err := newLessor(t, db.Pool, "h", fencelock.WithoutHeartbeat()).TryAcquire(ctx, "job", time.Hour)
 			require.NoError(t, err)
 			granted := lease.ExpiresAt()
@@ -181,10 +160,7 @@ func TestFencesAndRenewalsDurableAfterCrash(t *testing.T) {
 			_, err = db.Pool.Exec(ctx, `CHECKPOINT`)
 			require.NoError(t, err)
 			require.NoError(t, tc.act(ctx, db.Pool, lease))
-			require.NoError(t, srv.Crash(ctx))
-			require.NoError(t, srv.Restart(ctx))
-			db.Pool.Reset()
-			awaitReconnect(t, ctx, db.Pool)
+			crashAndRestart(t, ctx, srv, db.Pool)
 			tc.check(t, ctx, db.Pool, lease, granted)
 		})
 	}
@@ -212,10 +188,7 @@ func awaitReconnect(t *testing.T, ctx context.Context, pool *pgxpool.Pool) {
 // only after its commit: the NOTIFY goes out at commit.
 func TestHandOffDurableAfterCrash(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
-	db := srv.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	srv, db, ctx := crashableDB(t, 2*time.Minute, pgtest.AsyncCommit())
 	lh, err := newLessor(t, db.Pool, "holder", fencelock.WithoutHeartbeat()).TryAcquire(ctx, "job", time.Hour)
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, `CHECKPOINT`)
@@ -234,10 +207,7 @@ func TestHandOffDurableAfterCrash(t *testing.T) {
 	require.NoError(t, lh.Release(ctx))
 	lw := <-got
 	require.NotNil(t, lw)
-	require.NoError(t, srv.Crash(ctx))
-	require.NoError(t, srv.Restart(ctx))
-	db.Pool.Reset()
-	awaitReconnect(t, ctx, db.Pool)
+	crashAndRestart(t, ctx, srv, db.Pool)
 	row := readLease(t, ctx, db.Pool, "job")
 	require.Equal(t, "waiter", row.Holder, "the acknowledged hand-off was lost in the crash")
 	require.Equal(t, int64(lw.Token()), row.Token)
@@ -250,18 +220,12 @@ func TestHandOffDurableAfterCrash(t *testing.T) {
 // s; were the release flushed, the name would be free at once.)
 func TestReleaseLostInCrashExpiresByTTL(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.AsyncCommit())
-	db := srv.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	srv, db, ctx := crashableDB(t, 2*time.Minute, pgtest.AsyncCommit())
 	const ttl = 2 * time.Second
 	lh, err := newLessor(t, db.Pool, "holder", fencelock.WithoutHeartbeat()).TryAcquire(ctx, "job", ttl)
 	require.NoError(t, err)
 	require.NoError(t, lh.Release(ctx))
-	require.NoError(t, srv.Crash(ctx))
-	require.NoError(t, srv.Restart(ctx))
-	db.Pool.Reset()
-	awaitReconnect(t, ctx, db.Pool)
+	crashAndRestart(t, ctx, srv, db.Pool)
 	row := readLease(t, ctx, db.Pool, "job")
 	require.Equal(t, int64(lh.Token()), row.Token)
 	require.False(t, row.Expired, "control: the release survived the crash, so it was flushed")

@@ -26,9 +26,7 @@ func TestTokensRiseAcrossFailover(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			primary := pgtest.NewServer(t, pgtest.Crashable())
-			db := primary.NewDB(t)
-			standby := primary.NewStandby(t)
+			primary, db, standby := crashableStandbyPair(t)
 			url, err := pgtest.ClusterURL(db.Name, primary, standby)
 			require.NoError(t, err)
 			pool := newPool(t, ctx, url+"&pool_max_conns=64") // each advisory session lock keeps a connection
@@ -88,9 +86,7 @@ func TestRebaseTokenEpochAfterLogicalCopy(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// The source: a database on timeline 2, after a promotion.
-	primary := pgtest.NewServer(t, pgtest.Crashable())
-	src := primary.NewDB(t)
-	standby := primary.NewStandby(t)
+	primary, src, standby := crashableStandbyPair(t)
 	require.NoError(t, primary.Crash(ctx))
 	require.NoError(t, standby.Promote(ctx))
 	srcPool := newPool(t, ctx, standby.URL(src.Name))
@@ -191,13 +187,11 @@ func TestTokensRiseAcrossSecondPromotion(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			opts := []pgtest.Option{pgtest.Crashable()}
+			var opts []pgtest.Option
 			if shared {
 				opts = append(opts, pgtest.WALArchive())
 			}
-			a := pgtest.NewServer(t, opts...)
-			db := a.NewDB(t)
-			b := a.NewStandby(t)
+			a, db, b := crashableStandbyPair(t, opts...)
 			c := a.NewStandby(t)
 			require.NoError(t, a.Crash(ctx))
 			require.NoError(t, b.Promote(ctx))

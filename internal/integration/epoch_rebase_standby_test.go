@@ -43,6 +43,15 @@ func rebaseStandbyPair(t *testing.T, ctx context.Context) (primary *pgtest.Serve
 	return primary, db, standby
 }
 
+// soleWALSender returns the WAL sender of pool's server (walSenderNames), failing the test
+// unless there is exactly one.
+func soleWALSender(t *testing.T, ctx context.Context, pool *pgxpool.Pool) fencelock.PendingStandby {
+	t.Helper()
+	senders := walSenderNames(t, ctx, pool)
+	require.Len(t, senders, 1)
+	return senders[0]
+}
+
 // epochOffset reads fencelock.token_epoch.epoch_offset on pool's server (a standby too).
 func epochOffset(t *testing.T, ctx context.Context, pool *pgxpool.Pool) uint32 {
 	t.Helper()
@@ -156,8 +165,7 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 	t.Parallel()
 	ctx := testkit.Context(t)
 	primary, db, standby := rebaseStandbyPair(t, ctx)
-	senders := walSenderNames(t, ctx, db.Pool)
-	require.Len(t, senders, 1)
+	walSender := soleWALSender(t, ctx, db.Pool)
 	before, err := tokenPaths[0].issue(t, ctx, db.Pool, 0)
 	require.NoError(t, err)
 	require.NoError(t, primary.WaitReplay(ctx, standby))
@@ -177,7 +185,7 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 	require.NotEmpty(t, rerr.LSN)
 	require.Len(t, rerr.Standbys, 1)
 	got := rerr.Standbys[0]
-	require.Equal(t, senders[0].ApplicationName, got.ApplicationName)
+	require.Equal(t, walSender.ApplicationName, got.ApplicationName)
 	require.Equal(t, "127.0.0.1", got.ClientAddr)
 	require.False(t, got.Disconnected)
 	require.NotEmpty(t, got.ReplayLSN)
@@ -298,8 +306,7 @@ func TestRebaseTokenEpochReplayNotVisible(t *testing.T) {
 	t.Parallel()
 	ctx := testkit.Context(t)
 	_, db, standby := rebaseStandbyPair(t, ctx)
-	senders := walSenderNames(t, ctx, db.Pool)
-	require.Len(t, senders, 1)
+	walSender := soleWALSender(t, ctx, db.Pool)
 
 	// The role and grants of privilege_test.go's newLeastPrivilegeRole (the role is dropped
 	// with the server).
@@ -326,7 +333,7 @@ func TestRebaseTokenEpochReplayNotVisible(t *testing.T) {
 	require.ErrorAs(t, err, &rerr)
 	require.EqualValues(t, 10, epoch)
 	require.Len(t, rerr.Standbys, 1)
-	require.Equal(t, fencelock.PendingStandby{ApplicationName: senders[0].ApplicationName}, rerr.Standbys[0])
+	require.Equal(t, fencelock.PendingStandby{ApplicationName: walSender.ApplicationName}, rerr.Standbys[0])
 	require.ErrorContains(t, err, "pg_read_all_stats")
 	t.Log(err)
 	require.EqualValues(t, 9, epochOffset(t, ctx, db.Pool), "the rebase is committed on the primary")

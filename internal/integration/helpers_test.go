@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/fencelock/fencelock"
@@ -31,6 +32,39 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := pgtest.NewDB(t)
 	return testkit.NewBundle(t, db.Pool, db)
+}
+
+// crashableDB returns a database on a server of its own that the test may crash
+// (pgtest.Crashable, then opts), and a context that ends at test cleanup or after limit.
+func crashableDB(t *testing.T, limit time.Duration, opts ...pgtest.Option) (*pgtest.Server, *pgtest.DB, context.Context) {
+	t.Helper()
+	srv := pgtest.NewServer(t, append([]pgtest.Option{pgtest.Crashable()}, opts...)...)
+	db := srv.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	t.Cleanup(cancel)
+	return srv, db, ctx
+}
+
+// crashableStandbyPair starts a server of its own that the test may crash (pgtest.Crashable,
+// then opts), a fresh database on it, and a standby of it (pg_basebackup -R).
+func crashableStandbyPair(t *testing.T, opts ...pgtest.Option) (primary *pgtest.Server, db *pgtest.DB, standby *pgtest.Server) {
+	t.Helper()
+	primary = pgtest.NewServer(t, append([]pgtest.Option{pgtest.Crashable()}, opts...)...)
+	db = primary.NewDB(t)
+	return primary, db, primary.NewStandby(t)
+}
+
+// hotStandbyDB starts a server of its own (pgtest.Crashable) with a hot standby and a fresh
+// database, waits until the standby has replayed it, and returns a context that ends at test
+// cleanup or after a minute, with the URL of that database on the standby and a pool on it.
+func hotStandbyDB(t *testing.T) (context.Context, string, *pgxpool.Pool) {
+	t.Helper()
+	srv, primary, standby := crashableStandbyPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	require.NoError(t, srv.WaitReplay(ctx, standby))
+	url := standby.URL(primary.Name)
+	return ctx, url, newPool(t, ctx, url)
 }
 
 // fastBackoff keeps waits short in tests where many waiters contend.

@@ -15,7 +15,6 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
-	"github.com/fencelock/fencelock/pgtest"
 )
 
 // The database/sql forms through lib/pq, which cancels a statement with a cancel request and
@@ -23,13 +22,19 @@ import (
 // reports errors as *pq.Error: the same promises as with pgx's stdlib
 // (database_sql_test.go in the root package).
 
-// openLibPQ returns a *sql.DB on b's database through lib/pq, closed at test cleanup.
-func openLibPQ(t *testing.T, b *bundle) *sql.DB {
+// openSQLDB opens a *sql.DB on url with driver, closed at test cleanup.
+func openSQLDB(t *testing.T, driver, url string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("postgres", b.DB.URL)
+	db, err := sql.Open(driver, url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
 	return db
+}
+
+// openLibPQ returns a *sql.DB on b's database through lib/pq, closed at test cleanup.
+func openLibPQ(t *testing.T, b *bundle) *sql.DB {
+	t.Helper()
+	return openSQLDB(t, "postgres", b.DB.URL)
 }
 
 // RunLockedSQL whose grant waits on the row lock when ctx ends returns at once with ctx's
@@ -167,19 +172,10 @@ func TestLibpqRunLockedSQLRunsOnRelease(t *testing.T) {
 // and with pgx's stdlib (control).
 func TestLibpqRunLockedSQLOnHotStandbyReadOnly(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.NewServer(t, pgtest.Crashable())
-	primary := srv.NewDB(t)
-	standby := srv.NewStandby(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	require.NoError(t, srv.WaitReplay(ctx, standby))
-	pool := newPool(t, ctx, standby.URL(primary.Name))
+	ctx, url, pool := hotStandbyDB(t)
 	l := newLessor(t, pool, "on-standby")
 	for _, driver := range []string{"postgres", "pgx"} {
-		sqlDB, err := sql.Open(driver, standby.URL(primary.Name))
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = sqlDB.Close() })
-		err = l.TryRunLockedSQL(ctx, sqlDB, "lease", func(context.Context, *sql.Tx, fencelock.Token) error { return nil })
+		err := l.TryRunLockedSQL(ctx, openSQLDB(t, driver, url), "lease", func(context.Context, *sql.Tx, fencelock.Token) error { return nil })
 		require.ErrorIs(t, err, fencelock.ErrReadOnly, "%s: %v", driver, err)
 	}
 }

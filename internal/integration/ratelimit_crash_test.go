@@ -83,11 +83,8 @@ func forgotten(t *testing.T, ctx context.Context, rl *ratelimit.Limiter, ds []de
 // Autovacuum is off: its commits would flush the WAL at moments of its own.
 func TestRateLimitDecisionsAfterCrash(t *testing.T) {
 	t.Parallel()
-	srv := pgtest.NewServer(t, pgtest.Crashable(), pgtest.WithSetting("fsync", "on"),
+	srv, db, ctx := crashableDB(t, 4*time.Minute, pgtest.WithSetting("fsync", "on"),
 		pgtest.WithSetting("autovacuum", "off"))
-	db := srv.NewDB(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
 	var delay string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SHOW wal_writer_delay`).Scan(&delay))
 	require.Equal(t, "200ms", delay)

@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/pgtest"
 )
@@ -216,12 +217,7 @@ func startUIChild(t *testing.T, b *bundle, name, holder string) *uiChild {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestUIChildHolder$", "-test.count=1")
 	cmd.Env = append(os.Environ(), uiChildEnv+"="+name, uiChildHolderEnv+"="+holder, uiChildURLEnv+"="+b.DB.URL)
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
+	stdin, stdout := testkit.StartPiped(t, cmd)
 	c := &uiChild{t: t, name: name, stdin: stdin, lines: make(chan string, 16), exited: make(chan struct{})}
 	go func() {
 		defer close(c.exited)
@@ -244,6 +240,7 @@ func startUIChild(t *testing.T, b *bundle, name, holder string) *uiChild {
 	})
 	tok, ok := strings.CutPrefix(c.expect("token "), "token ")
 	require.True(t, ok)
+	var err error
 	c.token, err = strconv.ParseInt(tok, 10, 64)
 	require.NoError(t, err)
 	return c
