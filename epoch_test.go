@@ -54,11 +54,11 @@ func TestTokensCarryTheTimeline(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	tli := timelineOf(t, b.Ctx, b.Pool)
-	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.Ctx, b.Pool, i)
-		require.NoError(t, err, tc.desc)
-		require.Equal(t, tli, token.Epoch(), tc.desc)
-		require.Positive(t, token.Sequence(), tc.desc)
+	for i, tc := range fencetest.TokenPaths {
+		token, err := tc.Issue(t, b.Ctx, b.Pool, i)
+		require.NoError(t, err, tc.Desc)
+		require.Equal(t, tli, token.Epoch(), tc.Desc)
+		require.Positive(t, token.Sequence(), tc.Desc)
 	}
 }
 
@@ -103,28 +103,28 @@ func TestMigrationEpochTokensAboveEarlierTokens(t *testing.T) {
 	// so at version 2 the lease paths' tokens are the ones that version's grant drew:
 	// fencelock.next_token(false) of migration 00002.
 	var before []fencelock.Token
-	for i, tc := range tokenPaths {
+	for i, tc := range fencetest.TokenPaths {
 		var token fencelock.Token
 		var err error
-		if tc.desc == "LeaseGrant" || tc.desc == "RunLocked" {
+		if tc.Desc == "LeaseGrant" || tc.Desc == "RunLocked" {
 			err = b.Pool.QueryRow(b.Ctx, `SELECT fencelock.next_token(false)`).Scan(&token)
 		} else {
-			token, err = tc.issue(t, b.Ctx, b.Pool, i)
+			token, err = tc.Issue(t, b.Ctx, b.Pool, i)
 		}
-		require.NoError(t, err, tc.desc)
-		require.Zero(t, token.Epoch(), "%s: before migration 00003, a plain sequence value", tc.desc)
+		require.NoError(t, err, tc.Desc)
+		require.Zero(t, token.Epoch(), "%s: before migration 00003, a plain sequence value", tc.Desc)
 		before = append(before, token)
 	}
 	_, err = b.Pool.Exec(b.Ctx, down)
 	require.NoError(t, err)
 	require.NoError(t, fencelock.Migrate(b.Ctx, b.Pool))
-	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.Ctx, b.Pool, 100+i)
-		require.NoError(t, err, tc.desc)
+	for i, tc := range fencetest.TokenPaths {
+		token, err := tc.Issue(t, b.Ctx, b.Pool, 100+i)
+		require.NoError(t, err, tc.Desc)
 		for _, old := range before {
-			require.Greater(t, token, old, tc.desc)
+			require.Greater(t, token, old, tc.Desc)
 		}
-		require.Equal(t, timelineOf(t, b.Ctx, b.Pool), token.Epoch(), tc.desc)
+		require.Equal(t, timelineOf(t, b.Ctx, b.Pool), token.Epoch(), tc.Desc)
 	}
 }
 
@@ -147,12 +147,12 @@ func TestTokenBudgetExhausted(t *testing.T) {
 	b := setup(t)
 	_, err := b.Pool.Exec(b.Ctx, `SELECT setval('fencelock.leases_token_seq', $1::bigint)`, int64(1)<<47-2)
 	require.NoError(t, err)
-	last, err := tokenPaths[0].issue(t, b.Ctx, b.Pool, 0)
+	last, err := fencetest.LeaseGrantToken(t, b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	require.Equal(t, int64(1)<<47-1, last.Sequence(), "the last sequence value is still issued")
-	for i, tc := range tokenPaths {
-		_, err := tc.issue(t, b.Ctx, b.Pool, 10+i)
-		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.desc)
+	for i, tc := range fencetest.TokenPaths {
+		_, err := tc.Issue(t, b.Ctx, b.Pool, 10+i)
+		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.Desc)
 	}
 	requireNothingHeld(t, b.Ctx, b.Pool, "lease:0")
 }
@@ -165,9 +165,9 @@ func TestTokenEpochBudgetExhausted(t *testing.T) {
 	tli := timelineOf(t, b.Ctx, b.Pool)
 	_, err := b.Pool.Exec(b.Ctx, `UPDATE fencelock.token_epoch SET epoch_offset = $1`, int32(65536-tli))
 	require.NoError(t, err)
-	for i, tc := range tokenPaths {
-		_, err := tc.issue(t, b.Ctx, b.Pool, i)
-		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.desc)
+	for i, tc := range fencetest.TokenPaths {
+		_, err := tc.Issue(t, b.Ctx, b.Pool, i)
+		require.ErrorIs(t, err, fencelock.ErrTokenBudget, tc.Desc)
 	}
 	requireNothingHeld(t, b.Ctx, b.Pool)
 
@@ -239,20 +239,20 @@ func TestTokenPathsForUnprivilegedRole(t *testing.T) {
 			defer holder.Rollback(context.Background())
 			_, err = holder.Exec(b.Ctx, `SELECT FROM fencelock.token_epoch FOR UPDATE`)
 			require.NoError(t, err)
-			for i, path := range tokenPaths {
-				token, err := path.issue(t, b.Ctx, pool, i)
-				require.NoError(t, err, path.desc)
-				require.Positive(t, token.Epoch(), path.desc)
+			for i, path := range fencetest.TokenPaths {
+				token, err := path.Issue(t, b.Ctx, pool, i)
+				require.NoError(t, err, path.Desc)
+				require.Positive(t, token.Epoch(), path.Desc)
 			}
 			tli := timelineOf(t, b.Ctx, b.Pool)
 			last, marks := epochRecord(t, b)
 			require.Zero(t, last)
 			require.Equal(t, []int32{int32(tli)}, marks, "the role marked the epoch")
 			require.NoError(t, holder.Rollback(b.Ctx))
-			for i, path := range tokenPaths {
-				token, err := path.issue(t, b.Ctx, pool, 10+i)
-				require.NoError(t, err, path.desc)
-				require.Positive(t, token.Epoch(), path.desc)
+			for i, path := range fencetest.TokenPaths {
+				token, err := path.Issue(t, b.Ctx, pool, 10+i)
+				require.NoError(t, err, path.Desc)
+				require.Positive(t, token.Epoch(), path.Desc)
 			}
 			last, marks = epochRecord(t, b)
 			require.EqualValues(t, tli, last, "the role recorded the epoch")
@@ -266,7 +266,7 @@ func TestTokenPathsForUnprivilegedRole(t *testing.T) {
 func TestTokenEpochBehindRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	first, err := tokenPaths[0].issue(t, b.Ctx, b.Pool, 0)
+	first, err := fencetest.LeaseGrantToken(t, b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	var last int32
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
@@ -275,19 +275,19 @@ func TestTokenEpochBehindRefused(t *testing.T) {
 	// The database has issued tokens in epoch 7; its server is on an earlier timeline.
 	_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.token_epoch SET last_epoch = 7`)
 	require.NoError(t, err)
-	for i, tc := range tokenPaths {
-		_, err := tc.issue(t, b.Ctx, b.Pool, 10+i)
-		require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, tc.desc)
+	for i, tc := range fencetest.TokenPaths {
+		_, err := tc.Issue(t, b.Ctx, b.Pool, 10+i)
+		require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, tc.Desc)
 	}
 	requireNothingHeld(t, b.Ctx, b.Pool, "lease:0")
 
 	epoch, err := fencelock.RebaseTokenEpoch(b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 8, epoch)
-	for i, tc := range tokenPaths {
-		token, err := tc.issue(t, b.Ctx, b.Pool, 20+i)
-		require.NoError(t, err, tc.desc)
-		require.EqualValues(t, 8, token.Epoch(), tc.desc)
+	for i, tc := range fencetest.TokenPaths {
+		token, err := tc.Issue(t, b.Ctx, b.Pool, 20+i)
+		require.NoError(t, err, tc.Desc)
+		require.EqualValues(t, 8, token.Epoch(), tc.Desc)
 	}
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT last_epoch FROM fencelock.token_epoch`).Scan(&last))
 	require.EqualValues(t, 8, last)

@@ -75,21 +75,6 @@ func waitFor(t *testing.T, b *bundle, what string, cond func() bool) {
 	testkit.WaitFor(t, b.Ctx, what, cond)
 }
 
-// tokenPath issues one fencing token the way one API path does, and leaves nothing behind
-// that would flush the WAL (no release, no unlock).
-type tokenPath = fencetest.TokenPath
-
-// tokenPaths are the API paths that issue tokens.
-var tokenPaths = []struct {
-	desc  string
-	issue tokenPath
-}{
-	{"LeaseGrant", fencetest.LeaseGrantToken},
-	{"RunLocked", fencetest.RunLockedToken},
-	{"AdvisorySession", fencetest.AdvisorySessionToken},
-	{"AdvisoryTransaction", fencetest.AdvisoryTransactionToken},
-}
-
 // migrateLockKey is fencelock's migrateLockID, the advisory lock key of Migrate.
 const migrateLockKey = testkit.MigrateLockKey
 

@@ -16,21 +16,6 @@ import (
 	"github.com/fencelock/fencelock/pgtest"
 )
 
-// tokenPath issues one fencing token the way one API path does, and leaves nothing behind
-// that would flush the WAL (no release, no unlock); tokenPaths are the API paths that issue
-// tokens.
-type tokenPath = fencetest.TokenPath
-
-var tokenPaths = []struct {
-	desc  string
-	issue tokenPath
-}{
-	{"LeaseGrant", fencetest.LeaseGrantToken},
-	{"RunLocked", fencetest.RunLockedToken},
-	{"AdvisorySession", fencetest.AdvisorySessionToken},
-	{"AdvisoryTransaction", fencetest.AdvisoryTransactionToken},
-}
-
 // Every path that issues a token makes it durable before the grant returns, even when the
 // value falls in a range of the sequence WAL-logged by a transaction that rolled back: nextval
 // logs 32 values ahead, a rollback is not flushed, and a later nextval inside the range writes
@@ -40,11 +25,11 @@ var tokenPaths = []struct {
 // token out again after the crash.
 func TestTokenDurableAfterRolledBackRange(t *testing.T) {
 	t.Parallel()
-	for _, tc := range tokenPaths {
-		t.Run(tc.desc, func(t *testing.T) {
+	for _, tc := range fencetest.TokenPaths {
+		t.Run(tc.Desc, func(t *testing.T) {
 			t.Parallel()
 			srv, db, ctx := crashableDB(t, 2*time.Minute, pgtest.WithSetting("wal_writer_delay", "10s"))
-			first, err := tc.issue(t, ctx, db.Pool, 0)
+			first, err := tc.Issue(t, ctx, db.Pool, 0)
 			require.NoError(t, err)
 
 			// After a checkpoint the next nextval WAL-logs a range; its transaction rolls back.
@@ -56,12 +41,12 @@ func TestTokenDurableAfterRolledBackRange(t *testing.T) {
 			})
 			require.ErrorIs(t, err, errRollback)
 
-			inRange, err := tc.issue(t, ctx, db.Pool, 1) // a value of the rolled-back range
+			inRange, err := tc.Issue(t, ctx, db.Pool, 1) // a value of the rolled-back range
 			require.NoError(t, err)
 			require.Greater(t, inRange, first)
 
 			crashAndRestart(t, ctx, srv, db.Pool)
-			after, err := tc.issue(t, ctx, db.Pool, 2)
+			after, err := tc.Issue(t, ctx, db.Pool, 2)
 			require.NoError(t, err)
 			require.Greater(t, after, inRange, "a token issued before the crash was issued again")
 			var sc string

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -40,10 +41,10 @@ func TestTokensRiseAcrossFailover(t *testing.T) {
 
 			var old []fencelock.Token
 			issue := func(round, n int) {
-				for _, tc := range tokenPaths {
+				for _, tc := range fencetest.TokenPaths {
 					for i := range n {
-						token, err := tc.issue(t, ctx, pool, round*1000+i)
-						require.NoError(t, err, tc.desc)
+						token, err := tc.Issue(t, ctx, pool, round*1000+i)
+						require.NoError(t, err, tc.Desc)
 						old = append(old, token)
 					}
 				}
@@ -64,15 +65,15 @@ func TestTokensRiseAcrossFailover(t *testing.T) {
 			require.NoError(t, standby.Promote(ctx))
 			pool.Reset()
 			awaitReconnect(t, ctx, pool)
-			for _, tc := range tokenPaths {
-				token, err := tc.issue(t, ctx, pool, 2000)
-				require.NoError(t, err, tc.desc)
-				require.Greater(t, token, maxOld, "%s: a token after the promotion is not above the old primary's", tc.desc)
-				require.Equal(t, maxOld.Epoch()+1, token.Epoch(), tc.desc)
+			for _, tc := range fencetest.TokenPaths {
+				token, err := tc.Issue(t, ctx, pool, 2000)
+				require.NoError(t, err, tc.Desc)
+				require.Greater(t, token, maxOld, "%s: a token after the promotion is not above the old primary's", tc.Desc)
+				require.Equal(t, maxOld.Epoch()+1, token.Epoch(), tc.Desc)
 				if mode == "async-lagged" {
-					require.Less(t, token.Sequence(), maxOld.Sequence(), "%s: control: the promotion lost sequence increments", tc.desc)
+					require.Less(t, token.Sequence(), maxOld.Sequence(), "%s: control: the promotion lost sequence increments", tc.Desc)
 				} else {
-					require.Greater(t, token.Sequence(), maxOld.Sequence(), "%s: a synchronous standby loses no increment", tc.desc)
+					require.Greater(t, token.Sequence(), maxOld.Sequence(), "%s: a synchronous standby loses no increment", tc.Desc)
 				}
 			}
 		})
@@ -140,9 +141,9 @@ func TestRebaseTokenEpochAfterLogicalCopy(t *testing.T) {
 	// With it, as pg_dump carries it, every grant is refused until the rebase.
 	_, err = dst.Pool.Exec(ctx, `UPDATE fencelock.token_epoch SET last_epoch = $1`, lastEpoch)
 	require.NoError(t, err)
-	for i, tc := range tokenPaths {
-		_, err := tc.issue(t, ctx, dst.Pool, 100+i)
-		require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, tc.desc)
+	for i, tc := range fencetest.TokenPaths {
+		_, err := tc.Issue(t, ctx, dst.Pool, 100+i)
+		require.ErrorIs(t, err, fencelock.ErrTokenEpochBehind, tc.Desc)
 	}
 	requireNothingHeld(t, ctx, dst.Pool, "control")
 
@@ -198,7 +199,7 @@ func TestTokensRiseAcrossSecondPromotion(t *testing.T) {
 			bpool := newPool(t, ctx, b.URL(db.Name))
 			var top fencelock.Token
 			for i := range 50 {
-				token, err := tokenPaths[0].issue(t, ctx, bpool, i)
+				token, err := fencetest.LeaseGrantToken(t, ctx, bpool, i)
 				require.NoError(t, err)
 				top = max(top, token)
 			}
@@ -213,7 +214,7 @@ func TestTokensRiseAcrossSecondPromotion(t *testing.T) {
 			require.NoError(t, b.Crash(ctx))
 			require.NoError(t, c.Promote(ctx))
 			cpool := newPool(t, ctx, c.URL(db.Name))
-			token, err := tokenPaths[0].issue(t, ctx, cpool, 100)
+			token, err := fencetest.LeaseGrantToken(t, ctx, cpool, 100)
 			require.NoError(t, err)
 			if shared {
 				require.EqualValues(t, 3, token.Epoch())

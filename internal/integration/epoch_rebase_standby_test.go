@@ -14,6 +14,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -114,7 +115,7 @@ func TestRebaseTokenEpochWaitsForStandbys(t *testing.T) {
 			if tc.sync != "" {
 				require.NoError(t, primary.SetSynchronousStandbys(ctx, tc.sync))
 			}
-			before, err := tokenPaths[0].issue(t, ctx, db.Pool, 0)
+			before, err := fencetest.LeaseGrantToken(t, ctx, db.Pool, 0)
 			require.NoError(t, err)
 			require.EqualValues(t, 1, before.Epoch())
 
@@ -133,19 +134,19 @@ func TestRebaseTokenEpochWaitsForStandbys(t *testing.T) {
 			require.GreaterOrEqual(t, elapsed, rebaseApplyDelay, "the standbys apply the commit that late")
 			t.Logf("rebase returned after %v (standbys apply commits %v late)", elapsed.Round(time.Millisecond), rebaseApplyDelay)
 
-			after, err := tokenPaths[0].issue(t, ctx, db.Pool, 1)
+			after, err := fencetest.LeaseGrantToken(t, ctx, db.Pool, 1)
 			require.NoError(t, err)
 			require.Equal(t, epoch, after.Epoch())
 
 			require.NoError(t, primary.Crash(ctx))
 			require.NoError(t, standbys[0].Promote(ctx))
 			promoted := standbyPools[0]
-			for i, tp := range tokenPaths {
-				token, err := tp.issue(t, ctx, promoted, 100+i)
-				require.NoError(t, err, tp.desc)
-				require.GreaterOrEqual(t, token.Epoch(), epoch, "%s: a token after the promotion is below the rebased epoch", tp.desc)
-				require.Equal(t, epoch+1, token.Epoch(), "%s: timeline 2 plus the offset", tp.desc)
-				require.Greater(t, token, after, "%s: a token went backwards across the promotion", tp.desc)
+			for i, tp := range fencetest.TokenPaths {
+				token, err := tp.Issue(t, ctx, promoted, 100+i)
+				require.NoError(t, err, tp.Desc)
+				require.GreaterOrEqual(t, token.Epoch(), epoch, "%s: a token after the promotion is below the rebased epoch", tp.Desc)
+				require.Equal(t, epoch+1, token.Epoch(), "%s: timeline 2 plus the offset", tp.Desc)
+				require.Greater(t, token, after, "%s: a token went backwards across the promotion", tp.Desc)
 			}
 			again, err := fencelock.RebaseTokenEpoch(ctx, promoted, 0)
 			require.NoError(t, err, "no standby: nothing to wait for")
@@ -166,7 +167,7 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 	ctx := testkit.Context(t)
 	primary, db, standby := rebaseStandbyPair(t, ctx)
 	walSender := soleWALSender(t, ctx, db.Pool)
-	before, err := tokenPaths[0].issue(t, ctx, db.Pool, 0)
+	before, err := fencetest.LeaseGrantToken(t, ctx, db.Pool, 0)
 	require.NoError(t, err)
 	require.NoError(t, primary.WaitReplay(ctx, standby))
 	n, err := primary.PauseWALSenders(ctx)
@@ -199,7 +200,7 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 
 	// Committed on the primary: its next token has the new epoch. This grant is lost with the
 	// failover too.
-	lost, err := tokenPaths[0].issue(t, ctx, db.Pool, 1)
+	lost, err := fencetest.LeaseGrantToken(t, ctx, db.Pool, 1)
 	require.NoError(t, err)
 	require.Equal(t, epoch, lost.Epoch())
 
@@ -207,7 +208,7 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 	require.NoError(t, standby.Promote(ctx))
 	promoted := newPool(t, ctx, standby.URL(db.Name))
 	require.Zero(t, epochOffset(t, ctx, promoted), "the promotion lost the rebase")
-	token, err := tokenPaths[0].issue(t, ctx, promoted, 2)
+	token, err := fencetest.LeaseGrantToken(t, ctx, promoted, 2)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, token.Epoch(), "timeline 2, no offset")
 	require.Greater(t, token, before, "above every token the standby received")
@@ -216,7 +217,7 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 	fixed, err := fencelock.RebaseTokenEpoch(ctx, promoted, rerr.Epoch+1)
 	require.NoError(t, err)
 	require.Equal(t, rerr.Epoch+1, fixed)
-	token, err = tokenPaths[0].issue(t, ctx, promoted, 3)
+	token, err = fencetest.LeaseGrantToken(t, ctx, promoted, 3)
 	require.NoError(t, err)
 	require.Greater(t, token, lost, "after the rebase the error asks for")
 }

@@ -101,3 +101,16 @@ func AdvisoryTransactionToken(t *testing.T, ctx context.Context, pool *pgxpool.P
 	})
 	return token, err
 }
+
+// TokenPaths are the API paths that issue fencing tokens, each named (Desc) and with its
+// [TokenPath] (Issue): a lease's grant, RunLocked, and advisory session and transaction locks
+// with fencing tokens.
+var TokenPaths = []struct {
+	Desc  string
+	Issue TokenPath
+}{
+	{"LeaseGrant", LeaseGrantToken},
+	{"RunLocked", RunLockedToken},
+	{"AdvisorySession", AdvisorySessionToken},
+	{"AdvisoryTransaction", AdvisoryTransactionToken},
+}
