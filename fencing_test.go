@@ -118,12 +118,8 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 }
 
 func TestGuardTxDetectsLossOnServer(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	a := newLessor(t, b.Pool, "a")
-	la, err := a.TryAcquire(b.Ctx, "job", time.Minute)
-	require.NoError(t, err)
-	_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
+	b, _, la := leaseHeld(t, "a", "job")
+	_, err := b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
 	require.NoError(t, err)
 	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return la.GuardTx(b.Ctx, tx) })
 	var lost *fencelock.LeaseLostError

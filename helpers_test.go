@@ -2,6 +2,7 @@ package fencelock_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -83,6 +84,18 @@ const migrateLockKey = testkit.MigrateLockKey
 func requireEachVersionOnce(t *testing.T, b *bundle) {
 	t.Helper()
 	testkit.RequireEachVersionOnce(t, b.Ctx, b.Pool)
+}
+
+// leaseHeld runs t in parallel on a database of its own, where the lessor of holder holds name
+// for a minute; it returns the database, the lessor and its lease.
+func leaseHeld(t *testing.T, holder, name string) (*bundle, *fencelock.Lessor, *fencelock.Lease) {
+	t.Helper()
+	t.Parallel()
+	b := setup(t)
+	l := newLessor(t, b.Pool, holder)
+	lease, err := l.TryAcquire(b.Ctx, name, time.Minute)
+	require.NoError(t, err)
+	return b, l, lease
 }
 
 // twoLessors runs t in parallel on a database of its own, with the lessors of holders "a" and

@@ -267,12 +267,8 @@ var errBoom = errors.New("boom")
 // A lessor is not re-entrant: a second grant of a name it holds is refused as such, not as
 // someone else's.
 func TestLessorNotReentrant(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	a := newLessor(t, b.Pool, "a")
-	l, err := a.TryAcquire(b.Ctx, "job", time.Minute)
-	require.NoError(t, err)
-	_, err = a.TryAcquire(b.Ctx, "job", time.Minute)
+	b, a, l := leaseHeld(t, "a", "job")
+	_, err := a.TryAcquire(b.Ctx, "job", time.Minute)
 	require.ErrorIs(t, err, fencelock.ErrAlreadyHeld)
 	require.NotErrorIs(t, err, fencelock.ErrNotAcquired)
 	_, err = a.Acquire(b.Ctx, "job", time.Minute)

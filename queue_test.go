@@ -111,11 +111,7 @@ func TestQueueNoBarging(t *testing.T) {
 // never end: its own goroutine is in Release), ends the grant without a hand-off, and the
 // head, woken, takes the lease once the transaction has ended, with a larger token.
 func TestReleaseInsideGuardedTransaction(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	holder := newLessor(t, b.Pool, "holder")
-	lh, err := holder.TryAcquire(b.Ctx, "guarded", time.Minute)
-	require.NoError(t, err)
+	b, _, lh := leaseHeld(t, "holder", "guarded")
 	w := fencetest.AcquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter", fastBackoff), "guarded", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "guarded", true, "waiter")
 	tx, err := b.Pool.Begin(b.Ctx)
@@ -139,11 +135,7 @@ func TestReleaseInsideGuardedTransaction(t *testing.T) {
 // release (which does not hand it a TTL grant but leaves the lease free for it), and the TTL
 // waiter behind it is then woken in turn.
 func TestRunLockedWaitsInQueue(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	holder := newLessor(t, b.Pool, "holder")
-	lh, err := holder.TryAcquire(b.Ctx, "mixed", time.Minute)
-	require.NoError(t, err)
+	b, _, lh := leaseHeld(t, "holder", "mixed")
 	ran := make(chan fencelock.Token, 1)
 	txDone := make(chan error, 1)
 	go func() {

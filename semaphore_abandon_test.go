@@ -71,13 +71,9 @@ func poolRefusingCancel(t *testing.T, b *bundle) (*pgxpool.Pool, func()) {
 // permits are granted at once. (The grant locked every expired permit row and waited for that
 // one, and every grant of the semaphore queued behind it.)
 func TestSemaphoreGuardedExpiredPermitBlocksNothing(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	s := newSemaphore(t, b, "sem-guard", "sem:guard", 2, fencelock.WithoutHeartbeat())
 	// A TTL long enough for the guard to find the permit trusted on a loaded machine (with 200
 	// ms, GuardTx once came after the trust window: "trust window expired").
-	p, err := s.TryAcquire(b.Ctx, 2*time.Second)
-	require.NoError(t, err)
+	b, s, p := permitHeld(t, "sem-guard", "sem:guard", 2, 2*time.Second, fencelock.WithoutHeartbeat())
 	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.Ctx) }()
@@ -106,11 +102,7 @@ func TestSemaphoreGuardedExpiredPermitBlocksNothing(t *testing.T) {
 // request lost) leaves no place in the queue: a place left there would hold off every try and
 // every waiter behind it for its liveness.
 func TestSemaphoreAbandonedWaitLeavesNoPlace(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	h := newSemaphore(t, b, "sem-ghost-h", "sem:ghost", 1)
-	held, err := h.TryAcquire(b.Ctx, 10*time.Second)
-	require.NoError(t, err)
+	b, h, held := permitHeld(t, "sem-ghost-h", "sem:ghost", 1, 10*time.Second)
 	cutShortOnBlockedRow(t, b, "sem-ghost-w", "sem:ghost", (*fencelock.Semaphore).Acquire)
 	require.Zero(t, semState(t, b, h).Waiting, "a place left in the queue")
 	require.NoError(t, held.Release(b.Ctx))
@@ -122,11 +114,7 @@ func TestSemaphoreAbandonedWaitLeavesNoPlace(t *testing.T) {
 // A woken head waiter that gives up passes the wake-up on: the waiter behind it is granted
 // well before its next refresh (a third of its liveness, 1.67 s here), at once.
 func TestSemaphoreWaiterGivingUpWakesTheNext(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	h := newSemaphore(t, b, "sem-gu-h", "sem:giveup", 1)
-	held, err := h.TryAcquire(b.Ctx, 15*time.Second)
-	require.NoError(t, err)
+	b, h, held := permitHeld(t, "sem-gu-h", "sem:giveup", 1, 15*time.Second)
 	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
 	w1 := newSemaphore(t, b, "sem-gu-1", "sem:giveup", 1, slow)
 	w2 := newSemaphore(t, b, "sem-gu-2", "sem:giveup", 1, slow)

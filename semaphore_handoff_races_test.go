@@ -221,11 +221,7 @@ func TestSemaphoreGrantedAndHandedSameWaitSQL(t *testing.T) {
 // two; the other is held by nobody for its whole TTL, and a try is refused meanwhile though
 // only 2 of 3 permits are in use.
 func TestSemaphoreGrantedAndHandedPermitLost(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	h := newSemaphore(t, b, "rv-a", "rv1g", 1)
-	pa, err := h.TryAcquire(b.Ctx, 20*time.Second)
-	require.NoError(t, err)
+	b, h, pa := permitHeld(t, "rv-a", "rv1g", 1, 20*time.Second)
 	defer func() { _ = pa.Release(b.Ctx) }()
 	w := newSemaphore(t, b, "rv-w", "rv1g", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
 	// TTL 2 s: liveness 2 s, a refresh every 667 ms (the head's attempt, which runs the grant).
@@ -260,11 +256,7 @@ func TestSemaphoreGrantedAndHandedPermitLost(t *testing.T) {
 // lets a counting grant in, yet it wakes nobody (semaphore_release returns 1 before any wake):
 // the head waiter finds the room only at its next refresh (a third of its liveness).
 func TestSemaphoreReleaseAboveLoweredLimitWakesNobody(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	h := newSemaphore(t, b, "rv2-h", "rv2", 2)
-	p0, err := h.TryAcquire(b.Ctx, 20*time.Second)
-	require.NoError(t, err)
+	b, h, p0 := permitHeld(t, "rv2-h", "rv2", 2, 20*time.Second)
 	p1, err := h.TryAcquire(b.Ctx, 20*time.Second)
 	require.NoError(t, err)
 	require.Equal(t, "rv2#1", p1.Name())

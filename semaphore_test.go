@@ -21,6 +21,19 @@ func newSemaphore(t *testing.T, b *bundle, holder, name string, limit int, opts 
 	return s
 }
 
+// permitHeld runs t in parallel on a database of its own, where semaphore name (limit) of a
+// lessor of holder (with opts) grants a permit for ttl; it returns the database, the
+// semaphore and the permit.
+func permitHeld(t *testing.T, holder, name string, limit int, ttl time.Duration, opts ...fencelock.LessorOption) (*bundle, *fencelock.Semaphore, *fencelock.Lease) {
+	t.Helper()
+	t.Parallel()
+	b := setup(t)
+	s := newSemaphore(t, b, holder, name, limit, opts...)
+	p, err := s.TryAcquire(b.Ctx, ttl)
+	require.NoError(t, err)
+	return b, s, p
+}
+
 // semState reads a semaphore's state, failing the test on error.
 func semState(t *testing.T, b *bundle, s *fencelock.Semaphore) fencelock.SemaphoreState {
 	t.Helper()
@@ -105,11 +118,7 @@ func waitQueued(t *testing.T, b *bundle, s *fencelock.Semaphore, n int64) {
 // for it (within 1.2 s; its refresh, a third of its 5 s liveness, would find it at 1.67 s, and
 // its polls are 5 s apart); a try never takes a permit someone waits for.
 func TestSemaphoreWaitersInOrder(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	holder := newSemaphore(t, b, "sem-holder", "sem:fifo", 1)
-	p, err := holder.TryAcquire(b.Ctx, 10*time.Second)
-	require.NoError(t, err)
+	b, holder, p := permitHeld(t, "sem-holder", "sem:fifo", 1, 10*time.Second)
 	const n = 5
 	got := make(chan int, n)
 	permits := make([]*fencelock.Lease, n)
@@ -126,7 +135,7 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 		})
 		waitQueued(t, b, holder, int64(i+1)) // i joined before i+1 starts
 	}
-	_, err = newSemaphore(t, b, "sem-try", "sem:fifo", 1).TryAcquire(b.Ctx, time.Second)
+	_, err := newSemaphore(t, b, "sem-try", "sem:fifo", 1).TryAcquire(b.Ctx, time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 	require.NoError(t, p.Release(b.Ctx))
 	for want := range n {
@@ -150,11 +159,7 @@ func TestSemaphoreWaitersInOrder(t *testing.T) {
 // The limit changes at run time for everyone: a higher one lets a waiter in at once (woken),
 // a lower one ends no permit but grants nothing until fewer are held.
 func TestSemaphoreSetLimit(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	s := newSemaphore(t, b, "sem-set", "sem:set", 1)
-	p1, err := s.TryAcquire(b.Ctx, 10*time.Second)
-	require.NoError(t, err)
+	b, s, p1 := permitHeld(t, "sem-set", "sem:set", 1, 10*time.Second)
 	w := newSemaphore(t, b, "sem-setw", "sem:set", 1, fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second)))
 	granted := fencetest.PermitAsync(b.Ctx, w, 10*time.Second)
 	waitQueued(t, b, s, 1)
@@ -186,11 +191,7 @@ func TestSemaphoreSetLimit(t *testing.T) {
 // A permit whose holder stops renewing is reclaimed when its TTL ends on the database clock:
 // the head waiter gets it, and the old holder's Done has closed by then, its renewal refused.
 func TestSemaphoreExpiredPermitReclaimed(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	s := newSemaphore(t, b, "sem-dead", "sem:reclaim", 1, fencelock.WithoutHeartbeat())
-	p, err := s.TryAcquire(b.Ctx, 300*time.Millisecond)
-	require.NoError(t, err)
+	b, _, p := permitHeld(t, "sem-dead", "sem:reclaim", 1, 300*time.Millisecond, fencelock.WithoutHeartbeat())
 	w := newSemaphore(t, b, "sem-next", "sem:reclaim", 1)
 	start := time.Now()
 	p2, err := w.Acquire(b.Ctx, 10*time.Second)
