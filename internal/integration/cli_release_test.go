@@ -13,6 +13,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/cli"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // release --force ends a zombie's grant: the waiter gets the lease with the new token, which
@@ -23,7 +24,7 @@ func TestCLIReleaseForce(t *testing.T) {
 	b := setup(t)
 	zombie, err := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.Ctx, "cli:job", time.Minute)
 	require.NoError(t, err)
-	waiting := acquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter"), "cli:job", time.Minute)
+	waiting := fencetest.AcquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter"), "cli:job", time.Minute)
 	awaitWaiters(t, b, "cli:job", 1)
 
 	// Without --force: a usage error, nothing changes.
@@ -54,10 +55,10 @@ func TestCLIReleaseForce(t *testing.T) {
 		FindStringSubmatch(out)
 	require.NotNil(t, m, out)
 	require.Equal(t, strconv.FormatInt(int64(zombie.Token()), 10), m[1])
-	got := receive(t, waiting, 10*time.Second)
-	require.NoError(t, got.err)
-	defer got.lease.Release(b.Ctx)
-	require.Equal(t, m[2], strconv.FormatInt(int64(got.lease.Token()), 10))
+	got := fencetest.Receive(t, waiting, 10*time.Second)
+	require.NoError(t, got.Err)
+	defer got.Lease.Release(b.Ctx)
+	require.Equal(t, m[2], strconv.FormatInt(int64(got.Lease.Token()), 10))
 
 	// The zombie wakes up: its lease is gone, and its token is stale on the other resource.
 	err = pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return zombie.FenceTx(b.Ctx, tx, "cli:job") })

@@ -20,6 +20,7 @@ import (
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/cli"
 	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/migrations"
 )
 
@@ -130,10 +131,10 @@ func TestCLILocksGolden(t *testing.T) {
 	require.NoError(t, err)
 	defer beta.Release(b.Ctx)
 	waitCtx, stopWaiting := context.WithCancel(b.Ctx)
-	waiting := acquireAsync(waitCtx, newLessor(t, b.Pool, "worker-2"), "cli:alpha", time.Minute)
+	waiting := fencetest.AcquireAsync(waitCtx, newLessor(t, b.Pool, "worker-2"), "cli:alpha", time.Minute)
 	defer func() {
 		stopWaiting()
-		require.ErrorIs(t, receive(t, waiting, 10*time.Second).err, context.Canceled)
+		require.ErrorIs(t, fencetest.Receive(t, waiting, 10*time.Second).Err, context.Canceled)
 	}()
 	awaitWaiters(t, b, "cli:alpha", 1)
 	// No watchdog probe during the test: the holder's session stays idle (HELD FOR "-"), and the

@@ -137,36 +137,9 @@ func verifyNoLeakWithin(t *testing.T, d time.Duration, opts ...goleak.Option) {
 	}
 }
 
-// acquired is the result of an Acquire run by acquireAsync (or of a semaphore's Acquire run by
-// permitAsync), with the time it came back.
-type acquired struct {
-	lease *fencelock.Lease
-	err   error
-	at    time.Time
-}
-
-// acquireAsync runs l.Acquire in a goroutine; the result arrives on the channel.
-func acquireAsync(ctx context.Context, l *fencelock.Lessor, name string, ttl time.Duration) <-chan acquired {
-	return testkit.Async(func() acquired {
-		lease, err := l.Acquire(ctx, name, ttl)
-		return acquired{lease, err, time.Now()}
-	})
-}
-
-// permitAsync waits for a permit of s in a goroutine of its own and delivers the result, with
-// the time it came back.
-func permitAsync(ctx context.Context, s *fencelock.Semaphore, ttl time.Duration) <-chan acquired {
-	return testkit.Async(func() acquired {
-		p, err := s.Acquire(ctx, ttl)
-		return acquired{p, err, time.Now()}
-	})
-}
-
-// receive waits for an acquire's result, failing the test after limit.
-func receive(t *testing.T, ch <-chan acquired, limit time.Duration) acquired {
-	t.Helper()
-	return testkit.Receive(t, ch, limit, "grant")
-}
+// acquired is the result of an Acquire run in a goroutine of its own (fencetest.AcquireAsync,
+// fencetest.PermitAsync), with the time it came back.
+type acquired = fencetest.Acquired
 
 // newElection returns the election name on a lessor of its own with holder id holder.
 func newElection(t *testing.T, b *bundle, holder, name string, ttl time.Duration, opts ...fencelock.LessorOption) *fencelock.Election {

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/pgtest"
 )
 
@@ -25,7 +26,7 @@ func TestQueueListenerTerminated(t *testing.T) {
 	waiter := newLessor(t, pool, "waiter", fastBackoff)
 	lh, err := holder.TryAcquire(b.Ctx, "deaf", time.Minute)
 	require.NoError(t, err)
-	w := acquireAsync(b.Ctx, waiter, "deaf", time.Minute)
+	w := fencetest.AcquireAsync(b.Ctx, waiter, "deaf", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "deaf", true, "waiter")
 	pids := listeners(t, b.Ctx, b.Pool)
 	require.Len(t, pids, 1)
@@ -35,9 +36,9 @@ func TestQueueListenerTerminated(t *testing.T) {
 	// The waiter refreshes its place without a channel: it polls now.
 	awaitQueue(t, b.Ctx, b.Pool, "deaf", false, "waiter")
 	require.NoError(t, lh.Release(b.Ctx))
-	got := receive(t, w, 2*time.Second)
-	require.NoError(t, got.err)
-	require.Equal(t, "waiter", got.lease.Holder())
+	got := fencetest.Receive(t, w, 2*time.Second)
+	require.NoError(t, got.Err)
+	require.Equal(t, "waiter", got.Lease.Holder())
 	// It listens again, on a new session.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -47,7 +48,7 @@ func TestQueueListenerTerminated(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "the listening connection was not opened again")
 		time.Sleep(10 * time.Millisecond)
 	}
-	require.NoError(t, got.lease.Release(b.Ctx))
+	require.NoError(t, got.Lease.Release(b.Ctx))
 	verifyNoLeakWithin(t, 3*time.Second, ignore)
 	require.Empty(t, listeners(t, b.Ctx, b.Pool))
 }
@@ -72,7 +73,7 @@ func TestQueueBehindPgBouncer(t *testing.T) {
 	var results []<-chan acquired
 	for i := range 3 {
 		names = append(names, fmt.Sprintf("w%d", i))
-		results = append(results, acquireAsync(b.Ctx, newLessor(t, pooled, names[i], fastBackoff), "bounced", time.Minute))
+		results = append(results, fencetest.AcquireAsync(b.Ctx, newLessor(t, pooled, names[i], fastBackoff), "bounced", time.Minute))
 		awaitQueue(t, b.Ctx, b.Pool, "bounced", false, names...)
 	}
 	for _, e := range readQueue(t, b.Ctx, b.Pool, "bounced") {
@@ -82,10 +83,10 @@ func TestQueueBehindPgBouncer(t *testing.T) {
 	prev := lh
 	for i := range names {
 		require.NoError(t, prev.Release(b.Ctx))
-		got := receive(t, results[i], 2*time.Second)
-		require.NoError(t, got.err)
-		require.Equal(t, names[i], got.lease.Holder())
-		prev = got.lease
+		got := fencetest.Receive(t, results[i], 2*time.Second)
+		require.NoError(t, got.Err)
+		require.Equal(t, names[i], got.Lease.Holder())
+		prev = got.Lease
 	}
 	require.NoError(t, prev.Release(b.Ctx))
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // Behind PgBouncer in transaction mode (no LISTEN: waiters poll), permits are granted up to
@@ -24,16 +25,16 @@ func TestSemaphoreBehindPgBouncer(t *testing.T) {
 	require.NoError(t, err)
 	w, err := fencelock.NewSemaphore(newLessor(t, pool, "pooled-w", fastBackoff), "sem:pooled", 2)
 	require.NoError(t, err)
-	waiting := permitAsync(b.Ctx, w, 10*time.Second)
+	waiting := fencetest.PermitAsync(b.Ctx, w, 10*time.Second)
 	waitQueued(t, b, h, 1)
 	_, err = newSemaphore(t, b, "pooled-try", "sem:pooled", 2).TryAcquire(b.Ctx, time.Second)
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 	require.NoError(t, p1.Release(b.Ctx))
-	got := receive(t, waiting, 5*time.Second)
-	require.NoError(t, got.err)
-	require.Equal(t, p1.Name(), got.lease.Name())
-	require.Greater(t, got.lease.Token(), p1.Token())
-	require.NoError(t, got.lease.Release(b.Ctx))
+	got := fencetest.Receive(t, waiting, 5*time.Second)
+	require.NoError(t, got.Err)
+	require.Equal(t, p1.Name(), got.Lease.Name())
+	require.Greater(t, got.Lease.Token(), p1.Token())
+	require.NoError(t, got.Lease.Release(b.Ctx))
 	require.NoError(t, p2.Release(b.Ctx))
 	require.Equal(t, fencelock.SemaphoreState{Limit: 2}, semState(t, b, h))
 }

@@ -167,16 +167,16 @@ func TestSQLAPIPythonWorker(t *testing.T) {
 	// A Go lessor waiting in the queue is handed the lease by Python's release in SQL, in the
 	// release's own transaction: the row names the Go waiter as soon as the release returns.
 	waiter := newLessor(t, b.Pool, "go-waiter")
-	got := acquireAsync(b.Ctx, waiter, name, time.Minute)
+	got := fencetest.AcquireAsync(b.Ctx, waiter, name, time.Minute)
 	awaitWaiters(t, b, name, 1)
 	require.Equal(t, pyReply{Value: "true"}, py.do("release", name, "py", t3))
 	row := readLease(t, b.Ctx, b.Pool, name)
 	require.Equal(t, "go-waiter", row.Holder, "python's release did not hand the lease to the waiter")
 	require.Greater(t, row.Token, int64(t3))
-	a := receive(t, got, 10*time.Second)
-	require.NoError(t, a.err)
-	require.Equal(t, fencelock.Token(row.Token), a.lease.Token())
-	require.NoError(t, a.lease.Release(b.Ctx))
+	a := fencetest.Receive(t, got, 10*time.Second)
+	require.NoError(t, a.Err)
+	require.Equal(t, fencelock.Token(row.Token), a.Lease.Token())
+	require.NoError(t, a.Lease.Release(b.Ctx))
 
 	require.Equal(t, []int64{int64(t1), int64(g2.Token()), int64(t3)}, writtenTokens(t, b, resource),
 		"only the current holders' writes landed")

@@ -73,7 +73,7 @@ func TestUIBrowser(t *testing.T) {
 	// 2. A waiter queues; the page names it next; the child releases; the page shows the
 	// waiter's grant within uiPromptness.
 	waiter := newLessor(t, b.Pool, "waiter-2")
-	granted := acquireAsync(b.Ctx, waiter, "payment:1", 30*time.Second)
+	granted := fencetest.AcquireAsync(b.Ctx, waiter, "payment:1", 30*time.Second)
 	awaitQueue(t, b.Ctx, b.Pool, "payment:1", false, "waiter-2")
 	page.await("the waiter as next on the leases page", leaseNextIs, "payment:1", "waiter-2")
 	child.tell("release")
@@ -82,17 +82,17 @@ func TestUIBrowser(t *testing.T) {
 	shown := page.awaitValue("the waiter's grant on the leases page", leaseRowToken, "payment:1", "waiter-2")
 	delay := time.Since(released)
 	t.Logf("the leases page showed the hand-off %v after the holder's release returned (poll interval 200ms)", delay.Round(time.Millisecond))
-	g := receive(t, granted, 10*time.Second)
-	require.NoError(t, g.err)
-	t.Cleanup(func() { _ = g.lease.Release(context.WithoutCancel(b.Ctx)) })
-	require.Equal(t, strconv.FormatInt(int64(g.lease.Token()), 10), shown, "the token the page shows for waiter-2")
-	require.Greater(t, int64(g.lease.Token()), child.token)
+	g := fencetest.Receive(t, granted, 10*time.Second)
+	require.NoError(t, g.Err)
+	t.Cleanup(func() { _ = g.Lease.Release(context.WithoutCancel(b.Ctx)) })
+	require.Equal(t, strconv.FormatInt(int64(g.Lease.Token()), 10), shown, "the token the page shows for waiter-2")
+	require.Greater(t, int64(g.Lease.Token()), child.token)
 	require.LessOrEqual(t, delay, uiPromptness, "the page showed the new holder too late")
 
 	// 3. The name page: both grants, in the table and in the timeline's tooltips.
 	page.open(base + "name?n=" + url.QueryEscape("payment:1"))
 	page.await("both grants on the name page", grantsShown,
-		"child-worker", strconv.FormatInt(child.token, 10), "waiter-2", strconv.FormatInt(int64(g.lease.Token()), 10))
+		"child-worker", strconv.FormatInt(child.token, 10), "waiter-2", strconv.FormatInt(int64(g.Lease.Token()), 10))
 	var grants struct {
 		Rows   [][]string `json:"rows"`
 		Titles []string   `json:"titles"`
@@ -107,12 +107,12 @@ func TestUIBrowser(t *testing.T) {
 	require.Len(t, grants.Rows, 2, "grants: %q", grants.Rows)
 	require.Equal(t, []string{"child-worker", strconv.FormatInt(child.token, 10), "released"},
 		[]string{grants.Rows[0][1], grants.Rows[0][2], grants.Rows[0][4]})
-	require.Equal(t, []string{"waiter-2", strconv.FormatInt(int64(g.lease.Token()), 10), "held"},
+	require.Equal(t, []string{"waiter-2", strconv.FormatInt(int64(g.Lease.Token()), 10), "held"},
 		[]string{grants.Rows[1][1], grants.Rows[1][2], grants.Rows[1][4]})
 	require.Len(t, grants.Titles, 2, "timeline: %q", grants.Titles)
 	require.True(t, strings.HasPrefix(grants.Titles[0], fmt.Sprintf("child-worker, token %d, granted ", child.token)), grants.Titles[0])
 	require.True(t, strings.HasSuffix(grants.Titles[0], ", released at "+grants.Rows[0][3]), grants.Titles[0])
-	require.True(t, strings.HasPrefix(grants.Titles[1], fmt.Sprintf("waiter-2, token %d, granted ", g.lease.Token())), grants.Titles[1])
+	require.True(t, strings.HasPrefix(grants.Titles[1], fmt.Sprintf("waiter-2, token %d, granted ", g.Lease.Token())), grants.Titles[1])
 	require.True(t, strings.HasSuffix(grants.Titles[1], ", held"), grants.Titles[1])
 	page.screenshot("name.png")
 
