@@ -17,27 +17,11 @@ var unreachableLessor = fencetest.UnreachableLessor
 
 // New refuses bad input with an ArgumentError naming it; no SQL runs.
 func TestNewRefusesBadInput(t *testing.T) {
-	l := unreachableLessor(t)
-	noHeartbeatRoom := unreachableLessor(t, fencelock.WithHeartbeatInterval(5*time.Second))
-	for _, tc := range []struct {
-		desc   string
-		lessor *fencelock.Lessor
-		name   string
-		ttl    time.Duration
-		arg    string
-	}{
-		{"NilLessor", nil, "migrations", 10 * time.Second, "lessor"},
-		{"EmptyName", l, "", 10 * time.Second, "name"},
-		{"OverlongName", l, string(make([]byte, fencelock.MaxNameLength+1)), 10 * time.Second, "name"},
-		{"NulInName", l, "migra\x00tions", 10 * time.Second, "name"},
-		{"TTLUnderMin", l, "migrations", fencelock.MinTTL - time.Nanosecond, "ttl"},
-		{"TTLOverMax", l, "migrations", fencelock.MaxTTL + time.Second, "ttl"},
-		{"TTLWithoutHeartbeatRoom", noHeartbeatRoom, "migrations", 5 * time.Second, "WithHeartbeatInterval"},
-	} {
-		t.Run(tc.desc, func(t *testing.T) {
-			g, err := New(tc.lessor, tc.name, tc.ttl)
+	for _, tc := range fencetest.BadLeaseArgs(t, "migrations") {
+		t.Run(tc.Desc, func(t *testing.T) {
+			g, err := New(tc.Lessor, tc.Name, tc.TTL)
 			require.Nil(t, g)
-			fencetest.RequireArgError(t, err, tc.arg)
+			fencetest.RequireArgError(t, err, tc.Arg)
 		})
 	}
 }

@@ -74,28 +74,24 @@ func TestOptionsResolve(t *testing.T) {
 
 // New refuses bad input with an ArgumentError naming it; no SQL runs.
 func TestNewRefusesBadInput(t *testing.T) {
+	for _, tc := range fencetest.BadLeaseArgs(t, "job") {
+		t.Run(tc.Desc, func(t *testing.T) {
+			j, err := New(tc.Lessor, tc.Name, tc.TTL)
+			require.Nil(t, j)
+			fencetest.RequireArgError(t, err, tc.Arg)
+		})
+	}
 	l := unreachableLessor(t)
-	noHeartbeatRoom := unreachableLessor(t, fencelock.WithHeartbeatInterval(5*time.Second))
 	for _, tc := range []struct {
-		desc   string
-		lessor *fencelock.Lessor
-		name   string
-		ttl    time.Duration
-		opts   []Option
-		arg    string
+		desc string
+		opts []Option
+		arg  string
 	}{
-		{"NilLessor", nil, "job", 10 * time.Second, nil, "lessor"},
-		{"EmptyName", l, "", 10 * time.Second, nil, "name"},
-		{"NulInName", l, "jo\x00b", 10 * time.Second, nil, "name"},
-		{"InvalidUTF8Name", l, "job\xff", 10 * time.Second, nil, "name"},
-		{"ZeroTTL", l, "job", 0, nil, "ttl"},
-		{"TTLOverMax", l, "job", fencelock.MaxTTL + time.Second, nil, "ttl"},
-		{"TTLWithoutHeartbeatRoom", noHeartbeatRoom, "job", 5 * time.Second, nil, "WithHeartbeatInterval"},
-		{"NegativeHoldAtLeast", l, "job", 10 * time.Second, []Option{WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast"},
-		{"NilOption", l, "job", 10 * time.Second, []Option{WithOverlapWait(), nil}, "option"},
+		{"NegativeHoldAtLeast", []Option{WithHoldAtLeast(-time.Second)}, "WithHoldAtLeast"},
+		{"NilOption", []Option{WithOverlapWait(), nil}, "option"},
 	} {
 		t.Run(tc.desc, func(t *testing.T) {
-			j, err := New(tc.lessor, tc.name, tc.ttl, tc.opts...)
+			j, err := New(l, "job", 10*time.Second, tc.opts...)
 			require.Nil(t, j)
 			fencetest.RequireArgError(t, err, tc.arg)
 		})

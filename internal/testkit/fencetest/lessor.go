@@ -70,3 +70,35 @@ func ErrorsAsStale(t testing.TB, err error) *fencelock.StaleTokenError {
 	require.ErrorIs(t, err, fencelock.ErrStaleToken)
 	return stale
 }
+
+// LeaseArgCase is bad input for a constructor that takes a lessor, a lease name and a TTL
+// (job.New, gooselock.New): the case's name, the arguments, and the argument its
+// *fencelock.ArgumentError must name.
+type LeaseArgCase struct {
+	Desc   string
+	Lessor *fencelock.Lessor
+	Name   string
+	TTL    time.Duration
+	Arg    string
+}
+
+// BadLeaseArgs returns the cases every such constructor refuses before any SQL, on lessors of
+// [UnreachableLessor], with name where the name is fine: a nil lessor; an empty, overlong,
+// NUL-holding or invalid UTF-8 name; a zero TTL, one under fencelock.MinTTL and one over
+// fencelock.MaxTTL; and a TTL that leaves its lessor's heartbeat interval (5 s) no room.
+func BadLeaseArgs(t testing.TB, name string) []LeaseArgCase {
+	t.Helper()
+	l := UnreachableLessor(t)
+	noHeartbeatRoom := UnreachableLessor(t, fencelock.WithHeartbeatInterval(5*time.Second))
+	return []LeaseArgCase{
+		{"NilLessor", nil, name, 10 * time.Second, "lessor"},
+		{"EmptyName", l, "", 10 * time.Second, "name"},
+		{"OverlongName", l, string(make([]byte, fencelock.MaxNameLength+1)), 10 * time.Second, "name"},
+		{"NulInName", l, name + "\x00", 10 * time.Second, "name"},
+		{"InvalidUTF8Name", l, name + "\xff", 10 * time.Second, "name"},
+		{"ZeroTTL", l, name, 0, "ttl"},
+		{"TTLUnderMin", l, name, fencelock.MinTTL - time.Nanosecond, "ttl"},
+		{"TTLOverMax", l, name, fencelock.MaxTTL + time.Second, "ttl"},
+		{"TTLWithoutHeartbeatRoom", noHeartbeatRoom, name, 5 * time.Second, "WithHeartbeatInterval"},
+	}
+}
