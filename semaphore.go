@@ -45,9 +45,11 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 // the semaphore's queue (fencelock.semaphore_waiters), and a try never takes a permit someone
 // waits for. A release gives its permit to the head of the queue in its own statement (a new
 // grant of that permit, with a fresh token) and tells that waiter alone, by NOTIFY on its
-// pool's listening connection; the waiter takes it without a statement of its own. A waiter
-// whose place is being refreshed at that instant (every third of its liveness) is passed over
-// for the next. No grant attempt waits for another's lock: waiters run no statement between
+// pool's listening connection; the waiter takes it without a statement of its own. When the
+// head's own attempt is running at that instant (refreshing its place, every third of its
+// liveness, or looking again after a wake-up), the permit is freed for the head and the head
+// alone is told to look again: the waiters behind it are never served first
+// (migrations/00016_semaphore_head_first.sql). No grant attempt waits for another's lock: waiters run no statement between
 // refreshes, a grant never waits for another grant, and an attempt that cannot decide at once
 // (another transaction is creating the semaphore's row, for its first acquires, or counting its
 // permits, after a lower limit) changes nothing, and looks again after the lessor's first

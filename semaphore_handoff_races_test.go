@@ -364,3 +364,48 @@ func TestSemaphoreGiveTokenGoesBackwards(t *testing.T) {
 	t.Logf("force_release fenced with token %d; then rv5#1 granted to %s with token %d", forced, holder, tok)
 	require.Greater(t, tok, forced, "a grant after force_release carries a smaller token than force_release recorded")
 }
+
+// A release that meets the head's row held by the head's own attempt (a refresh of its place,
+// the recheck after it joined at the head, the new channel of a lessor that came to listen)
+// gives the permit to nobody rather than to the waiter behind: the permit is free, the head
+// alone is told to look again, the waiter behind is refused (the head is ahead), and the
+// head's next attempt takes it. First come, first served. Before migration 00016, semaphore_give passed over the busy head and handed
+// the permit to the second waiter (TestSemaphoreWaitersInOrder saw it under load). A head whose
+// row another release holds (it is being given a permit) is still passed over.
+func TestSemaphoreReleaseWhileHeadBusyKeepsOrder(t *testing.T) {
+	t.Run("HeadsOwnAttempt", func(t *testing.T) {
+		b, ctx := rvFull(t, "rvh", time.Minute, rvWait{"w1", 101, "rvh1"}, rvWait{"w2", 102, "rvh2"})
+		tok := rvInt(t, ctx, b.Pool, `SELECT token FROM fencelock.leases WHERE name = 'rvh#0' AND holder = 'a'`)
+		collect := rvListen(t, b, "rvh1", "rvh2")
+		head, err := b.Pool.Begin(ctx) // the head's attempt, refused, its transaction still open
+		require.NoError(t, err)
+		defer func() { _ = head.Rollback(ctx) }()
+		require.EqualValues(t, 4, rvAcquire(t, ctx, head, "rvh", "w1", 101, time.Minute, true, "rvh1").outcome)
+
+		require.Positive(t, rvInt(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('rvh', 'rvh#0', 'a', $1)`, tok))
+		ns := collect(time.Second)
+		require.Equal(t, []string{"101 0 0 2 w1rvh"}, rvOn(ns, "rvh1"), "the head is told to look again (token 0)")
+		require.Empty(t, rvOn(ns, "rvh2"), "the waiter behind the head is not woken: it would only be refused")
+		require.Zero(t, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.leases WHERE permit_wait = 102 AND expires_at > clock_timestamp()`),
+			"the release gave the permit to the waiter behind the head")
+		require.EqualValues(t, 1, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'rvh' AND slot = 0`),
+			"the permit is free for the head")
+		require.EqualValues(t, 4, rvAcquire(t, ctx, b.Pool, "rvh", "w2", 102, time.Minute, true, "rvh2").outcome, "the waiter behind the head is refused")
+
+		require.NoError(t, head.Commit(ctx))
+		got := rvAcquire(t, ctx, b.Pool, "rvh", "w1", 101, time.Minute, true, "rvh1")
+		require.EqualValues(t, 1, got.outcome, "the head takes the free permit")
+		require.Equal(t, "rvh#0", got.name)
+	})
+	t.Run("HeadBeingGiven", func(t *testing.T) {
+		b, ctx := rvFull(t, "rvg", time.Minute, rvWait{"w1", 101, ""}, rvWait{"w2", 102, ""})
+		tok := rvInt(t, ctx, b.Pool, `SELECT token FROM fencelock.leases WHERE name = 'rvg#0' AND holder = 'a'`)
+		other, err := b.Pool.Begin(ctx) // another release, giving the head a permit: its row FOR UPDATE
+		require.NoError(t, err)
+		defer func() { _ = other.Rollback(ctx) }()
+		rvExec(t, ctx, other, `SELECT 1 FROM fencelock.semaphore_waiters WHERE semaphore = 'rvg' AND wait_id = 101 FOR UPDATE`)
+		require.Positive(t, rvInt(t, ctx, b.Pool, `SELECT fencelock.semaphore_release('rvg', 'rvg#0', 'a', $1)`, tok))
+		require.EqualValues(t, 1, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.leases WHERE permit_wait = 102 AND expires_at > clock_timestamp()`),
+			"the release passes over a head being given a permit, to the next waiter")
+	})
+}

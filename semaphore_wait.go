@@ -23,8 +23,9 @@ import (
 // The first refused attempt takes a place at the back of the queue, in the same statement; the
 // wait refreshes its place every third of its liveness (the TTL bounded to [250 ms, 5 s]), and
 // a waiter that dies leaves the queue when its place expires (a permit given to it meanwhile
-// lapses by its TTL). A release gives the head its permit and a NOTIFY that carries the grant:
-// the wait takes it at once, its trust window mapped onto the local clock through its last
+// lapses by its TTL). A release gives the head its permit and a NOTIFY that carries the grant
+// (or, when the head's own attempt is running at that instant, frees the permit for it and
+// tells it to look again): the wait takes it at once, its trust window mapped onto the local clock through its last
 // statement, as for a lease handed over by [Lessor.Acquire]. At the head, the wait also tries
 // again when the next reclaim of lost permits is due. Not listening (behind a pooler such as
 // PgBouncer in transaction mode), it polls with the lessor's [Backoff]. Its statements wait for

@@ -648,9 +648,11 @@ DECLARE
     busy boolean := false;
 BEGIN
     IF queue THEN
+        -- FOR NO KEY UPDATE, not FOR UPDATE: a release (semaphore_give) can tell this wait's own
+        -- attempt from another release giving it a permit (migration 00016).
         SELECT w.seq, w.expires_at INTO myseq, exp FROM fencelock.semaphore_waiters AS w
         WHERE w.semaphore = sem AND w.wait_id = wait
-        FOR UPDATE SKIP LOCKED;
+        FOR NO KEY UPDATE SKIP LOCKED;
         IF NOT FOUND AND EXISTS (SELECT 1 FROM fencelock.semaphore_waiters AS w
                                  WHERE w.semaphore = sem AND w.wait_id = wait) THEN
             -- A release is giving this wait a permit right now (ahead -1: look again at once;
@@ -887,14 +889,50 @@ DECLARE
     tok bigint;
     t timestamptz := pg_catalog.clock_timestamp();
     exp timestamptz;
+    own boolean;
+    chosen boolean := false;
 BEGIN
-    SELECT w.wait_id, w.holder, w.channel, w.ttl_us INTO h
-    FROM fencelock.semaphore_waiters AS w
-    WHERE w.semaphore = sem AND w.expires_at > t AND w.ttl_us > 0
-    ORDER BY w.seq
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND THEN
+    -- The first live waiter whose row this can lock at once. A row locked FOR UPDATE is
+    -- passed over: another release is giving that wait a permit, or its own attempt was
+    -- granted one and is deleting the row, or it is leaving. A row locked only FOR NO KEY
+    -- UPDATE is its own attempt's (semaphore_acquire), which looks for a free permit: the
+    -- permit is given to nobody (0), so that the caller frees it for that waiter, and wakes
+    -- it. Told apart by FOR KEY SHARE, which only FOR UPDATE blocks, taken in a
+    -- subtransaction rolled back at once, so that no lock of it outlives the probe.
+    FOR h IN SELECT w.wait_id, w.holder, w.channel, w.ttl_us
+             FROM fencelock.semaphore_waiters AS w
+             WHERE w.semaphore = sem AND w.expires_at > t AND w.ttl_us > 0
+             ORDER BY w.seq LOOP
+        PERFORM 1 FROM fencelock.semaphore_waiters AS w
+        WHERE w.semaphore = sem AND w.wait_id = h.wait_id
+        FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            chosen := true;
+            EXIT;
+        END IF;
+        own := false;
+        BEGIN
+            PERFORM 1 FROM fencelock.semaphore_waiters AS w
+            WHERE w.semaphore = sem AND w.wait_id = h.wait_id
+            FOR KEY SHARE SKIP LOCKED;
+            own := FOUND;
+            RAISE EXCEPTION USING ERRCODE = 'FL016'; -- roll the probe's lock back
+        EXCEPTION WHEN SQLSTATE 'FL016' THEN
+            NULL;
+        END;
+        IF own THEN
+            -- Tell that waiter alone to look again ("try now", as semaphore_wake says it): it
+            -- finds the permit free. fencelock.give_busy tells the caller so, which then wakes
+            -- nobody else (a waiter behind would only be refused, and look again at once).
+            IF h.channel IS NOT NULL THEN
+                PERFORM pg_catalog.pg_notify(h.channel, pg_catalog.concat_ws(' ', h.wait_id, 0, 0,
+                    pg_catalog.octet_length(h.holder), h.holder || sem));
+            END IF;
+            PERFORM pg_catalog.set_config('fencelock.give_busy', 'on', true);
+            RETURN 0;
+        END IF;
+    END LOOP;
+    IF NOT chosen THEN
         RETURN 0;
     END IF;
     exp := t + h.ttl_us * interval '1 microsecond';
@@ -1012,6 +1050,7 @@ BEGIN
         END IF;
     END IF;
     SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+    PERFORM pg_catalog.set_config('fencelock.give_busy', '', true);
     IF locked AND i < lim AND hw <= lim THEN
         r := fencelock.semaphore_give(sem, i);
         IF r > 0 THEN
@@ -1021,6 +1060,11 @@ BEGIN
     IF i < lim THEN
         INSERT INTO fencelock.semaphore_free (semaphore, slot) VALUES (sem, i)
         ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+    END IF;
+    IF pg_catalog.current_setting('fencelock.give_busy', true) = 'on' THEN
+        -- semaphore_give met a waiter whose own attempt is running, and told it alone
+        -- (migration 00016): it takes the permit freed here.
+        RETURN 2;
     END IF;
     IF fencelock.semaphore_wake(sem, 2, pg_catalog.clock_timestamp()) > 0 THEN
         RETURN 2;
