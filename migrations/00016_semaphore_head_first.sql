@@ -18,10 +18,13 @@
 -- FOR UPDATE, as migration 00012 needs); semaphore_give passes over a waiter whose row is locked
 -- FOR UPDATE (being given a permit, granted by its own attempt, or leaving), as before, but
 -- stops at one whose row its own attempt holds: it gives the permit to nobody and returns 0,
--- as when nobody waits, and the caller (semaphore_release, semaphore_dispatch) puts the permit
--- in the free set and wakes the first two live waiters (semaphore_wake, which locks nothing).
--- The head takes the free permit with its running attempt or its next one; a waiter behind
--- it, or a try, sees the head ahead and is refused. No statement waits for a lock it did not
+-- as when nobody waits, after telling that waiter alone to look again (a NOTIFY "try now",
+-- token 0, as semaphore_wake sends). The caller puts the permit in the free set:
+-- semaphore_release then wakes nobody else (a waiter behind would only be refused, and its
+-- attempts, repeated at once while a permit is free, made the next release find the next head
+-- busy in turn); semaphore_dispatch wakes the first two, as before. The head takes the free
+-- permit with its running attempt or its next one; a waiter behind it, or a try, sees the
+-- head ahead and is refused. No statement waits for a lock it did not
 -- wait for before: the probe that tells the two apart (FOR KEY SHARE SKIP LOCKED) runs in a
 -- subtransaction rolled back at once.
 --
