@@ -118,7 +118,7 @@ func TestAdvisoryLabelLazy(t *testing.T) {
 			require.Equal(t, "renamed while held", appOf(t, b, lk.BackendPID()), "an unlabelled lock's unlock leaves application_name alone")
 
 			// Labelled by the first probe.
-			lk, err = tc.take(newLocker(50*time.Millisecond), b.Ctx, tc.name, tc.opts...)
+			lk, err = tc.take(newLocker(time.Second), b.Ctx, tc.name, tc.opts...)
 			require.NoError(t, err)
 			pid := lk.BackendPID()
 			wctx, cancel := context.WithTimeout(b.Ctx, 10*time.Second)

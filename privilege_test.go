@@ -163,7 +163,7 @@ func TestLeastPrivilege(t *testing.T) {
 
 	// Advisory locks with fencing tokens: a session lock, labelled by its watchdog's first probe
 	// and then seen by name in fencelock.advisory_locks, and a transaction lock.
-	a, err := fencelock.NewAdvisoryLocker(app, fencelock.WithFencingTokens(), fencelock.WithWatchdogInterval(50*time.Millisecond))
+	a, err := fencelock.NewAdvisoryLocker(app, fencelock.WithFencingTokens(), fencelock.WithWatchdogInterval(time.Second))
 	require.NoError(t, err)
 	lk, err := a.TryLock(ctx, "nightly-report")
 	require.NoError(t, err)

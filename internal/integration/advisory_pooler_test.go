@@ -28,7 +28,7 @@ func TestAdvisoryBehindSessionPooler(t *testing.T) {
 	_, err := refusing.TryLock(b.Ctx, "job")
 	require.ErrorIs(t, err, fencelock.ErrConnectionPooler, "a pooler not declared is refused")
 
-	a := newLocker(t, poolA, fencelock.WithSessionPooler(), fencelock.WithWatchdogInterval(50*time.Millisecond))
+	a := newLocker(t, poolA, fencelock.WithSessionPooler(), fencelock.WithWatchdogInterval(time.Second))
 	other := newLocker(t, poolB, fencelock.WithSessionPooler())
 	key := keyOf(t, a, "job")
 	lk, err := a.TryLock(b.Ctx, "job")
@@ -37,11 +37,17 @@ func TestAdvisoryBehindSessionPooler(t *testing.T) {
 	_, err = other.TryLock(b.Ctx, "job")
 	require.ErrorIs(t, err, fencelock.ErrNotAcquired, "held through one client connection, refused through another")
 
-	// A watchdog round passes without ending the lock: the server session stays the same.
+	// A watchdog round passes without ending the lock: its first probe labels the server
+	// session (which it finds the same), and the lock stays held.
+	waitFor(t, b, "the watchdog's first probe labels the session", func() bool {
+		var app string
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT application_name FROM pg_stat_activity WHERE pid = $1`, int32(lk.BackendPID())).Scan(&app))
+		return app == "fencelock job"
+	})
 	select {
 	case <-lk.Done():
 		t.Fatalf("lock ended behind a session pooler: %v", lk.Err())
-	case <-time.After(200 * time.Millisecond):
+	default:
 	}
 	require.NoError(t, lk.Unlock(b.Ctx))
 	require.Empty(t, advisoryHolders(t, b.Ctx, b.Pool, key, true), "Unlock released it on the server")

@@ -176,12 +176,12 @@ func TestCLIReleaseForceNotHeld(t *testing.T) {
 func TestCLIReleaseAdvisory(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	holder, err := fencelock.NewAdvisoryLocker(newPool(t, b.Ctx, b.DB.URL), fencelock.WithWatchdogInterval(50*time.Millisecond))
+	holder, err := fencelock.NewAdvisoryLocker(newPool(t, b.Ctx, b.DB.URL), fencelock.WithWatchdogInterval(time.Second))
 	require.NoError(t, err)
 	lk, err := holder.TryLock(b.Ctx, "cli-report")
 	require.NoError(t, err)
 	pid := lk.BackendPID()
-	// The label the prompt shows is set by the lock's first watchdog probe (50 ms here).
+	// The label the prompt shows is set by the lock's first watchdog probe (1 s here).
 	waitFor(t, b, "the lock's label", func() bool {
 		var app string
 		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT application_name FROM pg_stat_activity WHERE pid = $1`, int32(pid)).Scan(&app))

@@ -165,7 +165,7 @@ func TestMetrics(t *testing.T) {
 	require.EqualValues(t, 1, r.value("fencelock.lease.contended", method("run_locked")))
 
 	// Advisory locks: a grant, a refusal, a session lost.
-	lk := newLocker(t, b.Pool, withMP, fencelock.WithWatchdogInterval(50*time.Millisecond))
+	lk := newLocker(t, b.Pool, withMP, fencelock.WithWatchdogInterval(time.Second))
 	other := newLocker(t, b.Pool, withMP)
 	held, err := lk.TryLock(b.Ctx, "adv")
 	require.NoError(t, err)
