@@ -30,9 +30,38 @@
 --
 -- TestSemaphoreReleaseWhileHeadBusyKeepsOrder fails before this migration and passes after;
 -- docs/PERFORMANCE.md (issue 30) has the hand-off figures before and after.
+--
+-- It also removes the two waits of one grant attempt behind another that 00015 left (see
+-- fencelock.semaphore_row_key and semaphore_acquire below): a first acquire's insert of the
+-- semaphore's row meeting that row committed and being updated, and a FOR NO KEY UPDATE SKIP
+-- LOCKED that waits when it follows the row's update chain.
 
--- fencelock.semaphore_acquire: as in migration 00015, except that it locks the wait's own row
--- FOR NO KEY UPDATE SKIP LOCKED (see above).
+-- fencelock.semaphore_row_key(sem) is the advisory lock key (pg_advisory_xact_lock(bigint))
+-- that a grant attempt holds, taken without waiting, before it locks the row of semaphore sem
+-- FOR NO KEY UPDATE to count or reclaim: a 64-bit hash of the name with a prefix of its own,
+-- as fencelock.semaphore_creation_key. SKIP LOCKED alone does not keep such an attempt from
+-- waiting: when the row version its snapshot sees was updated after the snapshot was taken,
+-- PostgreSQL locks the newer versions too, and waits for a transaction holding one of them
+-- whatever the statement's wait policy (heap_lock_updated_tuple, "while locking updated
+-- version"). With the key, no other grant attempt holds the row, and a snapshot taken after
+-- the key sees the row as the last holder of the key committed it.
+-- +goose StatementBegin
+CREATE FUNCTION fencelock.semaphore_row_key(sem text) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores row ' || sem, 0) $$;
+-- +goose StatementEnd
+
+-- fencelock.semaphore_acquire: as in migration 00015, except that:
+--  * it locks the wait's own row FOR NO KEY UPDATE SKIP LOCKED (see above);
+--  * it takes the semaphore's row key before it locks the semaphore's row FOR NO KEY UPDATE
+--    (counting after a lower limit, or reclaiming), and is busy, or does not reclaim, when
+--    another attempt holds the key;
+--  * a first acquire that took the creation key looks for the row again before it inserts it:
+--    the row it did not see may have been committed meanwhile by the key's last holder, and
+--    INSERT ... ON CONFLICT DO NOTHING meeting a committed row waits for any transaction that
+--    is updating that row ("while inserting index tuple").
+-- Both waits were found by TestSemaphoreNoAttemptWaitsOnFirstAcquires (a grant attempt seen
+-- waiting on another's transaction in about 1 run in 4) and named by log_lock_waits.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fencelock.semaphore_acquire(sem text, who text, wait bigint, ttl_us bigint,
     default_limit integer, queue boolean, chan text, live_us bigint)
@@ -98,15 +127,22 @@ BEGIN
             -- creation key: another transaction that holds the key is creating the row right
             -- now, and this attempt is busy instead of waiting for that insert.
             IF pg_catalog.pg_try_advisory_xact_lock(fencelock.semaphore_creation_key(sem)) THEN
-                INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, default_limit, default_limit)
-                ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
-                IF FOUND THEN
-                    INSERT INTO fencelock.semaphore_free (semaphore, slot)
-                    SELECT sem, g2.i FROM pg_catalog.generate_series(0, default_limit - 1) AS g2(i)
-                    ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
-                END IF;
+                -- Look again first, in a snapshot taken after the key: a creator that held the
+                -- key has committed the row by now. Inserting instead would meet that row, and
+                -- ON CONFLICT waits for any transaction updating it (a grant reclaiming).
                 SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
                 FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+                IF NOT FOUND THEN
+                    INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, default_limit, default_limit)
+                    ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
+                    IF FOUND THEN
+                        INSERT INTO fencelock.semaphore_free (semaphore, slot)
+                        SELECT sem, g2.i FROM pg_catalog.generate_series(0, default_limit - 1) AS g2(i)
+                        ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+                    END IF;
+                    SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
+                    FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+                END IF;
             ELSE
                 busy := true;
             END IF;
@@ -114,8 +150,12 @@ BEGIN
         IF NOT busy AND hw > lim THEN
             -- After a lower limit: count, one counting grant at a time. An attempt that cannot
             -- lock the row at once (another is counting) is busy instead of waiting for it.
-            PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR NO KEY UPDATE SKIP LOCKED;
-            IF FOUND THEN
+            -- The row key first (see fencelock.semaphore_row_key): SKIP LOCKED alone can wait.
+            IF pg_catalog.pg_try_advisory_xact_lock(fencelock.semaphore_row_key(sem)) THEN
+                PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR NO KEY UPDATE SKIP LOCKED;
+                counting := FOUND;
+            END IF;
+            IF counting THEN
                 SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem;
                 counting := hw > lim;
             ELSE
@@ -185,6 +225,7 @@ BEGIN
                 END LOOP;
                 EXIT WHEN granted OR reclaimed OR t < nr;
                 -- No free permit: reclaim the expired ones, if no other attempt is at it.
+                EXIT WHEN NOT pg_catalog.pg_try_advisory_xact_lock(fencelock.semaphore_row_key(sem));
                 PERFORM 1 FROM fencelock.semaphores AS s
                 WHERE s.name = sem AND s.next_reclaim <= t FOR NO KEY UPDATE SKIP LOCKED;
                 EXIT WHEN NOT FOUND;
@@ -711,3 +752,5 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
+
+DROP FUNCTION fencelock.semaphore_row_key(text);

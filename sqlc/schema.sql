@@ -686,15 +686,22 @@ BEGIN
             -- creation key: another transaction that holds the key is creating the row right
             -- now, and this attempt is busy instead of waiting for that insert.
             IF pg_catalog.pg_try_advisory_xact_lock(fencelock.semaphore_creation_key(sem)) THEN
-                INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, default_limit, default_limit)
-                ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
-                IF FOUND THEN
-                    INSERT INTO fencelock.semaphore_free (semaphore, slot)
-                    SELECT sem, g2.i FROM pg_catalog.generate_series(0, default_limit - 1) AS g2(i)
-                    ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
-                END IF;
+                -- Look again first, in a snapshot taken after the key: a creator that held the
+                -- key has committed the row by now. Inserting instead would meet that row, and
+                -- ON CONFLICT waits for any transaction updating it (a grant reclaiming).
                 SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
                 FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+                IF NOT FOUND THEN
+                    INSERT INTO fencelock.semaphores AS s (name, permit_limit, slots) VALUES (sem, default_limit, default_limit)
+                    ON CONFLICT ON CONSTRAINT semaphores_pkey DO NOTHING;
+                    IF FOUND THEN
+                        INSERT INTO fencelock.semaphore_free (semaphore, slot)
+                        SELECT sem, g2.i FROM pg_catalog.generate_series(0, default_limit - 1) AS g2(i)
+                        ON CONFLICT ON CONSTRAINT semaphore_free_pkey DO NOTHING;
+                    END IF;
+                    SELECT s.permit_limit, s.slots, s.next_reclaim INTO lim, hw, nr
+                    FROM fencelock.semaphores AS s WHERE s.name = sem FOR KEY SHARE;
+                END IF;
             ELSE
                 busy := true;
             END IF;
@@ -702,8 +709,12 @@ BEGIN
         IF NOT busy AND hw > lim THEN
             -- After a lower limit: count, one counting grant at a time. An attempt that cannot
             -- lock the row at once (another is counting) is busy instead of waiting for it.
-            PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR NO KEY UPDATE SKIP LOCKED;
-            IF FOUND THEN
+            -- The row key first (see fencelock.semaphore_row_key): SKIP LOCKED alone can wait.
+            IF pg_catalog.pg_try_advisory_xact_lock(fencelock.semaphore_row_key(sem)) THEN
+                PERFORM 1 FROM fencelock.semaphores AS s WHERE s.name = sem FOR NO KEY UPDATE SKIP LOCKED;
+                counting := FOUND;
+            END IF;
+            IF counting THEN
                 SELECT s.permit_limit, s.slots INTO lim, hw FROM fencelock.semaphores AS s WHERE s.name = sem;
                 counting := hw > lim;
             ELSE
@@ -773,6 +784,7 @@ BEGIN
                 END LOOP;
                 EXIT WHEN granted OR reclaimed OR t < nr;
                 -- No free permit: reclaim the expired ones, if no other attempt is at it.
+                EXIT WHEN NOT pg_catalog.pg_try_advisory_xact_lock(fencelock.semaphore_row_key(sem));
                 PERFORM 1 FROM fencelock.semaphores AS s
                 WHERE s.name = sem AND s.next_reclaim <= t FOR NO KEY UPDATE SKIP LOCKED;
                 EXIT WHEN NOT FOUND;
@@ -1072,6 +1084,14 @@ BEGIN
     RETURN 1;
 END
 $$;
+
+--
+-- Name: semaphore_row_key(text); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.semaphore_row_key(sem text) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores row ' || sem, 0) $$;
 
 --
 -- Name: semaphore_set_limit(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
