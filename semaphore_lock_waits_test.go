@@ -147,6 +147,98 @@ func TestSemaphoreFirstAcquireWaitsForNoOther(t *testing.T) {
 	require.EqualValues(t, 1, try.outcome, "2 of 3 held, nobody waiting: granted")
 }
 
+// A first acquire that did not see the semaphore's row, and took the creation key once the
+// creator had committed, looks for the row again rather than inserting it: its insert would
+// meet the committed row, and INSERT ... ON CONFLICT DO NOTHING waits for any transaction
+// updating that row (here an open UPDATE of next_reclaim, as a reclaiming grant makes). The
+// attempt is held between its first look and the key by a gate: this test's database gets a
+// creation key function that, in the attempt's session alone, first takes a shared advisory
+// lock the test holds. Migration 00016 added the second look; before it, the attempt was seen
+// blocked by the updating transaction ("while inserting index tuple", log_lock_waits).
+func TestSemaphoreFirstAcquireAfterCreationCommitted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.Ctx
+	const gate = 160016
+	rvExec(t, ctx, b.Pool, fmt.Sprintf(`CREATE OR REPLACE FUNCTION fencelock.semaphore_creation_key(sem text) RETURNS bigint
+		LANGUAGE plpgsql VOLATILE AS $$
+		BEGIN
+			IF pg_catalog.current_setting('fltest.gate', true) = 'on' THEN
+				PERFORM pg_catalog.pg_advisory_xact_lock_shared(%d);
+			END IF;
+			RETURN pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 0);
+		END $$`, gate))
+	begin := func() pgx.Tx {
+		tx, err := b.Pool.Begin(ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(ctx) })
+		return tx
+	}
+	gateTx := begin()
+	rvExec(t, ctx, gateTx, `SELECT pg_advisory_xact_lock($1)`, gate)
+	creator := begin()
+	rvExec(t, ctx, creator, `SELECT fencelock.semaphore_set_limit('lwc', 2)`)
+
+	conn, err := b.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	rvExec(t, ctx, conn, `SET fltest.gate = 'on'`)
+	attemptPid := rvInt(t, ctx, conn, `SELECT pg_backend_pid()`)
+	type result struct {
+		a   rvAttempt
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		a, err := rvAcquireErr(ctx, conn, "lwc", "a", 1, time.Minute, false, "")
+		done <- result{a, err}
+	}()
+	var r result
+	returned := false
+	var updater pgx.Tx
+	defer func() { // on a failure: end what holds the attempt, and await it before conn.Release
+		if !returned {
+			for _, tx := range []pgx.Tx{gateTx, updater} {
+				if tx != nil {
+					_ = tx.Rollback(ctx)
+				}
+			}
+			<-done
+		}
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'advisory'`, attemptPid).Scan(&n)
+		return err == nil && n == 1
+	}, 30*time.Second, 2*time.Millisecond, "the attempt reaches the gate (it saw no row: the creation is not committed)")
+
+	require.NoError(t, creator.Commit(ctx))
+	updater = begin()
+	rvExec(t, ctx, updater, `UPDATE fencelock.semaphores SET next_reclaim = next_reclaim WHERE name = 'lwc'`)
+	updaterPid := rvInt(t, ctx, updater, `SELECT pg_backend_pid()`)
+	require.NoError(t, gateTx.Rollback(ctx))
+
+	// Until the attempt returns, or is seen blocked by the update (the defect).
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for got := false; !got; {
+		select {
+		case r = <-done:
+			got, returned = true, true
+		case <-ctx.Done():
+			t.Fatal("the attempt neither returned nor waited for the update")
+		case <-tick.C:
+			if rvInt(t, ctx, b.Pool, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND $2 = ANY (pg_blocking_pids(pid))`, attemptPid, updaterPid) > 0 {
+				t.Fatal("the first acquire waits for the transaction updating the semaphore's row")
+			}
+		}
+	}
+	require.NoError(t, r.err)
+	require.EqualValues(t, 1, r.a.outcome, "granted, the update still open")
+	require.Equal(t, "lwc#0", r.a.name)
+	require.NoError(t, updater.Rollback(ctx))
+}
+
 // TryAcquire on a semaphore whose row another transaction is creating does not answer
 // ErrNotAcquired for a permit that is free: it tries again until the creation has committed,
 // then gets its permit; and gives up with ErrNotAcquired after about a second of busy answers.
