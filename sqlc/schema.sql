@@ -783,7 +783,10 @@ BEGIN
                     EXIT;
                 END LOOP;
                 EXIT WHEN granted OR reclaimed OR t < nr;
-                -- No free permit: reclaim the expired ones, if no other attempt is at it.
+                -- No free permit: reclaim the expired ones, if no other attempt is at it. The
+                -- row key first (see fencelock.semaphore_row_key), and only when a reclaim is
+                -- due: an attempt that will not reclaim does not hold the key.
+                EXIT WHEN NOT EXISTS (SELECT 1 FROM fencelock.semaphores AS s WHERE s.name = sem AND s.next_reclaim <= t);
                 EXIT WHEN NOT pg_catalog.pg_try_advisory_xact_lock(fencelock.semaphore_row_key(sem));
                 PERFORM 1 FROM fencelock.semaphores AS s
                 WHERE s.name = sem AND s.next_reclaim <= t FOR NO KEY UPDATE SKIP LOCKED;
