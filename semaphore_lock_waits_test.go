@@ -5,7 +5,7 @@ package fencelock_test
 // limit (the semaphore's row FOR NO KEY UPDATE) and the creation of a semaphore's row by its
 // first acquires (INSERT ... ON CONFLICT meeting an insert in progress). Migration 00015 makes
 // such an attempt busy instead (refused, ahead -1: look again at once). Migration 00016 removes
-// two rarer waits that the sampled tests below caught in about 1 run in 8 (log_lock_waits named
+// two rarer waits that the sampled tests below caught in 1-2 of 8 runs (log_lock_waits named
 // them): a first acquire's insert meeting the row committed meanwhile and being updated by a
 // reclaiming grant, and FOR NO KEY UPDATE SKIP LOCKED waiting while it follows the row's
 // update chain.

@@ -38,8 +38,11 @@
 
 -- fencelock.semaphore_row_key(sem) is the advisory lock key (pg_advisory_xact_lock(bigint))
 -- that a grant attempt holds, taken without waiting, before it locks the row of semaphore sem
--- FOR NO KEY UPDATE to count or reclaim: a 64-bit hash of the name with a prefix of its own,
--- as fencelock.semaphore_creation_key. SKIP LOCKED alone does not keep such an attempt from
+-- FOR NO KEY UPDATE to count or reclaim: the 64-bit hash of the same text as
+-- fencelock.semaphore_creation_key's, with seed 1 instead of 0 (a prefix of its own would not
+-- do: 'fencelock.semaphores row ' || 'x' is the creation key's text for a semaphore named
+-- 'row x'). Like that key, it collides with a key an application locks only by chance; such a
+-- collision makes attempts busy, never wrong. SKIP LOCKED alone does not keep such an attempt from
 -- waiting: when the row version its snapshot sees was updated after the snapshot was taken,
 -- PostgreSQL locks the newer versions too, and waits for a transaction holding one of them
 -- whatever the statement's wait policy (heap_lock_updated_tuple, "while locking updated
@@ -48,7 +51,7 @@
 -- +goose StatementBegin
 CREATE FUNCTION fencelock.semaphore_row_key(sem text) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores row ' || sem, 0) $$;
+AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 1) $$;
 -- +goose StatementEnd
 
 -- fencelock.semaphore_acquire: as in migration 00015, except that:
@@ -61,7 +64,7 @@ AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores row ' || sem, 0) 
 --    INSERT ... ON CONFLICT DO NOTHING meeting a committed row waits for any transaction that
 --    is updating that row ("while inserting index tuple").
 -- Both waits were found by TestSemaphoreNoAttemptWaitsOnFirstAcquires (a grant attempt seen
--- waiting on another's transaction in about 1 run in 4) and named by log_lock_waits.
+-- waiting on another's transaction in 1-2 of 8 isolated runs) and named by log_lock_waits.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION fencelock.semaphore_acquire(sem text, who text, wait bigint, ttl_us bigint,
     default_limit integer, queue boolean, chan text, live_us bigint)

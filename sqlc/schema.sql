@@ -1094,7 +1094,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_row_key(sem text) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
-    AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores row ' || sem, 0) $$;
+    AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 1) $$;
 
 --
 -- Name: semaphore_set_limit(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
