@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // semChildEnv, when set, turns the test binary into a semaphore child process (runSemChild):
@@ -36,8 +38,13 @@ type semChildConfig struct {
 	Goroutines int
 }
 
-// runSemChild is the semaphore child process; it runs until killed.
+// runSemChild is the semaphore child process; it runs until killed, or until its stdin, a
+// pipe the test holds, ends (the test binary has exited, outside Linux; see testkit.StartChild).
 func runSemChild(js string) int {
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}()
 	var cfg semChildConfig
 	if err := json.Unmarshal([]byte(js), &cfg); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -110,10 +117,12 @@ func startSemChild(t *testing.T, cfg semChildConfig) *semChild {
 	require.NoError(t, err)
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), semChildEnv+"="+string(js))
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
+	_, err = cmd.StdinPipe()
+	require.NoError(t, err)
+	testkit.StartChild(t, cmd)
 	c := &semChild{cmd: cmd, exited: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(c.exited) }()
+	// stdin stays open (cmd holds it) until Wait has seen the child exit.
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-c.exited })
 	return c
 }
