@@ -368,3 +368,59 @@ func TestGrantDrawsOneToken(t *testing.T) {
 		require.NoError(t, lease.Release(b.Ctx))
 	}
 }
+
+// A grant starts no earlier than the end of the grant it replaces, on the database clock, also
+// when its statement started before that end: here a try whose statement waited, from its
+// start, for a lock on the queue's table while the old grant expired. (A statement that starts
+// just before an expiry and checks it just after does the same without help:
+// TestReleaseLostInCrashExpiresByTTL once saw a grant dated 0.4 ms before the old one's end.)
+// Before, a grant was dated from its statement's start, now().
+func TestGrantStartsAfterTheGrantItReplaces(t *testing.T) {
+	b, a, _ := twoLessors(t, true)
+	ctx := b.Ctx
+	old, err := a.TryAcquire(ctx, "job", 300*time.Millisecond)
+	require.NoError(t, err)
+	// One connection, on which the grant statement is already prepared: the try then waits in
+	// its statement's own transaction, not in the preparation's (which runs before it).
+	c := newLessor(t, rvPool(t, b, 1), "c1")
+	_, err = c.TryAcquire(ctx, "job", time.Minute)
+	require.ErrorIs(t, err, fencelock.ErrNotAcquired)
+	var oldEnd time.Time
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT expires_at FROM fencelock.leases WHERE name = 'job'`).Scan(&oldEnd))
+	lock, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, `LOCK TABLE fencelock.lease_waiters IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	type result struct {
+		lease *fencelock.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := c.TryAcquire(ctx, "job", time.Minute)
+		got <- result{l, err}
+	}()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event = 'relation' AND query LIKE '%LeaseGrant%'`).Scan(&n)
+		return err == nil && n == 1
+	}, 10*time.Second, 2*time.Millisecond, "the try's statement waits for the table")
+	require.Eventually(t, func() bool {
+		var past bool
+		err := b.Pool.QueryRow(ctx, `SELECT clock_timestamp() > $1`, oldEnd).Scan(&past)
+		return err == nil && past
+	}, 10*time.Second, 10*time.Millisecond, "the old grant expires on the database clock")
+	require.NoError(t, lock.Commit(ctx))
+
+	r := <-got
+	require.NoError(t, r.err)
+	require.Greater(t, r.lease.Token(), old.Token())
+	var start, end time.Time
+	require.NoError(t, b.Pool.QueryRow(ctx, `SELECT acquired_at, expires_at FROM fencelock.leases WHERE name = 'job'`).Scan(&start, &end))
+	require.False(t, start.Before(oldEnd), "granted at %v, before the old grant ended at %v", start, oldEnd)
+	require.Equal(t, time.Minute, end.Sub(start), "the TTL counts from the grant's start")
+	require.NoError(t, r.lease.Release(ctx))
+}

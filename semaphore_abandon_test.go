@@ -3,6 +3,7 @@ package fencelock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -134,6 +135,55 @@ func TestSemaphoreWaiterGivingUpWakesTheNext(t *testing.T) {
 	require.Less(t, got.At.Sub(released), 1200*time.Millisecond, "the next waiter waited for its refresh")
 	t.Logf("the waiter behind the one that gave up was granted %v after the release", got.At.Sub(released).Round(time.Millisecond))
 	require.NoError(t, got.Lease.Release(b.Ctx))
+}
+
+// A wait that tells the queue its NOTIFY channel for the first time (its lessor's listener came
+// up after its first attempt) looks again soon after that attempt. A release that ran during it
+// found the head busy with that very attempt, freed the permit for it, and told the channel the
+// queue still had: none. The attempt, whose reads came before the release, saw no free permit.
+// A gate (a trigger of this test's database) holds the attempt at its update of the row's
+// channel while the release runs. Before the wait looked again, it found its permit only at
+// its next refresh, a third of its 5 s liveness later (TestSemaphoreWaiterGivingUpWakesTheNext
+// failed so once, in a quiet run of the suite).
+func TestSemaphoreWaitLooksAgainAfterTellingItsChannel(t *testing.T) {
+	b, _, held := permitHeld(t, "sem-ch-h", "sem:chan", 1, time.Minute)
+	ctx := b.Ctx
+	const gate = 160017
+	rvExec(t, ctx, b.Pool, fmt.Sprintf(`CREATE FUNCTION public.channel_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF OLD.channel IS NULL AND NEW.channel IS NOT NULL THEN
+				PERFORM pg_catalog.pg_advisory_xact_lock_shared(%d);
+			END IF;
+			RETURN NEW;
+		END $$`, gate))
+	rvExec(t, ctx, b.Pool, `CREATE TRIGGER channel_gate BEFORE UPDATE ON fencelock.semaphore_waiters
+		FOR EACH ROW EXECUTE FUNCTION public.channel_gate()`)
+	// No reclaim due for an hour: the refused attempt is told to come back at its refresh.
+	rvExec(t, ctx, b.Pool, `UPDATE fencelock.semaphores SET next_reclaim = clock_timestamp() + interval '1 hour' WHERE name = 'sem:chan'`)
+	gateTx, err := b.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = gateTx.Rollback(ctx) }()
+	rvExec(t, ctx, gateTx, `SELECT pg_advisory_xact_lock($1)`, gate)
+
+	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
+	w := newSemaphore(t, b, "sem-ch-w", "sem:chan", 1, slow)
+	second := fencetest.PermitAsync(ctx, w, time.Minute)
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND wait_event = 'advisory' AND query LIKE '%semaphore_acquire%'`).Scan(&n)
+		return err == nil && n == 1
+	}, 30*time.Second, 2*time.Millisecond, "the wait's attempt with its channel reaches the gate")
+
+	require.NoError(t, held.Release(ctx)) // the head is busy with its attempt: the permit is freed for it
+	require.EqualValues(t, 1, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'sem:chan'`))
+	require.NoError(t, gateTx.Rollback(ctx))
+	released := time.Now()
+	got := fencetest.Receive(t, second, 10*time.Second)
+	require.NoError(t, got.Err)
+	require.Less(t, got.At.Sub(released), 1200*time.Millisecond, "the wait found its permit only at its refresh")
+	t.Logf("granted %v after the gate opened", got.At.Sub(released).Round(time.Millisecond))
+	require.NoError(t, got.Lease.Release(ctx))
 }
 
 // The cleanup of an attempt of unknown outcome ends only what that attempt may have granted:

@@ -84,6 +84,7 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 		}
 	}()
 	var last semStatement // the wait's last statement, which maps a handed permit's expiry
+	told := ""            // the channel the queue had from this wait before its last attempt
 	for n := 0; ; n++ {
 		l.mu.Lock()
 		if l.listen != nil {
@@ -112,15 +113,20 @@ func (s *Semaphore) Acquire(ctx context.Context, ttl time.Duration) (lease *Leas
 			continue
 		}
 		d := timing.QueueWait(info.listening, info.ahead, info.remaining, live, l.cfg.backoff(n), l.cfg.backoff(0)/4)
-		if info.ahead == 0 && n == 0 || info.ahead < 0 {
+		if info.ahead == 0 && n == 0 || info.ahead < 0 || n > 0 && channel != told {
 			// Joined at the head: a release that ran while this attempt did saw no waiter and
 			// freed its permit instead of giving it. Or (ahead -1) nothing was decided: a
 			// release was giving this wait a permit as the attempt ran, maybe to a channel it
 			// did not know yet, or another attempt was creating the semaphore's row or
 			// counting its permits (for one transaction's time; this attempt did not wait for
-			// it). Look again soon.
+			// it). Or this attempt told the queue a new channel (the lessor's listener came up,
+			// or was replaced): a release or a leaving waiter that ran meanwhile, finding this
+			// wait busy with the attempt, freed a permit for it and told the channel the queue
+			// still had, or none, while the attempt's snapshot saw no free permit. Look again
+			// soon.
 			d = min(d, joinRecheck)
 		}
+		told = channel
 		if info.ahead < 0 {
 			d = min(d, l.cfg.backoff(0)) // the first retry's pause, not the n-th's
 		}

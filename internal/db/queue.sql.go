@@ -44,7 +44,8 @@ WITH mine AS MATERIALIZED (
                       FOR UPDATE SKIP LOCKED))
     ON CONFLICT (name) DO UPDATE
         SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
-            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+            acquired_at = greatest(excluded.acquired_at, l.expires_at),
+            expires_at = greatest(excluded.acquired_at, l.expires_at) + (excluded.expires_at - excluded.acquired_at)
         WHERE l.expires_at <= clock_timestamp()
     RETURNING l.token, l.expires_at
 ), left_queue AS (
@@ -123,9 +124,9 @@ type LeaseAcquireRow struct {
 //     only whether it is at the head, and a count (or a bitmap scan) read every live row of
 //     the queue and every dead version of one that hand-offs leave until a vacuum (issue 31:
 //     with 64 waiters of one name the statement took 1.0 ms of server time, 87 us with 16).
-//   - granted: the grant of LeaseGrant (same pre-checks, same row lock, same token rule, with
-//     nowait and may_insert), only when nobody is ahead (outcome 1). It deletes this holder's
-//     queue row: the wait is over.
+//   - granted: the grant of LeaseGrant (same pre-checks, same row lock, same token rule, same
+//     start no earlier than the end of the grant it replaces, with nowait and may_insert), only
+//     when nobody is ahead (outcome 1). It deletes this holder's queue row: the wait is over.
 //   - queued: when not granted, joins the queue or refreshes this wait's row
 //     (its liveness, now() + @live_us microseconds). A refresh of the same wait keeps its place;
 //     a new wait, or a wait whose row expired (it left the queue), joins at the back. When a
