@@ -44,13 +44,25 @@ func rebaseStandbyPair(t *testing.T, ctx context.Context) (primary *pgtest.Serve
 	return primary, db, standby
 }
 
-// soleWALSender returns the WAL sender of pool's server (walSenderNames), failing the test
-// unless there is exactly one.
+// soleWALSender returns the WAL sender of pool's server (walSenderNames) once there is exactly
+// one, failing the test when there is none or several for 30 s. A standby that has replayed
+// the primary's WAL may still be between two connections of its WAL receiver for a moment (a
+// quiet run of the suite once listed none right after the standby had replayed).
 func soleWALSender(t *testing.T, ctx context.Context, pool *pgxpool.Pool) fencelock.PendingStandby {
 	t.Helper()
-	senders := walSenderNames(t, ctx, pool)
-	require.Len(t, senders, 1)
-	return senders[0]
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		senders := walSenderNames(t, ctx, pool)
+		if len(senders) == 1 {
+			return senders[0]
+		}
+		require.True(t, time.Now().Before(deadline), "WAL senders after 30 s: %v", senders)
+		select {
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // epochOffset reads fencelock.token_epoch.epoch_offset on pool's server (a standby too).
