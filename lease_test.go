@@ -402,12 +402,7 @@ func TestGrantStartsAfterTheGrantItReplaces(t *testing.T) {
 		l, err := c.TryAcquire(ctx, "job", time.Minute)
 		got <- result{l, err}
 	}()
-	require.Eventually(t, func() bool {
-		var n int
-		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event = 'relation' AND query LIKE '%LeaseGrant%'`).Scan(&n)
-		return err == nil && n == 1
-	}, 10*time.Second, 2*time.Millisecond, "the try's statement waits for the table")
+	rvWaitLocked(t, b, "LeaseGrant", 10*time.Second) // the try's statement waits for the table
 	require.Eventually(t, func() bool {
 		var past bool
 		err := b.Pool.QueryRow(ctx, `SELECT clock_timestamp() > $1`, oldEnd).Scan(&past)

@@ -168,12 +168,7 @@ func TestSemaphoreWaitLooksAgainAfterTellingItsChannel(t *testing.T) {
 	slow := fencelock.WithBackoff(fencelock.ExponentialBackoff(5*time.Second, 5*time.Second))
 	w := newSemaphore(t, b, "sem-ch-w", "sem:chan", 1, slow)
 	second := fencetest.PermitAsync(ctx, w, time.Minute)
-	require.Eventually(t, func() bool {
-		var n int
-		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
-			AND wait_event = 'advisory' AND query LIKE '%semaphore_acquire%'`).Scan(&n)
-		return err == nil && n == 1
-	}, 30*time.Second, 2*time.Millisecond, "the wait's attempt with its channel reaches the gate")
+	rvWaitLocked(t, b, "semaphore_acquire", 30*time.Second) // the wait's attempt with its channel, at the gate
 
 	require.NoError(t, held.Release(ctx)) // the head is busy with its attempt: the permit is freed for it
 	require.EqualValues(t, 1, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'sem:chan'`))

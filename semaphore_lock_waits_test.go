@@ -206,11 +206,8 @@ func TestSemaphoreFirstAcquireAfterCreationCommitted(t *testing.T) {
 			<-done
 		}
 	}()
-	require.Eventually(t, func() bool {
-		var n int
-		err := b.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'advisory'`, attemptPid).Scan(&n)
-		return err == nil && n == 1
-	}, 30*time.Second, 2*time.Millisecond, "the attempt reaches the gate (it saw no row: the creation is not committed)")
+	// The attempt reaches the gate (it saw no row: the creation is not committed).
+	rvWaitLocked(t, b, "semaphore_acquire", 30*time.Second)
 
 	require.NoError(t, creator.Commit(ctx))
 	updater = begin()
