@@ -24,7 +24,7 @@ const cleanupTimeout = 5 * time.Second
 // reported is not its backend's, and another session's statement must never be cancelled.
 const (
 	backendAliveSQL = `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND datname = current_database())`
-	cancelGrantSQL  = `SELECT count(pg_cancel_backend(a.pid)) FROM pg_stat_activity AS a
+	cancelGrantSQL  = `SELECT pg_catalog.count(pg_catalog.pg_cancel_backend(a.pid)) FROM pg_stat_activity AS a
 		WHERE a.pid = $1 AND a.datname = current_database() AND a.query LIKE '-- name: LeaseGrant %'`
 )
 

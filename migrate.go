@@ -80,7 +80,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	// No goose locker: goose's Up first runs HasPending without its locker, which creates the
 	// version table on a fresh database, racing other Migrate calls (the losers retry once a
 	// second). Migrate takes its lock around the whole of Up instead.
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
+	p, err := goose.NewProvider(goose.DialectPostgres, db, pinnedMigrations{migrations.FS},
 		goose.WithTableName(VersionTable),
 		goose.WithDisableGlobalRegistry(true),
 		goose.WithLogger(goose.NopLogger()),

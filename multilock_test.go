@@ -106,7 +106,7 @@ func TestMultiLockContention(t *testing.T) {
 		CREATE FUNCTION ml_log() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.token <> 0 AND (TG_OP = 'INSERT' OR NEW.token <> OLD.token) THEN
-				INSERT INTO ml_log (name, holder, token, xid) VALUES (NEW.name, NEW.holder, NEW.token, pg_current_xact_id());
+				INSERT INTO public.ml_log (name, holder, token, xid) VALUES (NEW.name, NEW.holder, NEW.token, pg_current_xact_id());
 			END IF;
 			RETURN NULL;
 		END $$;

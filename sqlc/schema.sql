@@ -23,11 +23,31 @@
 CREATE SCHEMA fencelock;
 
 --
+-- Name: check_issued(bigint); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.check_issued(token bigint) RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
+    AS $$
+BEGIN
+    IF check_issued.token > fencelock.issued_bound() THEN
+        RAISE EXCEPTION 'fencelock: fencing token % was never issued by this database: it is larger than every token granted',
+            check_issued.token
+            USING ERRCODE = 'FL008',
+                  HINT = 'a fencing token comes from a grant (a lease, a term, a permit, an advisory lock with tokens); never make one up';
+    END IF;
+    RETURN check_issued.token;
+END
+$$;
+
+--
 -- Name: check_text(text, text); Type: FUNCTION; Schema: fencelock; Owner: -
 --
 
 CREATE FUNCTION fencelock.check_text(arg text, val text) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 BEGIN
     IF val IS NULL OR pg_catalog.octet_length(val) NOT BETWEEN 1 AND 1024 THEN
@@ -44,6 +64,7 @@ $$;
 
 CREATE FUNCTION fencelock.check_token(token bigint) RETURNS void
     LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 BEGIN
     IF token IS NULL OR token <= 0 THEN
@@ -59,6 +80,7 @@ $$;
 
 CREATE FUNCTION fencelock.fence(resource text, token bigint) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     v_current bigint;
@@ -66,13 +88,14 @@ BEGIN
     IF (pg_catalog.octet_length(fence.resource) BETWEEN 1 AND 1024 AND fence.token > 0) IS NOT TRUE THEN
         PERFORM fencelock.check_text('resource', fence.resource), fencelock.check_token(fence.token);
     END IF;
+    PERFORM fencelock.check_issued(fence.token);
     IF pg_catalog.current_setting('synchronous_commit') = 'off' THEN
         PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     END IF;
     INSERT INTO fencelock.fences AS f (resource, token)
     VALUES (fence.resource, fence.token)
     ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE SET token = excluded.token
-    WHERE f.token <= excluded.token
+    WHERE f.token <= excluded.token OR f.token > fencelock.issued_bound()
     RETURNING f.token INTO v_current;
     IF v_current IS NULL THEN
         SELECT f.token INTO v_current FROM fencelock.fences AS f WHERE f.resource = fence.resource;
@@ -90,6 +113,7 @@ $$;
 
 CREATE FUNCTION fencelock.fence_lease(lease_name text, lease_holder text, lease_token bigint, resource text) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 BEGIN
     PERFORM fencelock.guard_lease(lease_name, lease_holder, lease_token);
@@ -103,6 +127,7 @@ $$;
 
 CREATE FUNCTION fencelock.force_release(lease_name text, fence text[], expected_token bigint DEFAULT NULL::bigint) RETURNS TABLE(old_holder text, old_token bigint, lapsed boolean, new_token bigint, handed_to text)
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     cur record;
@@ -151,6 +176,7 @@ $$;
 
 CREATE FUNCTION fencelock.grant_all(names text[], who text, ttl_us bigint) RETURNS TABLE(name text, token bigint, expires_at timestamp with time zone, remaining_us bigint)
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -159,19 +185,19 @@ DECLARE
     locked integer;
 BEGIN
     sorted := ARRAY(SELECT DISTINCT x COLLATE "C" FROM pg_catalog.unnest(names) AS u(x) ORDER BY 1);
-    SELECT min(l.expires_at) INTO soonest FROM fencelock.leases AS l
+    SELECT pg_catalog.min(l.expires_at) INTO soonest FROM fencelock.leases AS l
     WHERE l.name = ANY (sorted) AND l.expires_at > pg_catalog.clock_timestamp();
     IF soonest IS NOT NULL OR EXISTS (
         SELECT 1 FROM fencelock.lease_waiters AS w
-        WHERE w.name = ANY (sorted) AND w.holder <> who AND w.granted_token = 0
+        WHERE w.name = ANY (sorted) AND w.holder <> who AND w.granted_token = 0::bigint
           AND w.expires_at > pg_catalog.clock_timestamp()) THEN
         RETURN QUERY SELECT NULL::text, 0::bigint, NULL::timestamptz,
-            CASE WHEN soonest IS NULL THEN 0
-                 ELSE greatest(0, (EXTRACT(epoch FROM soonest - pg_catalog.clock_timestamp()) * 1000000)::bigint) END;
+            CASE WHEN soonest IS NULL THEN 0::bigint
+                 ELSE greatest(0::bigint, (EXTRACT(epoch FROM soonest - pg_catalog.clock_timestamp()) * 1000000::numeric)::bigint) END;
         RETURN;
     END IF;
     INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
-    SELECT u.x, who, 0, now(), now() FROM pg_catalog.unnest(sorted) WITH ORDINALITY AS u(x, i)
+    SELECT u.x, who, 0::bigint, pg_catalog.now(), pg_catalog.now() FROM pg_catalog.unnest(sorted) WITH ORDINALITY AS u(x, i)
     ORDER BY u.i
     ON CONFLICT ON CONSTRAINT leases_pkey DO NOTHING;
     WITH lk AS (
@@ -180,15 +206,19 @@ BEGIN
         ORDER BY l.name COLLATE "C"
         FOR UPDATE OF l SKIP LOCKED
     )
-    SELECT count(*) INTO locked FROM lk;
+    SELECT pg_catalog.count(*) INTO locked FROM lk;
     IF locked < pg_catalog.cardinality(sorted) THEN
         RETURN QUERY SELECT NULL::text, 0::bigint, NULL::timestamptz, 0::bigint;
         RETURN;
     END IF;
+    -- Each member starts at the later of now() and the end of the grant it replaces (its
+    -- expired row's expires_at, read before this UPDATE sets it: every SET reads the old
+    -- row), as LeaseGrant's; a placeholder inserted above expired at now().
     RETURN QUERY
     UPDATE fencelock.leases AS l
-    SET holder = who, token = fencelock.next_token(false), acquired_at = now(),
-        expires_at = now() + ttl_us * interval '1 microsecond'
+    SET holder = who, token = fencelock.next_token(false),
+        acquired_at = greatest(pg_catalog.now(), l.expires_at),
+        expires_at = greatest(pg_catalog.now(), l.expires_at) + ttl_us::double precision * interval '1 microsecond'
     WHERE l.name = ANY (sorted)
     RETURNING l.name, l.token, l.expires_at, 0::bigint;
 END
@@ -200,6 +230,7 @@ $$;
 
 CREATE FUNCTION fencelock.grant_to_lease_roles(privileges text, objects text) RETURNS void
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     r regrole;
@@ -227,6 +258,7 @@ $$;
 
 CREATE FUNCTION fencelock.guard_lease(lease_name text, lease_holder text, lease_token bigint) RETURNS timestamp with time zone
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     v_expires timestamptz;
@@ -256,6 +288,7 @@ $$;
 
 CREATE FUNCTION fencelock.hand_off(lease_name text, from_holder text, from_token bigint) RETURNS integer
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     h record;
@@ -331,11 +364,55 @@ END
 $$;
 
 --
+-- Name: inheritance_tree(regclass); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.inheritance_tree(tbl regclass) RETURNS TABLE(rel regclass, depth integer)
+    LANGUAGE sql STABLE
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
+    AS $$
+    WITH RECURSIVE tree(rel, depth) AS (
+        SELECT tbl::oid, 0
+        UNION ALL
+        SELECT i.inhrelid, t.depth + 1
+        FROM tree AS t
+        JOIN pg_catalog.pg_inherits AS i ON i.inhparent = t.rel
+        JOIN pg_catalog.pg_class AS c ON c.oid = i.inhrelid
+        WHERE NOT c.relispartition
+    )
+    SELECT t.rel::regclass, t.depth FROM tree AS t ORDER BY t.depth, t.rel
+$$;
+
+--
+-- Name: issued_bound(); Type: FUNCTION; Schema: fencelock; Owner: -
+--
+
+CREATE FUNCTION fencelock.issued_bound() RETURNS bigint
+    LANGUAGE plpgsql STABLE SECURITY DEFINER
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
+    AS $$
+DECLARE
+    v_bound bigint;
+BEGIN
+    IF pg_catalog.pg_is_in_recovery() THEN
+        RETURN NULL;
+    END IF;
+    SELECT (greatest(fencelock.timeline() + coalesce(e.epoch_offset, 0), e.last_epoch, k.top)::bigint << 47)
+           | coalesce(pg_catalog.pg_sequence_last_value('fencelock.leases_token_seq'::regclass), 0)
+    INTO v_bound
+    FROM (SELECT max(m.epoch) AS top FROM fencelock.token_epoch_marks AS m) AS k
+    LEFT JOIN fencelock.token_epoch AS e ON e.id;
+    RETURN v_bound;
+END
+$$;
+
+--
 -- Name: next_token(boolean); Type: FUNCTION; Schema: fencelock; Owner: -
 --
 
 CREATE FUNCTION fencelock.next_token(durable boolean) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     seq_cache bigint;
@@ -440,21 +517,26 @@ $$;
 
 CREATE FUNCTION fencelock.protect_table(tbl regclass, token_column name DEFAULT 'fence_token'::name, resource text DEFAULT NULL::text) RETURNS void
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
+DECLARE
+    r regclass;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_attribute AS a
-                   WHERE a.attrelid = tbl AND a.attname = token_column AND a.attnum > 0
-                     AND NOT a.attisdropped AND a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype) THEN
+                   WHERE a.attrelid = tbl::oid AND a.attname = token_column AND a.attnum > 0
+                     AND NOT a.attisdropped AND a.atttypid = 'pg_catalog.int8'::pg_catalog.regtype::oid) THEN
         RAISE EXCEPTION 'fencelock: % has no bigint column %', tbl, pg_catalog.quote_ident(token_column)
             USING ERRCODE = 'FL007';
     END IF;
     IF resource IS NOT NULL THEN
         PERFORM fencelock.check_text('resource', resource);
     END IF;
-    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS fencelock_refuse_stale_writes ON %s', tbl);
-    EXECUTE pg_catalog.format('CREATE TRIGGER fencelock_refuse_stale_writes BEFORE INSERT OR UPDATE OR DELETE ON %s '
-                              'FOR EACH ROW EXECUTE FUNCTION fencelock.refuse_stale_writes(%L, %L)',
-                              tbl, token_column, coalesce(resource, ''));
+    FOR r IN SELECT t.rel FROM fencelock.inheritance_tree(tbl) AS t LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS fencelock_refuse_stale_writes ON %s', r);
+        EXECUTE pg_catalog.format('CREATE TRIGGER fencelock_refuse_stale_writes BEFORE INSERT OR UPDATE OR DELETE ON %s '
+                                  'FOR EACH ROW EXECUTE FUNCTION fencelock.refuse_stale_writes(%L, %L)',
+                                  r, token_column, coalesce(resource, ''));
+    END LOOP;
 END
 $$;
 
@@ -464,6 +546,7 @@ $$;
 
 CREATE FUNCTION fencelock.rebase_token_epoch(at_least integer DEFAULT 0) RETURNS integer
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     top bigint;
@@ -505,6 +588,7 @@ $$;
 
 CREATE FUNCTION fencelock.refuse_stale_writes() RETURNS trigger
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $_$
 -- Lean on purpose: it runs for every row written, and each statement and expression of a
 -- plpgsql function costs its setup again in every transaction (no PERFORM of the check_*
@@ -537,9 +621,15 @@ BEGIN
     ELSIF v_token <= 0 THEN
         RAISE EXCEPTION 'fencelock: fencing token must be > 0, got %', v_token USING ERRCODE = 'FL007';
     ELSIF v_old > v_token THEN
-        RAISE EXCEPTION 'fencelock: stale fencing token % for table %.%: the row carries token %',
-            v_token, TG_TABLE_SCHEMA, TG_TABLE_NAME, v_old
-            USING ERRCODE = 'FL004', DETAIL = pg_catalog.format('current=%s', v_old);
+        IF (v_old > fencelock.issued_bound()) IS NOT TRUE THEN
+            RAISE EXCEPTION 'fencelock: stale fencing token % for table %.%: the row carries token %',
+                v_token, TG_TABLE_SCHEMA, TG_TABLE_NAME, v_old
+                USING ERRCODE = 'FL004', DETAIL = pg_catalog.format('current=%s', v_old);
+        END IF;
+    ELSIF v_token > v_old OR v_old IS NULL THEN
+        IF TG_ARGV[1] = '' THEN
+            PERFORM fencelock.check_issued(v_token);
+        END IF;
     END IF;
     IF TG_ARGV[1] <> '' THEN
         PERFORM fencelock.fence(TG_ARGV[1], v_token); -- raises synchronous_commit too
@@ -561,6 +651,7 @@ $_$;
 
 CREATE FUNCTION fencelock.release(lease_name text, lease_holder text, lease_token bigint) RETURNS boolean
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     v_released boolean;
@@ -591,6 +682,7 @@ $$;
 
 CREATE FUNCTION fencelock.renew(lease_name text, lease_holder text, lease_token bigint, ttl interval) RETURNS timestamp with time zone
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     v_ttl_us bigint;
@@ -627,6 +719,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_acquire(sem text, who text, wait bigint, ttl_us bigint, default_limit integer, queue boolean, chan text, live_us bigint) RETURNS TABLE(outcome integer, name text, token bigint, expires_at timestamp with time zone, server_now timestamp with time zone, ahead bigint, remaining_us bigint, permit_limit integer)
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 #variable_conflict use_column
 DECLARE
@@ -855,6 +948,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_creation_key(sem text) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 0) $$;
 
 --
@@ -863,6 +957,7 @@ CREATE FUNCTION fencelock.semaphore_creation_key(sem text) RETURNS bigint
 
 CREATE FUNCTION fencelock.semaphore_dispatch(sem text, lim integer) RETURNS integer
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     i integer := -1;
@@ -898,6 +993,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_give(sem text, slot integer) RETURNS integer
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     h record;
@@ -987,6 +1083,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_leave(sem text, wait bigint, who text) RETURNS integer
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     gone boolean;
@@ -1011,6 +1108,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_reclaim(sem text, lim integer, n integer, t timestamp with time zone) RETURNS timestamp with time zone
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     soonest timestamptz;
@@ -1041,6 +1139,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_release(sem text, slot text, who text, tok bigint) RETURNS integer
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     t timestamptz := pg_catalog.clock_timestamp();
@@ -1094,6 +1193,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_row_key(sem text) RETURNS bigint
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 1) $$;
 
 --
@@ -1102,6 +1202,7 @@ CREATE FUNCTION fencelock.semaphore_row_key(sem text) RETURNS bigint
 
 CREATE FUNCTION fencelock.semaphore_set_limit(sem text, n integer) RETURNS integer
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     prev integer;
@@ -1152,6 +1253,7 @@ $$;
 
 CREATE FUNCTION fencelock.semaphore_slots(sem text, n integer) RETURNS text[]
     LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$ SELECT ARRAY(SELECT sem || '#' || i FROM pg_catalog.generate_series(0, n - 1) AS i) $$;
 
 --
@@ -1160,6 +1262,7 @@ CREATE FUNCTION fencelock.semaphore_slots(sem text, n integer) RETURNS text[]
 
 CREATE FUNCTION fencelock.semaphore_wake(sem text, k bigint, at timestamp with time zone) RETURNS integer
     LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
     SELECT count(pg_catalog.pg_notify(q.channel, pg_catalog.concat_ws(' ', q.wait_id, 0, 0,
                pg_catalog.octet_length(q.holder), q.holder || sem)))::integer
@@ -1175,9 +1278,10 @@ $$;
 
 CREATE FUNCTION fencelock.set_token(token bigint) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 BEGIN
-    PERFORM fencelock.check_token(token);
+    PERFORM fencelock.check_token(token), fencelock.check_issued(token);
     PERFORM pg_catalog.set_config('fencelock.token', token::text, true);
     RETURN token;
 END
@@ -1189,6 +1293,7 @@ $$;
 
 CREATE FUNCTION fencelock.timeline() RETURNS bigint
     LANGUAGE sql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 SELECT ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint
 $$;
@@ -1199,22 +1304,24 @@ $$;
 
 CREATE FUNCTION fencelock.try_acquire(lease_name text, lease_holder text, ttl interval) RETURNS bigint
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     v_ttl_us bigint;
     v_token bigint;
 BEGIN
     IF (pg_catalog.octet_length(lease_name) BETWEEN 1 AND 1024 AND pg_catalog.octet_length(lease_holder) BETWEEN 1 AND 1024
-        AND EXTRACT(epoch FROM ttl) BETWEEN 0.01 AND 604800) IS NOT TRUE THEN
+        AND EXTRACT(epoch FROM ttl) BETWEEN 0.01::numeric AND 604800::numeric) IS NOT TRUE THEN
         PERFORM fencelock.check_text('lease_name', lease_name), fencelock.check_text('lease_holder', lease_holder),
                 fencelock.ttl_us(ttl);
     END IF;
-    v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000)::bigint;
+    v_ttl_us := (EXTRACT(epoch FROM ttl) * 1000000::numeric)::bigint;
     INSERT INTO fencelock.leases AS l (name, holder, token, acquired_at, expires_at)
     SELECT lease_name, lease_holder,
            CASE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)
-                THEN 0 ELSE fencelock.next_token(false) END,
-           pg_catalog.statement_timestamp(), pg_catalog.statement_timestamp() + v_ttl_us * interval '1 microsecond'
+                THEN 0::bigint ELSE fencelock.next_token(false) END,
+           pg_catalog.statement_timestamp(),
+           pg_catalog.statement_timestamp() + v_ttl_us::double precision * interval '1 microsecond'
     WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                       WHERE cur.name = lease_name AND cur.expires_at > pg_catalog.clock_timestamp())
       AND (NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = lease_name)
@@ -1223,14 +1330,15 @@ BEGIN
                       FOR UPDATE SKIP LOCKED))
       AND NOT EXISTS (SELECT 1 FROM fencelock.lease_waiters AS w
                       WHERE w.name = lease_name AND w.holder <> lease_holder
-                        AND w.granted_token = 0 AND w.expires_at > pg_catalog.clock_timestamp()
+                        AND w.granted_token = 0::bigint AND w.expires_at > pg_catalog.clock_timestamp()
                         AND w.seq < coalesce((SELECT m.seq FROM fencelock.lease_waiters AS m
                                               WHERE m.name = lease_name AND m.holder = lease_holder
-                                                AND m.granted_token = 0 AND m.expires_at > pg_catalog.clock_timestamp()),
-                                             9223372036854775807))
+                                                AND m.granted_token = 0::bigint AND m.expires_at > pg_catalog.clock_timestamp()),
+                                             9223372036854775807::bigint))
     ON CONFLICT (name) DO UPDATE
         SET name = excluded.name, holder = excluded.holder, token = fencelock.next_token(false),
-            acquired_at = excluded.acquired_at, expires_at = excluded.expires_at
+            acquired_at = greatest(excluded.acquired_at, l.expires_at),
+            expires_at = greatest(excluded.acquired_at, l.expires_at) + (excluded.expires_at - excluded.acquired_at)
         WHERE l.expires_at <= pg_catalog.clock_timestamp()
     RETURNING l.token INTO v_token;
     RETURN v_token;
@@ -1243,6 +1351,7 @@ $$;
 
 CREATE FUNCTION fencelock.ttl_us(ttl interval) RETURNS bigint
     LANGUAGE plpgsql IMMUTABLE
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
 DECLARE
     s numeric := EXTRACT(epoch FROM ttl);
@@ -1261,9 +1370,14 @@ $$;
 
 CREATE FUNCTION fencelock.unprotect_table(tbl regclass) RETURNS void
     LANGUAGE plpgsql
+    SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
+DECLARE
+    r regclass;
 BEGIN
-    EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS fencelock_refuse_stale_writes ON %s', tbl);
+    FOR r IN SELECT t.rel FROM fencelock.inheritance_tree(tbl) AS t LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER IF EXISTS fencelock_refuse_stale_writes ON %s', r);
+    END LOOP;
 END
 $$;
 

@@ -20,7 +20,7 @@ const keyMatchSQL = `l.pid = $1 AND l.locktype = 'advisory'
 
 // Plain SQL, not sqlc's: sqlc's catalog has no pg_locks.
 const (
-	cancelWaitSQL = `SELECT count(pg_cancel_backend(l.pid)) FROM pg_locks AS l WHERE NOT l.granted AND ` + keyMatchSQL
+	cancelWaitSQL = `SELECT pg_catalog.count(pg_catalog.pg_cancel_backend(l.pid)) FROM pg_locks AS l WHERE NOT l.granted AND ` + keyMatchSQL
 	keyHeldSQL    = `SELECT EXISTS (SELECT 1 FROM pg_locks AS l WHERE ` + keyMatchSQL + `)`
 )
 

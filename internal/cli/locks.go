@@ -110,9 +110,9 @@ func readLocks(ctx context.Context, pool *pgxpool.Pool, pattern string) ([]lockR
 func readLeases(ctx context.Context, pool *pgxpool.Pool, pattern string) ([]lockRow, error) {
 	rows, err := pool.Query(ctx, `
 		SELECT name, holder, token, acquired_at, expires_at,
-		       (extract(epoch FROM held_for) * 1000000)::bigint,
-		       (extract(epoch FROM ttl_left) * 1000000)::bigint,
-		       (extract(epoch FROM ttl) * 1000000)::bigint,
+		       (extract(epoch FROM held_for) * 1000000.0)::bigint,
+		       (extract(epoch FROM ttl_left) * 1000000.0)::bigint,
+		       (extract(epoch FROM ttl) * 1000000.0)::bigint,
 		       renewals, last_renewal, heartbeat, waiters, next_holder
 		FROM fencelock.holders
 		WHERE name LIKE $1`, pattern)
@@ -151,11 +151,11 @@ func readAdvisory(ctx context.Context, pool *pgxpool.Pool, pattern string) ([]lo
 	rows, err := pool.Query(ctx, `
 		SELECT r.resource, r.key, r.key1, r.key2, r.name, r.mode, r.granted, r.pid, r.application_name,
 		       host(r.client_addr), r.backend_start, r.xact_start,
-		       (extract(epoch FROM clock_timestamp() - r.xact_start) * 1000000)::bigint,
+		       (extract(epoch FROM clock_timestamp() - r.xact_start) * 1000000.0)::bigint,
 		       r.state, r.waitstart, r.blocked_by
 		FROM (SELECT a.*, coalesce(max(a.name) FILTER (WHERE a.granted) OVER w, max(a.name) OVER w,
-		                           CASE WHEN a.key IS NOT NULL THEN 'key ' || a.key
-		                                ELSE 'key ' || a.key1 || ',' || a.key2 END) AS resource
+		                           CASE WHEN a.key IS NOT NULL THEN 'key ' || a.key::text
+		                                ELSE 'key ' || a.key1::text || ',' || a.key2::text END) AS resource
 		      FROM fencelock.advisory_locks AS a
 		      WINDOW w AS (PARTITION BY a.key, a.key1, a.key2)) AS r
 		WHERE r.resource LIKE $1

@@ -261,8 +261,8 @@ func watchBlockers(ctx context.Context, pool *pgxpool.Pool, pid uint32, every ti
 		}
 		rows, err := pool.Query(ctx, `
 			SELECT b.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
-			       (extract(epoch FROM clock_timestamp() - a.xact_start) * 1000000)::bigint
-			FROM unnest(pg_catalog.pg_blocking_pids($1)) AS b(pid)
+			       (extract(epoch FROM clock_timestamp() - a.xact_start) * 1000000.0)::bigint
+			FROM pg_catalog.unnest(pg_catalog.pg_blocking_pids($1)) AS b(pid)
 			LEFT JOIN pg_catalog.pg_stat_activity AS a ON a.pid = b.pid
 			ORDER BY b.pid`, int32(pid))
 		if err != nil {

@@ -204,8 +204,8 @@ func (q *Queries) JobSettled(ctx context.Context, db DBTX, arg JobSettledParams)
 }
 
 const jobSlot = `-- name: JobSlot :one
-SELECT ('epoch'::timestamptz + (floor(extract(epoch FROM n.now) * 1000000)::bigint / $1::bigint * $1::bigint) * interval '1 microsecond')::timestamptz AS slot,
-       ($1::bigint - floor(extract(epoch FROM n.now) * 1000000)::bigint % $1::bigint)::bigint AS until_next_us
+SELECT ('epoch'::timestamptz + (floor(extract(epoch FROM n.now) * 1000000.0)::bigint / $1::bigint * $1::bigint)::float8 * interval '1 microsecond')::timestamptz AS slot,
+       ($1::bigint - floor(extract(epoch FROM n.now) * 1000000.0)::bigint % $1::bigint)::bigint AS until_next_us
 FROM (SELECT clock_timestamp() AS now) AS n
 `
 

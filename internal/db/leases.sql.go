@@ -91,7 +91,7 @@ WITH fast AS MATERIALIZED (
     -- when the draw must go through next_token.
     SELECT e.last_epoch::bigint AS epoch FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
     WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
-      AND q.seqrelid = 'fencelock.leases_token_seq'::regclass
+      AND q.seqrelid = 'fencelock.leases_token_seq'::regclass::oid
       AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
       AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)
 )
@@ -105,7 +105,7 @@ SELECT $1::text, $2::text,
                  AND pg_catalog.set_config('synchronous_commit', 'on', true) IS NULL THEN NULL
             ELSE (SELECT CASE WHEN d.s < 140737488355328 THEN (f.epoch << 47) | d.s ELSE fencelock.next_token(false) END
                   FROM fast AS f, (SELECT pg_catalog.nextval('fencelock.leases_token_seq') AS s) AS d) END,
-       now(), now() + $4::bigint * interval '1 microsecond'
+       now(), now() + $4::bigint::float8 * interval '1 microsecond'
 WHERE NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
                   WHERE cur.name = $1::text AND cur.expires_at > clock_timestamp())
   AND (NOT $3::boolean
@@ -332,7 +332,7 @@ func (q *Queries) LeaseReleaseUnknown(ctx context.Context, db DBTX, arg LeaseRel
 }
 
 const leaseRemaining = `-- name: LeaseRemaining :one
-SELECT greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000)::bigint)::bigint AS remaining_us
+SELECT greatest(0, (extract(epoch FROM l.expires_at - clock_timestamp()) * 1000000.0)::bigint)::bigint AS remaining_us
 FROM fencelock.leases AS l
 WHERE l.name = $1::text
 `
@@ -350,9 +350,9 @@ const leaseRenew = `-- name: LeaseRenew :many
 WITH cfg AS MATERIALIZED (
     SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit
 ), v AS MATERIALIZED (
-    SELECT unnest($1::text[]) AS name, unnest($2::bigint[]) AS token,
-           unnest($3::bigint[]) AS ttl_us,
-           generate_subscripts($1::text[], 1) AS idx -- in step with the unnests
+    SELECT pg_catalog.unnest($1::text[]) AS name, pg_catalog.unnest($2::bigint[]) AS token,
+           pg_catalog.unnest($3::bigint[]) AS ttl_us,
+           pg_catalog.generate_subscripts($1::text[], 1) AS idx -- in step with the unnests
     FROM cfg
 ), target AS (
     SELECT t.name, v.ttl_us, v.idx
@@ -364,12 +364,12 @@ WITH cfg AS MATERIALIZED (
     ) AS t
 ), renewed AS (
     UPDATE fencelock.leases AS l
-    SET expires_at = greatest(l.expires_at, now() + target.ttl_us * interval '1 microsecond'),
+    SET expires_at = greatest(l.expires_at, now() + target.ttl_us::float8 * interval '1 microsecond'),
         renewals = CASE WHEN l.renewed_token = l.token THEN l.renewals + 1 ELSE 1 END,
         renewed_token = l.token, renewed_at = now()
     FROM target
     WHERE l.name = target.name AND l.name = ANY ($1::text[])
-      AND l.expires_at > clock_timestamp() + target.ttl_us * interval '0 microseconds'
+      AND l.expires_at > clock_timestamp() + target.ttl_us::float8 * interval '0 microseconds'
     RETURNING target.idx, l.expires_at
 )
 SELECT r.idx::integer AS idx, r.expires_at::timestamptz AS expires_at, true AS renewed
@@ -382,7 +382,7 @@ FROM v CROSS JOIN LATERAL (
       AND l.holder = $4::text AND l.expires_at > clock_timestamp()
     LIMIT 1 -- at most one row (name is the key); the LIMIT keeps the lookup per lease
 ) AS c
-WHERE (SELECT count(*) FROM renewed) < cardinality($1::text[])
+WHERE (SELECT count(*) FROM renewed) < pg_catalog.cardinality($1::text[])
 `
 
 type LeaseRenewParams struct {
@@ -476,7 +476,7 @@ WITH page AS MATERIALIZED (
     LIMIT $2::integer
 ), doomed AS (
     SELECT l.name FROM fencelock.leases AS l JOIN page ON l.name = page.name
-    WHERE l.expires_at < clock_timestamp() - $3::bigint * interval '1 microsecond'
+    WHERE l.expires_at < clock_timestamp() - $3::bigint::float8 * interval '1 microsecond'
       AND l.permit_wait IS NULL
     FOR UPDATE OF l SKIP LOCKED
 ), deleted AS (

@@ -110,7 +110,7 @@ func (q *Queries) RateReset(ctx context.Context, db DBTX, key string) (int64, er
 
 const rateSweep = `-- name: RateSweep :execrows
 DELETE FROM fencelock.rate_limits AS r
-WHERE r.tat < clock_timestamp() - $1::bigint * interval '1 microsecond'
+WHERE r.tat < clock_timestamp() - $1::bigint::float8 * interval '1 microsecond'
 `
 
 // Deletes the keys whose tat passed more than @grace_us microseconds ago: idle keys, whose

@@ -225,7 +225,7 @@ func (q *Queries) SemaphoreState(ctx context.Context, db DBTX, sem string) (Sema
 
 const semaphoreWaitersSweep = `-- name: SemaphoreWaitersSweep :execrows
 DELETE FROM fencelock.semaphore_waiters AS w
-WHERE w.expires_at < clock_timestamp() - $1::bigint * interval '1 microsecond'
+WHERE w.expires_at < clock_timestamp() - $1::bigint::float8 * interval '1 microsecond'
 `
 
 // Deletes waiter rows expired more than @grace_us microseconds ago.

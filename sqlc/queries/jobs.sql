@@ -46,8 +46,8 @@ WHERE r.job = sqlc.arg(job)::text AND r.slot = sqlc.arg(slot)::timestamptz AND r
 -- name: JobSlot :one
 -- The slot of period @every_us (microseconds) that the database clock is in, counted from the
 -- Unix epoch, and how long until the next one starts, in microseconds.
-SELECT ('epoch'::timestamptz + (floor(extract(epoch FROM n.now) * 1000000)::bigint / sqlc.arg(every_us)::bigint * sqlc.arg(every_us)::bigint) * interval '1 microsecond')::timestamptz AS slot,
-       (sqlc.arg(every_us)::bigint - floor(extract(epoch FROM n.now) * 1000000)::bigint % sqlc.arg(every_us)::bigint)::bigint AS until_next_us
+SELECT ('epoch'::timestamptz + (floor(extract(epoch FROM n.now) * 1000000.0)::bigint / sqlc.arg(every_us)::bigint * sqlc.arg(every_us)::bigint)::float8 * interval '1 microsecond')::timestamptz AS slot,
+       (sqlc.arg(every_us)::bigint - floor(extract(epoch FROM n.now) * 1000000.0)::bigint % sqlc.arg(every_us)::bigint)::bigint AS until_next_us
 FROM (SELECT clock_timestamp() AS now) AS n;
 
 -- name: JobSettled :one

@@ -50,7 +50,7 @@ WITH mine AS MATERIALIZED (
     SELECT sqlc.arg(name)::text, sqlc.arg(holder)::text,
            CASE WHEN EXISTS (SELECT 1 FROM fencelock.leases AS cur WHERE cur.name = sqlc.arg(name)::text)
                 THEN 0 ELSE fencelock.next_token(false) END,
-           now(), now() + sqlc.arg(ttl_us)::bigint * interval '1 microsecond'
+           now(), now() + sqlc.arg(ttl_us)::bigint::float8 * interval '1 microsecond'
     WHERE NOT EXISTS (SELECT 1 FROM mine)
       AND (SELECT ahead.n FROM ahead) = 0
       AND NOT EXISTS (SELECT 1 FROM fencelock.leases AS cur
@@ -72,8 +72,8 @@ WITH mine AS MATERIALIZED (
 ), queued AS (
     INSERT INTO fencelock.lease_waiters AS w (name, holder, wait_id, seq, channel, ttl_us, since, expires_at)
     SELECT sqlc.arg(name)::text, sqlc.arg(holder)::text, sqlc.arg(wait_id)::bigint,
-           nextval('fencelock.lease_waiters_seq'), nullif(sqlc.arg(channel)::text, ''),
-           sqlc.arg(ttl_us)::bigint, now(), now() + sqlc.arg(live_us)::bigint * interval '1 microsecond'
+           nextval('fencelock.lease_waiters_seq'::regclass), nullif(sqlc.arg(channel)::text, ''),
+           sqlc.arg(ttl_us)::bigint, now(), now() + sqlc.arg(live_us)::bigint::float8 * interval '1 microsecond'
     WHERE NOT EXISTS (SELECT 1 FROM mine) AND NOT EXISTS (SELECT 1 FROM granted)
     ON CONFLICT (name, holder) DO UPDATE
         SET seq = CASE WHEN w.wait_id = excluded.wait_id AND (w.granted_token <> 0 OR w.expires_at > clock_timestamp())
@@ -100,7 +100,7 @@ SELECT (CASE WHEN EXISTS (SELECT 1 FROM granted) THEN 1
        coalesce((SELECT g.expires_at FROM granted AS g), (SELECT m.expires_at FROM mine AS m),
                 (SELECT q.granted_expires_at FROM queued AS q), clock_timestamp())::timestamptz AS expires_at,
        clock_timestamp()::timestamptz AS server_now,
-       coalesce((SELECT greatest(0, (extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint)
+       coalesce((SELECT greatest(0, (extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000.0)::bigint)
                  FROM fencelock.leases AS cur WHERE cur.name = sqlc.arg(name)::text), 0)::bigint AS remaining_us,
        (SELECT ahead.n FROM ahead)::bigint AS ahead,
        coalesce((SELECT q.joined FROM queued AS q), false)::boolean AS joined,
@@ -192,8 +192,8 @@ WITH me AS MATERIALIZED (
 ), queued AS (
     INSERT INTO fencelock.lease_waiters AS w (name, holder, wait_id, seq, channel, ttl_us, since, expires_at)
     VALUES (sqlc.arg(name)::text, sqlc.arg(holder)::text, sqlc.arg(wait_id)::bigint,
-            nextval('fencelock.lease_waiters_seq'), nullif(sqlc.arg(channel)::text, ''), 0, now(),
-            now() + sqlc.arg(live_us)::bigint * interval '1 microsecond')
+            nextval('fencelock.lease_waiters_seq'::regclass), nullif(sqlc.arg(channel)::text, ''), 0, now(),
+            now() + sqlc.arg(live_us)::bigint::float8 * interval '1 microsecond')
     ON CONFLICT (name, holder) DO UPDATE
         SET seq = CASE WHEN w.wait_id = excluded.wait_id AND (w.granted_token <> 0 OR w.expires_at > clock_timestamp())
                        THEN w.seq ELSE excluded.seq END,
@@ -211,7 +211,7 @@ WITH me AS MATERIALIZED (
 )
 SELECT coalesce((SELECT q.joined FROM queued AS q), false)::boolean AS joined,
        (SELECT ahead.n FROM ahead)::bigint AS ahead,
-       coalesce((SELECT greatest(0, (extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000)::bigint)
+       coalesce((SELECT greatest(0, (extract(epoch FROM cur.expires_at - clock_timestamp()) * 1000000.0)::bigint)
                  FROM fencelock.leases AS cur WHERE cur.name = sqlc.arg(name)::text), 0)::bigint AS remaining_us,
        (SELECT count(*) FROM relaxed)::bigint AS relaxed;
 
@@ -221,5 +221,5 @@ SELECT coalesce((SELECT q.joined FROM queued AS q), false)::boolean AS joined,
 DELETE FROM fencelock.lease_waiters AS w
 WHERE (w.name, w.holder) IN (
     SELECT d.name, d.holder FROM fencelock.lease_waiters AS d
-    WHERE d.expires_at < clock_timestamp() - sqlc.arg(grace_us)::bigint * interval '1 microsecond'
+    WHERE d.expires_at < clock_timestamp() - sqlc.arg(grace_us)::bigint::float8 * interval '1 microsecond'
     FOR UPDATE SKIP LOCKED);

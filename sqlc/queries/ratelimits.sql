@@ -58,4 +58,4 @@ DELETE FROM fencelock.rate_limits AS r WHERE r.key = sqlc.arg(key)::text;
 -- bucket is full (the same as no row). The row lock makes the check see a request that just
 -- moved tat (DELETE rechecks its WHERE on the latest version).
 DELETE FROM fencelock.rate_limits AS r
-WHERE r.tat < clock_timestamp() - sqlc.arg(grace_us)::bigint * interval '1 microsecond';
+WHERE r.tat < clock_timestamp() - sqlc.arg(grace_us)::bigint::float8 * interval '1 microsecond';

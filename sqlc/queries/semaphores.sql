@@ -69,4 +69,4 @@ WHERE s.name = sqlc.arg(sem)::text;
 -- name: SemaphoreWaitersSweep :execrows
 -- Deletes waiter rows expired more than @grace_us microseconds ago.
 DELETE FROM fencelock.semaphore_waiters AS w
-WHERE w.expires_at < clock_timestamp() - sqlc.arg(grace_us)::bigint * interval '1 microsecond';
+WHERE w.expires_at < clock_timestamp() - sqlc.arg(grace_us)::bigint::float8 * interval '1 microsecond';
