@@ -136,7 +136,11 @@ func (a *AdvisoryLocker) lockSQLTx(ctx context.Context, tx *sql.Tx, name string,
 // When ctx ends, the call returns ctx's error (wrapped, with the driver's) only once the
 // server no longer runs the transaction: a grant still waiting on the row lock is cancelled,
 // and a transaction that holds the row is rolled back and its end awaited (database/sql rolls
-// back in a goroutine of its own; the lessor's pool watches the backend), bounded by 5 s.
+// back in a goroutine of its own; the lessor's pool watches the backend), bounded by 5 s. That
+// holds at every step, whatever the driver reports (lib/pq reports a statement that ctx ended
+// as the server's cancellation, SQLSTATE 57014, not as ctx's error): an error of fn's, or of
+// the commit, once ctx has ended is returned joined with ctx's cause ([context.Cause]), so
+// errors.Is matches both, unless it matches that cause already.
 func (l *Lessor) TryRunLockedSQL(ctx context.Context, sqlDB *sql.DB, name string, fn SQLTxFunc) error {
 	if err := validateRunLockedSQL(sqlDB, name, fn); err != nil {
 		return err
@@ -206,7 +210,7 @@ func (g *sqlGrantTx) grant(ctx context.Context, p db.LeaseGrantParams) (int64, e
 // SQLSTATE 0A000 rather than 25006, so that refusal is told apart by asking the server.
 func (g *sqlGrantTx) beginError(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
-		return fmt.Errorf("begin: %w", errors.Join(context.Cause(ctx), err))
+		return fmt.Errorf("begin: %w", withCause(ctx, err))
 	}
 	if sqlState(err) == "0A000" {
 		var standby bool
@@ -218,17 +222,36 @@ func (g *sqlGrantTx) beginError(ctx context.Context, err error) error {
 }
 
 // failed wraps a statement's error; after ctx ended, it first settles the transaction, and
-// the error then wraps ctx's cause too (a driver may report the server's cancellation,
-// SQLSTATE 57014, rather than ctx's error).
+// the error then wraps ctx's cause too (see ended).
 func (g *sqlGrantTx) failed(ctx context.Context, what string, err error) error {
 	if ctx.Err() == nil {
 		return wrapPg(what, err)
 	}
-	err = fmt.Errorf("%s: %w", what, errors.Join(context.Cause(ctx), err))
+	return fmt.Errorf("%s: %w", what, g.ended(ctx, err))
+}
+
+// ended returns err, which a step of the transaction met after ctx ended, joined with ctx's
+// cause (withCause), once settle has ended the transaction; settle's own error, if any, is
+// added to it. A driver may report a statement that ctx ended as the server's cancellation
+// (lib/pq: SQLSTATE 57014), or as database/sql's sql.ErrTxDone once database/sql has rolled
+// back, rather than as ctx's error.
+func (g *sqlGrantTx) ended(ctx context.Context, err error) error {
+	err = withCause(ctx, err)
 	if serr := g.settle(ctx); serr != nil {
 		return fmt.Errorf("%w (and %w)", err, serr)
 	}
 	return err
+}
+
+// withCause returns err joined with the cause of ctx, which has ended, so that errors.Is
+// matches both; err as is when it matches that cause already (pgx's stdlib reports ctx's
+// error).
+func withCause(ctx context.Context, err error) error {
+	cause := context.Cause(ctx)
+	if errors.Is(err, cause) {
+		return err
+	}
+	return errors.Join(cause, err)
 }
 
 // settle, once ctx has ended, rolls the transaction back (database/sql may already have, in
@@ -248,9 +271,26 @@ func (g *sqlGrantTx) settle(ctx context.Context) error {
 	return g.l.endAbandonedTx(ctx, g.pid, g.xactStart)
 }
 
-func (g *sqlGrantTx) run(ctx context.Context, token Token) error { return g.fn(ctx, g.tx, token) }
+// run calls fn; an error it returns once ctx has ended is returned, after settle, joined with
+// ctx's cause (see ended), and otherwise as is.
+func (g *sqlGrantTx) run(ctx context.Context, token Token) error {
+	err := g.fn(ctx, g.tx, token)
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	return g.ended(ctx, err)
+}
 
-func (g *sqlGrantTx) commit(context.Context) error { return g.tx.Commit() }
+// commit commits the transaction; when ctx ended meanwhile, database/sql may refuse
+// (ctx's error, without its cause, or sql.ErrTxDone once it rolled back) or the driver report
+// the server's cancellation: that error is returned, after settle, joined with ctx's cause.
+func (g *sqlGrantTx) commit(ctx context.Context) error {
+	err := g.tx.Commit()
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	return g.ended(ctx, err)
+}
 
 // rollback ends the transaction: after ctx ended, by settle (an error it meets is logged: the
 // call already returns ctx's); otherwise database/sql's Rollback, which after Commit, or once

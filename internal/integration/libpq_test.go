@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,5 +178,181 @@ func TestLibpqRunLockedSQLOnHotStandbyReadOnly(t *testing.T) {
 	for _, driver := range []string{"postgres", "pgx"} {
 		err := l.TryRunLockedSQL(ctx, openSQLDB(t, driver, url), "lease", func(context.Context, *sql.Tx, fencelock.Token) error { return nil })
 		require.ErrorIs(t, err, fencelock.ErrReadOnly, "%s: %v", driver, err)
+	}
+}
+
+// runLockedSQLCalls are the two calls that run fn under a transaction-scoped lease on a
+// *sql.DB, for tests that run both alike.
+var runLockedSQLCalls = []struct {
+	name string
+	run  func(l *fencelock.Lessor, ctx context.Context, sqlDB *sql.DB, name string, fn fencelock.SQLTxFunc) error
+}{
+	{"TryRunLockedSQL", (*fencelock.Lessor).TryRunLockedSQL},
+	{"RunLockedSQL", (*fencelock.Lessor).RunLockedSQL},
+}
+
+// contextEnds are the two ways a caller's context ends, each with the error it then reports.
+var contextEnds = []struct {
+	name string
+	ctx  func() (context.Context, func()) // a context, and what ends it
+	want error
+}{
+	{"Cancelled", func() (context.Context, func()) { return context.WithCancel(context.Background()) }, context.Canceled},
+	{"DeadlinePassed", newDeadlineContext, context.DeadlineExceeded},
+}
+
+// TryRunLockedSQL's doc (and RunLockedSQL's): when ctx ends while fn runs, the call returns
+// ctx's error, wrapped with the driver's, once the transaction has ended. A statement that ctx
+// ends reports ctx's error through pgx's stdlib (control), but only the server's cancellation
+// through lib/pq ("pq: canceling statement due to user request", SQLSTATE 57014): the call must
+// wrap ctx's error for both, whether ctx was cancelled or its deadline passed, and leave the
+// lease free, its row unlocked, when it returns.
+func TestLibpqRunLockedSQLEndedInFnWrapsContextError(t *testing.T) {
+	t.Parallel()
+	drivers := []struct{ name, driver string }{
+		{"Libpq", "postgres"},
+		{"PgxStdlibControl", "pgx"},
+	}
+	for _, c := range runLockedSQLCalls {
+		for _, d := range drivers {
+			for _, e := range contextEnds {
+				t.Run(c.name+"/"+d.name+"/"+e.name, func(t *testing.T) {
+					t.Parallel()
+					b := setup(t)
+					sqlDB := openSQLDB(t, d.driver, b.DB.URL)
+					l := newLessor(t, b.Pool, "a")
+					err := endWhile(t, b, e.ctx, "fn's statement runs", func(ctx context.Context) error {
+						return c.run(l, ctx, sqlDB, "job", func(ctx context.Context, tx *sql.Tx, _ fencelock.Token) error {
+							_, err := tx.ExecContext(ctx, `SELECT pg_sleep(10)`)
+							return err
+						})
+					}, func() bool { return sleepsRunning(t, b, `SELECT pg_sleep(%`) == 1 })
+					require.ErrorIs(t, err, e.want)
+					require.Zero(t, sleepsRunning(t, b, `SELECT pg_sleep(%`), "fn's statement still runs after the call returned")
+					requireLeaseFree(t, b, l, sqlDB, "job")
+				})
+			}
+		}
+	}
+}
+
+// TryRunLockedSQL's doc (and RunLockedSQL's), at the commit: when ctx ends while the COMMIT
+// runs (a deferred constraint trigger holds it), lib/pq cancels it, and the call returns ctx's
+// error wrapped with lib/pq's, with fn's write not committed and the lease free. (pgx's stdlib
+// commits on a context of its own: the COMMIT runs to its end and succeeds.)
+func TestLibpqRunLockedSQLEndedInCommitWrapsContextError(t *testing.T) {
+	t.Parallel()
+	for _, c := range runLockedSQLCalls {
+		for _, e := range contextEnds {
+			t.Run(c.name+"/"+e.name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				_, err := b.Pool.Exec(b.Ctx, `CREATE TABLE work (id int PRIMARY KEY);
+					CREATE FUNCTION slow_check() RETURNS trigger LANGUAGE plpgsql AS $$
+						BEGIN PERFORM pg_sleep(10); RETURN NULL; END $$;
+					CREATE CONSTRAINT TRIGGER slow_check AFTER INSERT ON work
+						DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_check()`)
+				require.NoError(t, err)
+				sqlDB := openLibPQ(t, b)
+				l := newLessor(t, b.Pool, "a")
+				err = endWhile(t, b, e.ctx, "the COMMIT runs the deferred trigger", func(ctx context.Context) error {
+					return c.run(l, ctx, sqlDB, "job", func(ctx context.Context, tx *sql.Tx, _ fencelock.Token) error {
+						_, err := tx.ExecContext(ctx, `INSERT INTO work VALUES (1)`)
+						return err
+					})
+				}, func() bool { return sleepsRunning(t, b, "COMMIT") == 1 })
+				require.ErrorIs(t, err, e.want)
+				var pqErr *pq.Error
+				require.ErrorAs(t, err, &pqErr)
+				require.Zero(t, sleepsRunning(t, b, "COMMIT"), "the COMMIT still runs after the call returned")
+				var written int
+				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM work`).Scan(&written))
+				require.Zero(t, written, "fn's write was committed")
+				requireLeaseFree(t, b, l, sqlDB, "job")
+			})
+		}
+	}
+}
+
+// endWhile runs call in a goroutine with a context that newCtx makes, ends that context once
+// reached reports that the call got to the step under test (what), and returns the call's
+// error. It fails the test when the call returns before, or not within 8 s of the end.
+func endWhile(t *testing.T, b *bundle, newCtx func() (context.Context, func()), what string, call func(ctx context.Context) error, reached func() bool) error {
+	t.Helper()
+	ctx, end := newCtx()
+	defer end()
+	done := make(chan error, 1)
+	go func() { done <- call(ctx) }()
+	waitFor(t, b, what, func() bool {
+		select {
+		case err := <-done:
+			t.Fatalf("returned before %s: %v", what, err)
+		default:
+		}
+		return reached()
+	})
+	ended := time.Now()
+	end()
+	select {
+	case err := <-done:
+		t.Logf("returned %v after ctx ended: %v", time.Since(ended), err)
+		return err
+	case <-time.After(8 * time.Second):
+		t.Fatal("no return within 8 s of ctx's end")
+		return nil
+	}
+}
+
+// sleepsRunning counts the backends of b's database whose statement is like query (a LIKE
+// pattern) and sleeps in pg_sleep now.
+func sleepsRunning(t *testing.T, b *bundle, query string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND state = 'active' AND wait_event = 'PgSleep' AND query LIKE $1`, query).Scan(&n))
+	return n
+}
+
+// requireLeaseFree fails the test unless the lease row of name is unlocked and l runs fn under
+// the lease at once (TryRunLockedSQL on sqlDB).
+func requireLeaseFree(t *testing.T, b *bundle, l *fencelock.Lessor, sqlDB *sql.DB, name string) {
+	t.Helper()
+	tx, err := b.Pool.Begin(b.Ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	_, err = tx.Exec(b.Ctx, `SELECT FROM fencelock.leases WHERE name = $1 FOR UPDATE NOWAIT`, name)
+	require.NoError(t, err, "the lease row is still locked")
+	require.NoError(t, tx.Rollback(b.Ctx))
+	var ran bool
+	require.NoError(t, l.TryRunLockedSQL(b.Ctx, sqlDB, name, func(context.Context, *sql.Tx, fencelock.Token) error {
+		ran = true
+		return nil
+	}), "the lease is not free")
+	require.True(t, ran)
+}
+
+// deadlineContext is a context whose deadline passes when the test ends it rather than at a
+// time: Done then closes and Err reports context.DeadlineExceeded, as for a
+// context.WithDeadline whose time has come, at the moment the test chooses.
+type deadlineContext struct {
+	context.Context // no values, no deadline: context.Background()
+	done            chan struct{}
+}
+
+// newDeadlineContext returns a deadlineContext and the func that makes its deadline pass.
+func newDeadlineContext() (context.Context, func()) {
+	c := &deadlineContext{Context: context.Background(), done: make(chan struct{})}
+	var once sync.Once
+	return c, func() { once.Do(func() { close(c.done) }) }
+}
+
+func (c *deadlineContext) Done() <-chan struct{} { return c.done }
+
+func (c *deadlineContext) Err() error {
+	select {
+	case <-c.done:
+		return context.DeadlineExceeded
+	default:
+		return nil
 	}
 }
