@@ -75,6 +75,16 @@ var (
 	// fencelock.set_token in its transaction, and no new value in the table's token column
 	// (docs/SQL.md). Nothing was written.
 	ErrNoToken = errors.New("fencelock: the write carries no fencing token (fencelock.set_token or the token column)")
+	// ErrTokenNotIssued is returned, wrapping the server's error (SQLSTATE FL008), when a
+	// fencing token is larger than every token the database has issued (migration 00017,
+	// fencelock.issued_bound: the highest epoch it drew tokens in, shifted left 47, with the
+	// token sequence's last value): no grant returned it. [FenceTx], [UpdateFencedTx], their
+	// database/sql twins, fencelock.fence, fencelock.set_token and a protected table's trigger
+	// refuse it before they write anything; a made-up token would otherwise pass every fence
+	// and then refuse every legitimate holder, for ever. A token that a grant of this database
+	// returned is never refused so, whatever happened since (epochs, [RebaseTokenEpoch],
+	// failovers). docs/SECURITY.md says why.
+	ErrTokenNotIssued = errors.New("fencelock: fencing token never issued by this database (larger than every token granted)")
 )
 
 // ArgumentError reports bad input, found before any SQL ran: Arg names the parameter or option
@@ -179,6 +189,8 @@ func sentinelFor(code string) error {
 		return ErrNoToken
 	case "FL007": // the SQL API's argument checks
 		return ErrInvalidArgument
+	case "FL008": // fencelock.check_issued
+		return ErrTokenNotIssued
 	}
 	return nil
 }
@@ -200,7 +212,7 @@ func wrapPg(what string, err error) error {
 //
 //	FL001 ErrTokenSequence, FL002 ErrTokenBudget, FL003 ErrTokenEpochBehind,
 //	FL004 ErrStaleToken, FL005 ErrLeaseLost, FL006 ErrNoToken, FL007 ErrInvalidArgument,
-//	25006 ErrReadOnly
+//	FL008 ErrTokenNotIssued, 25006 ErrReadOnly
 //
 // The driver's error stays in the chain (errors.As still finds it). Any other error, and nil,
 // is returned as is. The calls of this package wrap their errors so already. Safe for

@@ -148,8 +148,12 @@ func updateFencedTx(ctx context.Context, tx db.DBTX, table pgx.Identifier, token
 	// The second sets the transaction-local fencelock.token to the token, as
 	// fencelock.set_token does, so that a table protected by fencelock.protect_table sees the
 	// writer's token even when the token column keeps its value (the same holder writing again).
-	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 WHERE %s AND (%s IS NULL OR %s <= $1) AND %s IS NOT NULL AND %s IS NOT NULL",
-		tbl, sets, tok, columnsSQL(key, 2+len(set), " AND "), tok, tok, raiseSyncCommitSQL, setTokenSQL)
+	// The first refuses, before any row is read, a token larger than every token the database
+	// has issued (fencelock.check_issued: SQLSTATE FL008, ErrTokenNotIssued). A row whose token
+	// column is above every issued token (written before migration 00017, or by hand) proves no
+	// newer grant: the token replaces it (fencelock.issued_bound, read only for such a row).
+	sql := fmt.Sprintf("UPDATE %s SET %s%s = $1 WHERE %s IS NOT NULL AND %s AND (%s IS NULL OR %s <= $1 OR %s > %s) AND %s IS NOT NULL AND %s IS NOT NULL",
+		tbl, sets, tok, checkIssuedSQL, columnsSQL(key, 2+len(set), " AND "), tok, tok, tok, issuedBoundSQL, raiseSyncCommitSQL, setTokenSQL)
 	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
 		return 0, wrapPg("fenced update of "+tbl, err)
@@ -194,6 +198,13 @@ const raiseSyncCommitSQL = `(SELECT set_config('synchronous_commit', CASE curren
 // setTokenSQL sets the transaction-local setting fencelock.token to $1, the writer's token,
 // which the trigger of a protected table reads (migration 00014, fencelock.set_token).
 const setTokenSQL = `(SELECT set_config('fencelock.token', $1::bigint::text, true))`
+
+// checkIssuedSQL raises SQLSTATE FL008 when $1 is larger than every token the database has
+// issued (migration 00017, fencelock.check_issued); issuedBoundSQL is that bound.
+const (
+	checkIssuedSQL = `(SELECT fencelock.check_issued($1::bigint))`
+	issuedBoundSQL = `(SELECT fencelock.issued_bound())`
+)
 
 // columnsSQL renders cols as `"col" = $first<sep>"col2" = $first+1...`, names quoted.
 func columnsSQL(cols []Column, first int, sep string) string {

@@ -39,7 +39,7 @@ SET LOCAL search_path TO pg_catalog, pg_temp;
 -- with s from the one sequence, so no issued token is larger; the next grant's is. SECURITY
 -- DEFINER (its owner's privileges, for a writer of a protected table with no grant on schema
 -- fencelock's tables), read-only.
-CREATE FUNCTION fencelock.issued_bound() RETURNS bigint
+CREATE OR REPLACE FUNCTION fencelock.issued_bound() RETURNS bigint
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, fencelock, pg_temp
 AS $$
@@ -64,7 +64,7 @@ $$;
 -- this database has issued (fencelock.issued_bound): a token no grant returned, which would
 -- pass every fence and then refuse every legitimate holder's write. VOLATILE: a statement
 -- that calls it for its error must not have the call planned away.
-CREATE FUNCTION fencelock.check_issued(token bigint) RETURNS bigint
+CREATE OR REPLACE FUNCTION fencelock.check_issued(token bigint) RETURNS bigint
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, fencelock, pg_temp
 AS $$
@@ -251,7 +251,7 @@ $$;
 -- fencelock.inheritance_tree returns tbl and its inheritance descendants, parents before
 -- children, leaving out partitions (a partitioned table's row triggers reach them through
 -- PostgreSQL): the tables protect_table and unprotect_table attach to and detach from.
-CREATE FUNCTION fencelock.inheritance_tree(tbl regclass) RETURNS TABLE(rel regclass, depth integer)
+CREATE OR REPLACE FUNCTION fencelock.inheritance_tree(tbl regclass) RETURNS TABLE(rel regclass, depth integer)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, fencelock, pg_temp
 AS $$

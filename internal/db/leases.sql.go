@@ -47,7 +47,7 @@ WITH cfg AS MATERIALIZED (
     INSERT INTO fencelock.fences AS f (resource, token)
     SELECT $4::text, held.token FROM held
     ON CONFLICT (resource) DO UPDATE SET token = excluded.token
-    WHERE f.token <= excluded.token
+    WHERE f.token <= excluded.token OR f.token > fencelock.issued_bound()
     RETURNING f.token
 )
 SELECT (SELECT count(*) FROM held)::bigint AS held, (SELECT count(*) FROM advanced)::bigint AS advanced
@@ -73,6 +73,8 @@ type LeaseFenceRow struct {
 // or left alone when a larger token has been seen, and stays locked until the transaction
 // ends. held = 0: the grant is gone (nothing was fenced); advanced = 0 with held = 1: stale.
 // Raises synchronous_commit from off to on for the caller's transaction, as FenceAdvance does.
+// The token is the lease row's, so it was issued; a high-water mark above every issued token
+// is replaced, as FenceAdvance does.
 func (q *Queries) LeaseFence(ctx context.Context, db DBTX, arg LeaseFenceParams) (LeaseFenceRow, error) {
 	row := db.QueryRow(ctx, leaseFence,
 		arg.Name,

@@ -300,6 +300,8 @@ FOR KEY SHARE;
 -- or left alone when a larger token has been seen, and stays locked until the transaction
 -- ends. held = 0: the grant is gone (nothing was fenced); advanced = 0 with held = 1: stale.
 -- Raises synchronous_commit from off to on for the caller's transaction, as FenceAdvance does.
+-- The token is the lease row's, so it was issued; a high-water mark above every issued token
+-- is replaced, as FenceAdvance does.
 WITH cfg AS MATERIALIZED (
     SELECT set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) AS sync_commit
 ), held AS MATERIALIZED (
@@ -312,7 +314,7 @@ WITH cfg AS MATERIALIZED (
     INSERT INTO fencelock.fences AS f (resource, token)
     SELECT sqlc.arg(resource)::text, held.token FROM held
     ON CONFLICT (resource) DO UPDATE SET token = excluded.token
-    WHERE f.token <= excluded.token
+    WHERE f.token <= excluded.token OR f.token > fencelock.issued_bound()
     RETURNING f.token
 )
 SELECT (SELECT count(*) FROM held)::bigint AS held, (SELECT count(*) FROM advanced)::bigint AS advanced;
