@@ -2,14 +2,23 @@ package fencelock_test
 
 import (
 	"context"
+	"database/sql"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
+	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/forcedrelease"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/internal/testkit/sqltrap"
+	"github.com/fencelock/fencelock/job"
+	"github.com/fencelock/fencelock/ratelimit"
 )
 
 // The trap of issue 38: a schema first on the search_path of the role the tests connect as,
@@ -116,4 +125,254 @@ func TestSearchPathTrapStatements(t *testing.T) {
 	}
 	t.Logf("%d statements checked, %d templates left to the paths' test, %d that do not prepare", checked, templates, unchecked)
 	require.Empty(t, findings, "statements that resolve a trap:\n%s", strings.Join(findings, "\n"))
+}
+
+// TestSearchPathTrapPaths runs the library's main paths, and every function of the SQL API
+// with the trigger, as the role whose search_path starts with the trap schema: none may run a
+// trap. Each path's error is reported by name; a trap's (SQLSTATE FLTRP) names the trap.
+func TestSearchPathTrapPaths(t *testing.T) {
+	t.Parallel()
+	tr := setupTrapped(t)
+	ctx, pool := tr.Ctx, tr.Pool
+	lessor := newLessor(t, pool, "trap-a", fencelock.WithHeartbeatInterval(50*time.Millisecond))
+	other := newLessor(t, pool, "trap-b", fastBackoff)
+	_, err := tr.bundle.Pool.Exec(ctx, `CREATE TABLE public.trap_rows (id int PRIMARY KEY, n int, fence_token bigint);
+		CREATE TABLE public.trap_child () INHERITS (public.trap_rows);
+		INSERT INTO public.trap_rows VALUES (1, 0, NULL);`)
+	require.NoError(t, err)
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+
+	paths := []struct {
+		name string
+		run  func() error
+	}{
+		{"GrantRenewGuardFenceRelease", func() error {
+			lease, err := lessor.TryAcquire(ctx, "trap:lease", time.Minute)
+			if err != nil {
+				return err
+			}
+			if err := lease.Renew(ctx); err != nil {
+				return err
+			}
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if err := lease.GuardTx(ctx, tx); err != nil {
+					return err
+				}
+				if err := lease.FenceTx(ctx, tx, "trap:lease"); err != nil {
+					return err
+				}
+				if err := fencelock.FenceTx(ctx, tx, "trap:other", lease.Token()); err != nil {
+					return err
+				}
+				_, err := fencelock.UpdateFencedTx(ctx, tx, pgx.Identifier{"public", "trap_rows"}, "fence_token", lease.Token(),
+					[]fencelock.Column{{Name: "n", Value: 1}}, []fencelock.Column{{Name: "id", Value: 1}})
+				return err
+			}); err != nil {
+				return err
+			}
+			return lease.Release(ctx)
+		}},
+		{"HandOffToQueuedWaiter", func() error {
+			lease, err := lessor.TryAcquire(ctx, "trap:handoff", time.Minute)
+			if err != nil {
+				return err
+			}
+			ch := fencetest.AcquireAsync(ctx, other, "trap:handoff", time.Minute)
+			awaitWaiters(t, tr.bundle, "trap:handoff", 1)
+			if err := lease.Release(ctx); err != nil {
+				return err
+			}
+			got := fencetest.Receive(t, ch, 10*time.Second)
+			if got.Err != nil {
+				return got.Err
+			}
+			return got.Lease.Release(ctx)
+		}},
+		{"RunLockedAndRunLockedSQL", func() error {
+			if err := lessor.RunLocked(ctx, "trap:tx", func(ctx context.Context, tx pgx.Tx, token fencelock.Token) error {
+				return fencelock.FenceTx(ctx, tx, "trap:tx", token)
+			}); err != nil {
+				return err
+			}
+			return lessor.RunLockedSQL(ctx, sqlDB, "trap:tx", func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
+				return fencelock.FenceSQLTx(ctx, tx, "trap:tx", token)
+			})
+		}},
+		{"MultiLock", func() error {
+			set, err := lessor.TryAcquireAll(ctx, []string{"trap:m1", "trap:m2"}, time.Minute)
+			if err != nil {
+				return err
+			}
+			return set.Release(ctx)
+		}},
+		{"Semaphore", func() error {
+			sem := fencetest.NewSemaphore(t, pool, "trap-s1", "trap:sem", 1)
+			sem2 := fencetest.NewSemaphore(t, pool, "trap-s2", "trap:sem", 1)
+			p, err := sem.TryAcquire(ctx, time.Minute)
+			if err != nil {
+				return err
+			}
+			ch := fencetest.PermitAsync(ctx, sem2, time.Minute)
+			fencetest.WaitQueued(t, ctx, sem, 1)
+			if err := p.Release(ctx); err != nil {
+				return err
+			}
+			got := fencetest.Receive(t, ch, 10*time.Second)
+			if got.Err != nil {
+				return got.Err
+			}
+			if _, err := sem.SetLimit(ctx, 2); err != nil {
+				return err
+			}
+			return got.Lease.Release(ctx)
+		}},
+		{"Election", func() error {
+			e := fencetest.NewElection(t, pool, "trap-e", "trap:election", time.Minute)
+			term, err := e.Campaign(ctx, "v1")
+			if err != nil {
+				return err
+			}
+			if err := term.Proclaim(ctx, "v2"); err != nil {
+				return err
+			}
+			if _, err := e.Leader(ctx); err != nil {
+				return err
+			}
+			return term.Resign(ctx)
+		}},
+		{"Job", func() error {
+			j, err := job.New(lessor, "trap:job", time.Minute)
+			if err != nil {
+				return err
+			}
+			return j.RunSlot(ctx, time.Now().Truncate(time.Minute), func(ctx context.Context, run *job.Run) error { return nil })
+		}},
+		{"RateLimit", func() error {
+			r, err := ratelimit.New(pool, ratelimit.PerSecond(10))
+			if err != nil {
+				return err
+			}
+			_, err = r.Allow(ctx, "trap:key")
+			return err
+		}},
+		{"AdvisoryLock", func() error {
+			a := fencetest.NewLocker(t, pool, fencelock.WithFencingTokens())
+			lk, err := a.TryLock(ctx, "trap:advisory")
+			if err != nil {
+				return err
+			}
+			if err := lk.Unlock(ctx); err != nil {
+				return err
+			}
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := a.TryLockTx(ctx, tx, "trap:advisory")
+				return err
+			})
+		}},
+		{"SweepAndRebase", func() error {
+			if _, err := fencelock.SweepLeases(ctx, pool, time.Hour); err != nil {
+				return err
+			}
+			_, err := fencelock.RebaseTokenEpoch(ctx, pool, 0)
+			return err
+		}},
+		{"ForcedRelease", func() error {
+			if _, err := lessor.TryAcquire(ctx, "trap:forced", time.Minute); err != nil {
+				return err
+			}
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := forcedrelease.Run(ctx, tx, "trap:forced", []string{"trap:forced"}, nil)
+				return err
+			})
+		}},
+		{"SQLAPIAndTrigger", func() error {
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			var token int64
+			if err := conn.QueryRow(ctx, `SELECT fencelock.try_acquire('trap:sql', 'py', '1 minute')`).Scan(&token); err != nil {
+				return err
+			}
+			// Each line is one transaction; its statements are separated by "; ".
+			for _, txn := range []string{
+				`SELECT fencelock.renew('trap:sql', 'py', $1, '1 minute')`,
+				`SELECT fencelock.guard_lease('trap:sql', 'py', $1)`,
+				`SELECT fencelock.fence_lease('trap:sql', 'py', $1, 'trap:sql')`,
+				`SELECT fencelock.fence('trap:sql2', $1)`,
+				`SELECT fencelock.protect_table('public.trap_rows', 'fence_token', 'trap:rows')`,
+				`SELECT fencelock.set_token($1); UPDATE public.trap_rows SET n = n + 1`,
+				`INSERT INTO public.trap_child VALUES (2, 0, $1)`,
+				`SELECT fencelock.set_token($1); DELETE FROM public.trap_child`,
+				`SELECT fencelock.unprotect_table('public.trap_rows')`,
+				`SELECT fencelock.release('trap:sql', 'py', $1)`,
+				`SELECT * FROM fencelock.grant_all(ARRAY['trap:g1', 'trap:g2'], 'py', 60000000)`,
+				`SELECT fencelock.check_issued($1), fencelock.issued_bound()`,
+				`SELECT * FROM fencelock.force_release('trap:g1', ARRAY['trap:g1'])`,
+				`SELECT fencelock.rebase_token_epoch()`,
+			} {
+				err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+					for _, stmt := range strings.Split(txn, "; ") {
+						var args []any
+						if strings.Contains(stmt, "$1") {
+							args = append(args, token)
+						}
+						if _, err := tx.Exec(ctx, stmt, args...); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				if err != nil {
+					return fmt.Errorf("%s: %w", txn, err)
+				}
+			}
+			return nil
+		}},
+	}
+	var failures []string
+	for _, p := range paths {
+		if err := p.run(); err != nil {
+			failures = append(failures, fmt.Sprintf("%s: trap=%v: %v", p.name, sqltrap.IsTrap(err), err))
+		}
+	}
+	require.Empty(t, failures, "paths that failed under the trap's search_path:\n%s", strings.Join(failures, "\n"))
+}
+
+// TestSearchPathTrapMigrate applies every migration with fencelock.Migrate to an empty
+// database whose role's search_path starts with the trap schema.
+func TestSearchPathTrapMigrate(t *testing.T) {
+	t.Parallel()
+	tr := setupTrapped(t)
+	conn := tr.Plain
+	// The trap script, generated from the migrated database, goes into an empty one.
+	script, _, err := sqltrap.Generate(tr.Ctx, conn, tr.Names)
+	require.NoError(t, err)
+	empty := tr.DB.Name + "_e"
+	_, err = conn.Exec(tr.Ctx, `CREATE DATABASE `+pgx.Identifier{empty}.Sanitize()+` TEMPLATE template0`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = conn.Exec(context.Background(), `DROP DATABASE IF EXISTS `+pgx.Identifier{empty}.Sanitize()+` WITH (FORCE)`)
+	})
+	cfg, err := pgx.ParseConfig(tr.DB.URL)
+	require.NoError(t, err)
+	cfg.Database = empty
+	econn, err := pgx.ConnectConfig(tr.Ctx, cfg)
+	require.NoError(t, err)
+	_, err = econn.Exec(tr.Ctx, script)
+	require.NoError(t, err)
+	_, err = econn.Exec(tr.Ctx, `DO $$ BEGIN
+		EXECUTE pg_catalog.format('ALTER ROLE %I IN DATABASE %I SET search_path = %I, "$user", public',
+			current_user, pg_catalog.current_database(), '`+sqltrap.Schema+`');
+		END $$`)
+	require.NoError(t, err)
+	require.NoError(t, econn.Close(tr.Ctx))
+	pool := newPool(t, tr.Ctx, cfg.ConnString())
+	require.NoError(t, fencelock.Migrate(tr.Ctx, pool))
+	require.NoError(t, fencelock.Migrate(tr.Ctx, pool)) // nothing pending: reads the version table
+	lease, err := newLessor(t, pool, "after-migrate").TryAcquire(tr.Ctx, "x", time.Minute)
+	require.NoError(t, err)
+	require.NoError(t, lease.Release(tr.Ctx))
 }

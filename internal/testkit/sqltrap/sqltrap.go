@@ -125,7 +125,7 @@ WITH named(t) AS (
     SELECT a.atttypid FROM pg_catalog.pg_attribute AS a JOIN pg_catalog.pg_class AS c ON c.oid = a.attrelid
     WHERE c.relnamespace = pg_catalog.to_regnamespace('fencelock') AND a.attnum > 0 AND NOT a.attisdropped
     UNION
-    SELECT pg_catalog.unnest(p.proargtypes::oid[] || p.prorettype) FROM pg_catalog.pg_proc AS p
+    SELECT pg_catalog.unnest(pg_catalog.array_append(p.proargtypes::oid[], p.prorettype)) FROM pg_catalog.pg_proc AS p
     WHERE p.pronamespace = pg_catalog.to_regnamespace('fencelock')
 )
 SELECT t.oid, pg_catalog.format_type(t.oid, NULL), t.typelem <> 0 AND t.typlen = -1 AND t.typcategory = 'A'
