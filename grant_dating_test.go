@@ -68,9 +68,10 @@ func sqlGranted(ctx context.Context, pool *pgxpool.Pool, name string, token int6
 // Every grant path dates a takeover as LeaseGrant does: from the end of the grant it replaces
 // when its statement started before that end (acquired_at = greatest(start, the old
 // expires_at)), with the TTL counted from there. The takeover's statement starts while the old
-// grant is held, waits at a table lock (fencelock.leases, the first table each path reads)
-// until the old grant has expired on the database clock, then goes on and finds the lease
-// free. Dated from its statement's or transaction's start, as fencelock.try_acquire and
+// grant is held and waits at a table lock (fencelock.leases, the first table each path reads);
+// the lock's holder then ends the old grant (its expires_at set to the database clock's now),
+// waits until it is past on the database clock and commits: the takeover goes on and finds the
+// lease free. Dated from its statement's or transaction's start, as fencelock.try_acquire and
 // fencelock.grant_all were until migration 00017, the takeover began up to the wait before
 // the old grant ended. This table is the test that fails when the SQL API's grants and Go's
 // drift apart.
@@ -82,7 +83,7 @@ func TestEveryGrantPathStartsAfterTheGrantItReplaces(t *testing.T) {
 			b := setup(t)
 			ctx := b.Ctx
 			a := newLessor(t, b.Pool, "a", fencelock.WithoutHeartbeat())
-			old, err := a.TryAcquire(ctx, "job", 500*time.Millisecond)
+			old, err := a.TryAcquire(ctx, "job", time.Minute)
 			require.NoError(t, err)
 			// One connection, on which a refused grant has prepared the statement: the
 			// takeover then waits in its own statement's transaction, not in a preparation's
@@ -93,8 +94,6 @@ func TestEveryGrantPathStartsAfterTheGrantItReplaces(t *testing.T) {
 			require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 			var pid uint32
 			require.NoError(t, pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-			var oldEnd time.Time
-			require.NoError(t, b.Pool.QueryRow(ctx, `SELECT expires_at FROM fencelock.leases WHERE name = 'job'`).Scan(&oldEnd))
 
 			lock, err := b.Pool.Begin(ctx)
 			require.NoError(t, err)
@@ -111,6 +110,11 @@ func TestEveryGrantPathStartsAfterTheGrantItReplaces(t *testing.T) {
 				return result{token, release, err}
 			})
 			began := awaitLeasesLockWait(t, b, pid)
+			// The old grant ends now, while the takeover waits: after its statement began,
+			// whatever the machine's speed.
+			var oldEnd time.Time
+			require.NoError(t, lock.QueryRow(ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp()
+				WHERE name = 'job' RETURNING expires_at`).Scan(&oldEnd))
 			require.True(t, began.Before(oldEnd), "staging: the takeover's transaction began at %v, not before the old grant's end at %v", began, oldEnd)
 			waitFor(t, b, "the old grant expires on the database clock", func() bool {
 				var past bool

@@ -36,7 +36,7 @@ func rvInstallLog(t *testing.T, b *bundle, sem string) {
 		acquired_at timestamptz, expires_at timestamptz, lim int)`)
 	rvExec(t, b.Ctx, b.Pool, fmt.Sprintf(`CREATE FUNCTION rv_log() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			INSERT INTO rv_log (name, holder, token, acquired_at, expires_at, lim)
+			INSERT INTO public.rv_log (name, holder, token, acquired_at, expires_at, lim)
 			VALUES (NEW.name, NEW.holder, NEW.token, NEW.acquired_at, NEW.expires_at,
 			        (SELECT s.permit_limit FROM fencelock.semaphores AS s WHERE s.name = %s));
 			RETURN NULL;

@@ -166,7 +166,7 @@ func TestScenarioSemaphoreFaults(t *testing.T) {
 			expires_at timestamptz, released boolean);
 		CREATE FUNCTION sem_log() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			INSERT INTO sem_log (name, token, acquired_at, expires_at, released)
+			INSERT INTO public.sem_log (name, token, acquired_at, expires_at, released)
 			VALUES (NEW.name, NEW.token, NEW.acquired_at, NEW.expires_at, NEW.expires_at <= clock_timestamp());
 			RETURN NULL;
 		END $$;
@@ -175,7 +175,7 @@ func TestScenarioSemaphoreFaults(t *testing.T) {
 		CREATE TABLE sem_limits (at timestamptz, permit_limit int);
 		CREATE FUNCTION sem_limits() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
-			INSERT INTO sem_limits VALUES (clock_timestamp(), NEW.permit_limit);
+			INSERT INTO public.sem_limits VALUES (clock_timestamp(), NEW.permit_limit);
 			RETURN NULL;
 		END $$;
 		CREATE TRIGGER sem_limits AFTER INSERT OR UPDATE OF permit_limit ON fencelock.semaphores FOR EACH ROW
