@@ -1,6 +1,7 @@
 package fencelock_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -358,4 +359,81 @@ func TestNeverIssuedHighWaterMarkIsReplaced(t *testing.T) {
 	require.NoError(t, conn.QueryRow(b.Ctx, `SELECT count(*) FILTER (WHERE fence_token = $1 AND n = 1) FROM stock`, int64(tok)).Scan(&rows))
 	require.Equal(t, 3, fences)
 	require.Equal(t, 2, rows)
+
+	// A made-up token below a made-up high-water mark is refused all the same.
+	_, err = conn.Exec(b.Ctx, `SET session_replication_role = replica;
+		INSERT INTO stock VALUES ('C', 0, 9223372036854775807);
+		SET session_replication_role = origin`)
+	require.NoError(t, err)
+	_, err = conn.Exec(b.Ctx, `BEGIN; SET LOCAL fencelock.token = '9223372036854775806';
+		UPDATE stock SET n = 1 WHERE sku = 'C'; COMMIT`)
+	require.Equal(t, "FL008", sqlState(err))
+	_, err = conn.Exec(b.Ctx, `ROLLBACK`)
+	require.NoError(t, err)
+	_, err = conn.Exec(b.Ctx, `SELECT fencelock.fence('f1', 9223372036854775806)`)
+	require.Equal(t, "FL008", sqlState(err))
+}
+
+// TestProtectedTableWriterPrivileges: what a writer of a protected table needs, and what the
+// runtime role cannot do to a table it does not own (docs/SECURITY.md). A writer with nothing
+// but UPDATE on the table is refused as before when it passes no token (FL006) or a stale one
+// (FL004); one that passes a token larger than the row's needs USAGE on schema fencelock, for
+// the trigger's check that the token was issued (migration 00017), and is refused without it
+// (42501). The runtime role (README's grants) can neither unprotect the table nor replace its
+// trigger.
+func TestProtectedTableWriterPrivileges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := b.Ctx
+	_, err := b.Pool.Exec(ctx, `CREATE TABLE public.stock (sku text PRIMARY KEY, n int, fence_token bigint);
+		SELECT fencelock.protect_table('public.stock');
+		SET session_replication_role = replica;
+		INSERT INTO public.stock VALUES ('A', 0, 5);
+		SET session_replication_role = origin`)
+	require.NoError(t, err)
+	_, writer := testkit.NewRole(t, ctx, b.Pool, b.DB.URL, `GRANT SELECT, UPDATE ON public.stock TO %[1]s`)
+	lease, err := newLessor(t, b.Pool, "h").TryAcquire(ctx, "stock", time.Minute)
+	require.NoError(t, err)
+	write := func(token int64) error {
+		return pgx.BeginFunc(ctx, writer, func(tx pgx.Tx) error {
+			if token != 0 {
+				if _, err := tx.Exec(ctx, `SELECT set_config('fencelock.token', $1::bigint::text, true)`, token); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, `UPDATE public.stock SET n = n + 1 WHERE sku = 'A'`)
+			return err
+		})
+	}
+	require.Equal(t, "FL006", sqlState(write(0)))
+	require.Equal(t, "FL004", sqlState(write(4)))
+	require.NoError(t, write(5), "the row's own token needs no check")
+	require.Equal(t, "42501", sqlState(write(int64(lease.Token()))), "a newer token needs USAGE on schema fencelock")
+	_, err = b.Pool.Exec(ctx, `GRANT USAGE ON SCHEMA fencelock TO `+roleOf(t, writer))
+	require.NoError(t, err)
+	require.NoError(t, write(int64(lease.Token())))
+	require.Equal(t, "FL008", sqlState(write(math.MaxInt64)))
+
+	_, app := testkit.NewRole(t, ctx, b.Pool, b.DB.URL, `GRANT USAGE ON SCHEMA fencelock TO %[1]s;
+		GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA fencelock TO %[1]s;
+		GRANT USAGE ON ALL SEQUENCES IN SCHEMA fencelock TO %[1]s;
+		GRANT SELECT, UPDATE ON public.stock TO %[1]s`)
+	for _, stmt := range []string{
+		`SELECT fencelock.unprotect_table('public.stock')`,
+		`SELECT fencelock.protect_table('public.stock', 'fence_token')`,
+		`ALTER TABLE public.stock DISABLE TRIGGER fencelock_refuse_stale_writes`,
+	} {
+		_, err := app.Exec(ctx, stmt)
+		require.Equal(t, "42501", sqlState(err), stmt)
+	}
+}
+
+// roleOf returns the quoted name of the role pool connects as.
+func roleOf(t *testing.T, pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) string {
+	t.Helper()
+	var role string
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT current_user`).Scan(&role))
+	return pgx.Identifier{role}.Sanitize()
 }

@@ -134,7 +134,10 @@ $$;
 --     refused with FL008 when it was never issued (fencelock.check_issued; with a resource,
 --     fencelock.fence checks it);
 --   * a row whose token column holds a token never issued (written before migration 00017)
---     does not refuse a smaller token: that value proves no newer grant.
+--     does not refuse a smaller token: that value proves no newer grant. Both read
+--     fencelock.issued_bound, which a writer reaches only with USAGE on schema fencelock: a
+--     writer without it is refused (42501) when its token would raise the row's, and refused
+--     as stale (FL004) when the row's is larger, made up or not (docs/SECURITY.md).
 CREATE OR REPLACE FUNCTION fencelock.refuse_stale_writes() RETURNS trigger
 LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, fencelock, pg_temp
@@ -170,15 +173,23 @@ BEGIN
     ELSIF v_token <= 0 THEN
         RAISE EXCEPTION 'fencelock: fencing token must be > 0, got %', v_token USING ERRCODE = 'FL007';
     ELSIF v_old > v_token THEN
-        IF (v_old > fencelock.issued_bound()) IS NOT TRUE THEN
+        -- Read the bound only for a writer that may (USAGE on schema fencelock: each statement
+        -- of PL/pgSQL is parsed when first reached, and the call's lookup needs it); any other
+        -- is refused as stale, as before migration 00017.
+        IF pg_catalog.has_schema_privilege('fencelock', 'USAGE') THEN
+            IF v_old > fencelock.issued_bound() THEN
+                v_old := NULL; -- never issued: proves no newer grant
+            END IF;
+        END IF;
+        IF v_old IS NOT NULL THEN
             RAISE EXCEPTION 'fencelock: stale fencing token % for table %.%: the row carries token %',
                 v_token, TG_TABLE_SCHEMA, TG_TABLE_NAME, v_old
                 USING ERRCODE = 'FL004', DETAIL = pg_catalog.format('current=%s', v_old);
         END IF;
-    ELSIF v_token > v_old OR v_old IS NULL THEN
-        IF TG_ARGV[1] = '' THEN
-            PERFORM fencelock.check_issued(v_token);
-        END IF;
+    END IF;
+    -- A token that raises the row's (fencelock.fence checks it where there is a resource).
+    IF (v_old IS NULL OR v_token > v_old) AND TG_ARGV[1] = '' THEN
+        PERFORM fencelock.check_issued(v_token);
     END IF;
     IF TG_ARGV[1] <> '' THEN
         PERFORM fencelock.fence(TG_ARGV[1], v_token); -- raises synchronous_commit too
