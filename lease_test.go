@@ -368,4 +368,3 @@ func TestGrantDrawsOneToken(t *testing.T) {
 		require.NoError(t, lease.Release(b.Ctx))
 	}
 }
-
