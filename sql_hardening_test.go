@@ -211,6 +211,22 @@ func TestProtectTableProtectsInheritanceChildren(t *testing.T) {
 	_, err = conn.Exec(b.Ctx, `SELECT fencelock.unprotect_table('orders')`)
 	require.NoError(t, err)
 	require.Zero(t, triggers(), "unprotect_table removes what protect_table attached")
+
+	// Partitions, attached before or after protect_table, carry PostgreSQL's clone of the
+	// partitioned table's trigger; unprotect_table removes it with the parent's.
+	_, err = conn.Exec(b.Ctx, `CREATE TABLE parts (id int, fence_token bigint) PARTITION BY LIST (id);
+		CREATE TABLE parts_1 PARTITION OF parts FOR VALUES IN (1);
+		SELECT fencelock.protect_table('parts');
+		CREATE TABLE parts_2 PARTITION OF parts FOR VALUES IN (2)`)
+	require.NoError(t, err)
+	for _, id := range []int{1, 2} {
+		_, err := writeWith(t, b.Ctx, conn, 0, `INSERT INTO parts VALUES ($1, NULL)`, id)
+		require.Equal(t, "FL006", sqlState(err), "partition %d", id)
+	}
+	_, err = conn.Exec(b.Ctx, `SELECT fencelock.unprotect_table('parts')`)
+	require.NoError(t, err)
+	require.NoError(t, conn.QueryRow(b.Ctx, `SELECT count(*) FROM pg_trigger WHERE tgname = 'fencelock_refuse_stale_writes'`).Scan(&n))
+	require.Zero(t, n)
 }
 
 // TestTokensNeverIssuedAreRefused: a token larger than every token the database has issued
