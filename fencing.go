@@ -22,7 +22,10 @@ import (
 // > 0. Errors: an [*ArgumentError] before any SQL; a [*StaleTokenError] (matching
 // [ErrStaleToken]) when a larger token has been seen: roll tx back at once, since it still
 // holds the fence row's lock and blocks every other fenced writer of the resource until it
-// ends; otherwise the pgx error, wrapped.
+// ends; an error matching [ErrTokenNotIssued] (SQLSTATE FL008, nothing written) when token is
+// larger than every token the database has issued; otherwise the pgx error, wrapped. A
+// high-water mark above every issued token (made up, and written before migration 00017) is
+// replaced by token.
 //
 // A fence row is the resource's memory of the newest token: never delete it on a timer. A
 // paused holder can wake up any time later with its old token, and a fence row swept in the
@@ -93,8 +96,10 @@ type Column struct {
 //
 // It returns the number of rows updated (>= 1) or: an [*ArgumentError] before any SQL; a
 // [*StaleTokenError] (matching [ErrStaleToken], with Table and Key set) when rows match key
-// but carry a larger token; an error wrapping [ErrNoRow] when no row matches key; otherwise the
-// pgx error, wrapped. The success path is one statement; telling stale from missing costs a
+// but carry a larger token; an error wrapping [ErrNoRow] when no row matches key; an error
+// matching [ErrTokenNotIssued] (SQLSTATE FL008, nothing updated) when token is larger than every
+// token the database has issued (a row whose token column holds such a made-up token is updated
+// by any issued one); otherwise the pgx error, wrapped. The success path is one statement; telling stale from missing costs a
 // second only on failure.
 func UpdateFencedTx(ctx context.Context, tx pgx.Tx, table pgx.Identifier, tokenColumn string, token Token, set []Column, key []Column) (int64, error) {
 	if tx == nil {
