@@ -35,6 +35,13 @@ var (
 		"internal/chaos", "internal/archcheck", ".ci", ".git", "testdata"}
 )
 
+// trapRoleSQL puts the trap schema first on the search_path of the current role in the current
+// database (the role's sessions there that start afterwards).
+const trapRoleSQL = `DO $$ BEGIN
+	EXECUTE pg_catalog.format('ALTER ROLE %I IN DATABASE %I SET search_path = %I, "$user", public',
+		current_user, pg_catalog.current_database(), '` + sqltrap.Schema + `');
+	END $$`
+
 // trapped is a database whose role's search_path starts with the trap schema.
 type trapped struct {
 	*bundle
@@ -69,12 +76,7 @@ func setupTrapped(t *testing.T) *trapped {
 	require.NoError(t, err)
 	_, err = conn.Exec(b.Ctx, script)
 	require.NoError(t, err)
-	_, err = conn.Exec(b.Ctx, `SELECT pg_catalog.set_config('fencelock.trap_db', pg_catalog.current_database(), false)`)
-	require.NoError(t, err)
-	_, err = conn.Exec(b.Ctx, `DO $$ BEGIN
-		EXECUTE pg_catalog.format('ALTER ROLE %I IN DATABASE %I SET search_path = %I, "$user", public',
-			current_user, pg_catalog.current_database(), '`+sqltrap.Schema+`');
-		END $$`)
+	_, err = conn.Exec(b.Ctx, trapRoleSQL)
 	require.NoError(t, err)
 
 	plainCfg, err := pgx.ParseConfig(b.DB.URL)
@@ -363,10 +365,7 @@ func TestSearchPathTrapMigrate(t *testing.T) {
 	require.NoError(t, err)
 	_, err = econn.Exec(tr.Ctx, script)
 	require.NoError(t, err)
-	_, err = econn.Exec(tr.Ctx, `DO $$ BEGIN
-		EXECUTE pg_catalog.format('ALTER ROLE %I IN DATABASE %I SET search_path = %I, "$user", public',
-			current_user, pg_catalog.current_database(), '`+sqltrap.Schema+`');
-		END $$`)
+	_, err = econn.Exec(tr.Ctx, trapRoleSQL)
 	require.NoError(t, err)
 	require.NoError(t, econn.Close(tr.Ctx))
 	pool := newPool(t, tr.Ctx, cfg.ConnString())
