@@ -355,3 +355,20 @@ func TestReleaseRefusesOtherOrigins(t *testing.T) {
 	}
 	require.Equal(t, before, readState(t, b.Ctx, b))
 }
+
+// TestNamePageKeepsCarriageReturns: the heading and <title> of a name page show a carriage
+// return in the name as one (a character reference), as the live part does, so that "a\rb"
+// and "a\nb" are told apart there too; before, the page carried the raw character, which an
+// HTML parser reads as a line feed.
+func TestNamePageKeepsCarriageReturns(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	base, _ := doorOpen(t, b)
+	for _, name := range []string{"a\rb", "a\r\nb", "a\nb"} {
+		body := get(t, b.Ctx, base+"name?n="+url.QueryEscape(name))
+		require.NotContains(t, body, "\r", "%q: a raw carriage return", name)
+		want := strings.ReplaceAll(name, "\r", "&#13;")
+		require.Contains(t, body, "<title>fencelock · Lease "+want+"</title>", "%q", name)
+		require.Contains(t, body, "<h1>Lease "+want+"</h1>", "%q", name)
+	}
+}

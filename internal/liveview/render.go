@@ -79,8 +79,14 @@ func RenderPage(p Page) ([]byte, error) {
 	p.Nav = Pages
 	var b bytes.Buffer
 	err := templates.ExecuteTemplate(&b, "page", p)
-	return b.Bytes(), err
+	return keepCR(b.Bytes()), err
 }
+
+// keepCR writes each carriage return of html as a character reference. html/template leaves a
+// carriage return as it is, which an HTML parser reads as a line feed (and an event stream as
+// the end of a line): as a reference, a name or holder with one reaches the page (its heading,
+// title and attributes) exactly, so "a\rb" and "a\nb" stay apart.
+func keepCR(html []byte) []byte { return bytes.ReplaceAll(html, []byte("\r"), []byte("&#13;")) }
 
 // fragment is what a page's live part needs: the snapshot, and what is derived from it.
 type fragment struct {
@@ -157,10 +163,7 @@ func (p *Poller) Fragment(v *View, page, name string, writes bool, window time.D
 	if err := templates.ExecuteTemplate(&b, tmpl, f); err != nil {
 		return nil, err
 	}
-	// html/template leaves a carriage return as it is, which an HTML parser reads as a line
-	// feed (and an event stream as the end of a line): as a character reference, a name or
-	// holder with one reaches the page's attributes exactly.
-	out := bytes.ReplaceAll(b.Bytes(), []byte("\r"), []byte("&#13;"))
+	out := keepCR(b.Bytes())
 	v.cache[key] = out
 	return out, nil
 }
