@@ -146,7 +146,12 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	if err != nil {
 		return dbError(fmt.Sprintf("release lease %q", name), err)
 	}
-	if err := tx.QueryRow(ctx, `SELECT count(*) FROM fencelock.lease_queue WHERE name = $1`, name).Scan(&res.Waiting); err != nil {
+	// The name's queue, and for a semaphore's permit (<semaphore>#<slot>) the semaphore's.
+	if err := tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM fencelock.lease_queue WHERE name = $1)
+		+ (SELECT count(*) FROM fencelock.semaphore_waiters AS w
+		   WHERE $1 ~ '#[0-9]+$' AND w.expires_at > clock_timestamp()
+		     AND w.semaphore = pg_catalog.left($1, pg_catalog.length($1) - pg_catalog.strpos(pg_catalog.reverse($1), '#')))`,
+		name).Scan(&res.Waiting); err != nil {
 		return dbError("read the queue", err)
 	}
 	if res.OldHolder == nil && expected == nil {
