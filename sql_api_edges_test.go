@@ -222,11 +222,13 @@ func TestSQLGuardLeaseRefusedUnderRepeatableReadAfterTakeover(t *testing.T) {
 }
 
 // try_acquire does not barge past a Go Acquire waiting for a lease whose TTL ran out, and renew
-// never revives a grant that expired.
+// never revives a grant that expired. A's grant is long, so that the Go waiter surely queues
+// behind it, and runs out when the test ends it (its expires_at set to the database clock's
+// now): a TTL of 300 ms raced the waiter's first attempt on a loaded machine (issue 39).
 func TestSQLTryAcquireDoesNotBargeAndRenewDoesNotRevive(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	tokA := sqlTryAcquire(t, b, "n", "A", 300*time.Millisecond)
+	tokA := sqlTryAcquire(t, b, "n", "A", time.Minute)
 	require.NotZero(t, tokA)
 	w := newLessor(t, b.Pool, "W")
 	got := make(chan *fencelock.Lease, 1)
@@ -238,6 +240,8 @@ func TestSQLTryAcquireDoesNotBargeAndRenewDoesNotRevive(t *testing.T) {
 		got <- lease
 	}()
 	awaitWaiters(t, b, "n", 1)
+	_, err := b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'n'`)
+	require.NoError(t, err)
 	deadline := time.Now().Add(time.Second)
 	for time.Now().Before(deadline) {
 		require.Zero(t, sqlTryAcquire(t, b, "n", "C", time.Minute), "try_acquire went around the Go waiter")
@@ -246,7 +250,7 @@ func TestSQLTryAcquireDoesNotBargeAndRenewDoesNotRevive(t *testing.T) {
 	lease := <-got
 	require.NotNil(t, lease)
 	require.Greater(t, lease.Token(), tokA)
-	_, err := b.Pool.Exec(b.Ctx, `SELECT fencelock.renew('n', 'A', $1, '1 minute'::interval)`, int64(tokA))
+	_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.renew('n', 'A', $1, '1 minute'::interval)`, int64(tokA))
 	require.Equal(t, "FL005", sqlState(err), "renew of an expired, taken-over grant")
 	var released bool
 	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT fencelock.release('n', 'A', $1)`, int64(tokA)).Scan(&released))
