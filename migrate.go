@@ -43,6 +43,11 @@ const migrateStateSQL = `SELECT pg_catalog.to_regnamespace('fencelock') IS NOT N
 // notice a lock lost mid-run (its backend terminated): the migrations go on, each in its own
 // transaction, as with goose's own lockers.
 //
+// Each migration runs with its search_path pinned to pg_catalog, pg_temp for its transaction
+// (SET LOCAL), whatever the role's or the connection's own: no object that another role
+// created in a schema of that path can slip into what a migration creates or runs
+// (docs/SECURITY.md). The connection keeps its own search_path afterwards.
+//
 // Migration 00003 makes tokens epoch tokens (see [Token]): every token issued after it is
 // larger than every token issued before. It refuses, with an error wrapping [ErrTokenBudget]
 // and changing nothing, a database whose token sequence is already past 2^47 - 1.

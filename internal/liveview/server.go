@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -128,11 +129,51 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request, page string) {
 	_, _ = w.Write(body)
 }
 
-// events streams a page's live part as server-sent events, one "update" event per poll,
-// until the client leaves or the server closes.
+// maxStreamPages bounds the pages of one event stream: each costs a fragment per poll.
+const maxStreamPages = 64
+
+// streamPage is one page of an event stream, and the name of its events.
+type streamPage struct{ page, name, event string }
+
+// streamPages returns the pages a request for an event stream asks for: each "page" value in
+// order, a "name" page taking the next "n" value; false if one is unknown, a name page has no
+// name, one is asked twice, or there are more than maxStreamPages. One page's events are
+// named "update"; with several, page i's are "update i".
+func streamPages(q url.Values) ([]streamPage, bool) {
+	pages, names := q["page"], q["n"]
+	if len(pages) == 0 || len(pages) > maxStreamPages {
+		return nil, false
+	}
+	out := make([]streamPage, 0, len(pages))
+	seen := make(map[streamPage]bool, len(pages))
+	for i, page := range pages {
+		sp := streamPage{page: page, event: "update"}
+		if len(pages) > 1 {
+			sp.event = "update " + strconv.Itoa(i)
+		}
+		if page == "name" {
+			if len(names) == 0 || names[0] == "" {
+				return nil, false
+			}
+			sp.name, names = names[0], names[1:]
+		}
+		k := streamPage{page: sp.page, name: sp.name}
+		if !knownPage(page) || seen[k] {
+			return nil, false
+		}
+		seen[k] = true
+		out = append(out, sp)
+	}
+	return out, true
+}
+
+// events streams the live part of each page asked for (see streamPages) as server-sent
+// events, one event per page per poll, until the client leaves or the server closes. The
+// tabs of a browser share one stream of the pages they show (app.js): over HTTP/1.1 a
+// browser opens at most six connections per host, and a stream holds one for good.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	page, name := r.URL.Query().Get("page"), r.URL.Query().Get("n")
-	if !knownPage(page) || (page == "name" && name == "") {
+	pages, ok := streamPages(r.URL.Query())
+	if !ok {
 		http.Error(w, "unknown page", http.StatusBadRequest)
 		return
 	}
@@ -155,11 +196,16 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	for {
 		v, changed := s.poller.Current()
 		if v != sent && v.Polls > 0 {
-			frag, err := s.poller.Fragment(v, page, name, s.cfg.Writer != nil, s.cfg.Window)
-			if err != nil {
-				return
+			for _, p := range pages {
+				frag, err := s.poller.Fragment(v, p.page, p.name, s.cfg.Writer != nil, s.cfg.Window)
+				if err != nil {
+					return
+				}
+				if err := writeEvent(w, p.event, frag); err != nil {
+					return
+				}
 			}
-			if err := writeEvent(w, "update", frag); err != nil || rc.Flush() != nil {
+			if rc.Flush() != nil {
 				return
 			}
 			sent = v
