@@ -371,6 +371,9 @@ func TestSearchPathTrapMigrate(t *testing.T) {
 	pool := newPool(t, tr.Ctx, cfg.ConnString())
 	require.NoError(t, fencelock.Migrate(tr.Ctx, pool))
 	require.NoError(t, fencelock.Migrate(tr.Ctx, pool)) // nothing pending: reads the version table
+	var path string
+	require.NoError(t, pool.QueryRow(tr.Ctx, `SHOW search_path`).Scan(&path))
+	require.True(t, strings.HasPrefix(path, sqltrap.Schema), "Migrate left a connection with search_path %q", path)
 	lease, err := newLessor(t, pool, "after-migrate").TryAcquire(tr.Ctx, "x", time.Minute)
 	require.NoError(t, err)
 	require.NoError(t, lease.Release(tr.Ctx))
