@@ -98,11 +98,21 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Term, error) {
 // just after the read at its expiry). Where LISTEN cannot be trusted (behind a pooler that
 // shares sessions) or while the listening connection is down, the observer reads the leader
 // every min(250 ms, TTL/4) instead, and again as soon as LISTEN is back; while reads fail it
-// tries again with a backoff. Each read is bounded by max(TTL, 5 s). States reach the channel
-// in the order they happened, terms rising; one that lasted less than a read is not delivered
-// when the next replaced it before the read. A receiver that does not keep up holds the
-// observer back, not the pool's listening connection: a notification that comes meanwhile
-// makes the observer read again once, when the receiver takes the state.
+// tries again with a backoff.
+//
+// The observer reads on a session of its own, watched as the pool's listening connection is:
+// after 2 s without an answer (a read's or a probe's) it is probed with an empty statement,
+// and a read or probe not answered within 2 s closes it (the next read opens another, waiting
+// at most 5 s for it). So a listening connection or reading session that dies silently (a
+// half-open TCP flow: a NAT or firewall that dropped it, a vanished peer) is noticed within
+// 4 s of its last answer, whatever the TTL, and a change made meanwhile reaches the channel
+// within those 4 s plus a hand-off: a new session and a read (milliseconds on a healthy
+// network). The probe costs an idle observer one empty statement per 2 s.
+//
+// States reach the channel in the order they happened, terms rising; one that lasted less
+// than a read is not delivered when the next replaced it before the read. A receiver that does
+// not keep up holds the observer back, not the pool's listening connection: a notification
+// that comes meanwhile makes the observer read again once, when the receiver takes the state.
 //
 // Safe for concurrent use; each call has its own channel.
 func (e *Election) Observe(ctx context.Context) <-chan LeaderInfo {

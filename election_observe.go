@@ -16,6 +16,10 @@ import (
 // often than a quarter of the term's TTL.
 const observePoll = 250 * time.Millisecond
 
+// observeAcquireTimeout bounds taking a session for the observer's reads (a new connection
+// when the pool has no idle one), as the notifier's bounds opening its own.
+const observeAcquireTimeout = 5 * time.Second
+
 // LeaderInfo is the state of an election: who leads, in which term, and what it proclaimed.
 // The zero LeaderInfo (Token 0) means nobody leads.
 type LeaderInfo struct {
@@ -37,8 +41,11 @@ type observer struct {
 	// conn is the observer's own session for its reads, taken from the pool and hijacked (the
 	// pool's slot freed), as before the shared notifier: an observer needs nothing of its pool
 	// once it observes, so a saturated pool does not hold its states back. Closed after a
-	// failed read (the next read takes another) and when the observer ends.
+	// failed read or probe (the next read takes another) and when the observer ends.
 	conn *pgx.Conn
+	// alive is when conn last answered (a read or a probe), on the local monotonic clock: it
+	// is probed notify.ProbeAfter later unless a read answers first.
+	alive time.Time
 }
 
 // observeLeader is Election.Observe's goroutine, for the election name of lessor l with terms
@@ -79,34 +86,85 @@ func observeLeader(ctx context.Context, l *Lessor, name string, ttl time.Duratio
 				wait = min(wait, poll)
 			}
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !o.await(ctx, wait, wake) {
 			return
-		case <-t.C:
-		case <-wake:
-			t.Stop()
 		}
 	}
 }
 
+// await waits until d has passed or wake fires (true), or ctx ends (false), and meanwhile
+// probes the observer's session as the notifier probes its listening connection: a half-open
+// TCP flow (a NAT or firewall that dropped the idle flow, a vanished peer) gives no error, and
+// the next read would otherwise find it dead only when its own deadline ends. Once the
+// session has been quiet for notify.ProbeAfter, an empty statement must be answered within
+// notify.ProbeTimeout; a session that does not answer is closed, and await returns at once for
+// a read on another session, since notifications may have been lost with it.
+func (o *observer) await(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	probe := time.NewTimer(notify.ProbeAfter)
+	defer probe.Stop()
+	for {
+		var probeC <-chan time.Time
+		if o.conn != nil {
+			probe.Reset(time.Until(o.alive.Add(notify.ProbeAfter)))
+			probeC = probe.C
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			return true
+		case <-wake:
+			return true
+		case <-probeC:
+			if err := o.probe(ctx); err != nil {
+				if ctx.Err() != nil {
+					return false
+				}
+				o.l.cfg.common.logger.Warn("fencelock: election observer: its session did not answer a probe; reading on another",
+					"election", o.name, "error", err)
+				return true
+			}
+		}
+	}
+}
+
+// probe sends an empty statement on the observer's session, which must answer within
+// notify.ProbeTimeout; one that does not is closed.
+func (o *observer) probe(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, notify.ProbeTimeout)
+	err := o.conn.Ping(pctx)
+	cancel()
+	if err != nil {
+		o.closeConn()
+		return err
+	}
+	o.alive = time.Now()
+	return nil
+}
+
 // read reads the leader, delivers it if it changed, and returns how long until the current
-// term lapses (a day when nobody leads; the caller caps every wait at the TTL).
+// term lapses (a day when nobody leads; the caller caps every wait at the TTL). Taking a
+// session is bounded by observeAcquireTimeout; the statement, like a probe, by
+// notify.ProbeTimeout (a read on a silently dead session fails as its probe would).
 func (o *observer) read(ctx context.Context) (time.Duration, error) {
-	rctx, cancel := context.WithTimeout(ctx, max(o.ttl, 5*time.Second))
 	if o.conn == nil {
-		c, err := o.l.pool.Acquire(rctx)
+		actx, cancel := context.WithTimeout(ctx, observeAcquireTimeout)
+		c, err := o.l.pool.Acquire(actx)
+		cancel()
 		if err != nil {
-			cancel()
 			return 0, err
 		}
 		o.conn = c.Hijack()
 	}
+	rctx, cancel := context.WithTimeout(ctx, notify.ProbeTimeout)
 	row, err := o.l.q.ElectionLeader(rctx, o.conn, o.name)
 	cancel()
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		o.closeConn() // its state is unknown: the next read takes another session
+	} else {
+		o.alive = time.Now()
 	}
 	var info LeaderInfo
 	wait := 24 * time.Hour
@@ -136,6 +194,11 @@ func (o *observer) read(ctx context.Context) (time.Duration, error) {
 func (o *observer) closeConn() {
 	if o.conn == nil {
 		return
+	}
+	if o.conn.IsClosed() {
+		// pgx gave up on it (a read or probe past its deadline) and would drain it for up to
+		// 15 s before closing its socket: close the socket now, as the notifier does.
+		_ = o.conn.PgConn().Conn().Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

@@ -103,14 +103,22 @@ type Options struct {
 	Backoff func(attempt int) time.Duration
 }
 
-// The listening connection's health: after probeAfter without a notification, the notifier
-// sends a probe (an empty statement) that must be answered within probeTimeout, else the
+// The listening connection's health: after ProbeAfter without a notification, the notifier
+// sends a probe (an empty statement) that must be answered within ProbeTimeout, else the
 // connection is taken for dead, closed, and opened again; subscribers poll meanwhile. So a
-// connection that died silently is noticed within probeAfter + probeTimeout (4 s) of its last
-// sign of life. Variables, for the tests of this package.
+// connection that died silently is noticed within ProbeAfter + ProbeTimeout (4 s) of its last
+// sign of life. Exported for the sessions that must be noticed dead within the same bound (an
+// election observer's reading session).
+const (
+	ProbeAfter   = 2 * time.Second
+	ProbeTimeout = 2 * time.Second
+)
+
+// probeAfter and probeTimeout are the notifier's ProbeAfter and ProbeTimeout; variables, for
+// the tests of this package.
 var (
-	probeAfter   = 2 * time.Second
-	probeTimeout = 2 * time.Second
+	probeAfter   = ProbeAfter
+	probeTimeout = ProbeTimeout
 )
 
 const (
