@@ -175,17 +175,20 @@ func (o rebaseOption) applyRebase(c *rebaseConfig) error { return o(c) }
 const maxSlotName = 63
 
 // ExceptSlot leaves the physical replication slot name out of the slots [RebaseTokenEpochOpts]
-// waits for: for a slot whose standby is gone and will not be promoted (decommissioned, or
-// to be rebuilt from a new base backup), which would otherwise keep the call waiting until its
-// ctx ends, the rebase never reaching it. Such a standby, if promoted after all, lacks the
-// rebase: call RebaseTokenEpoch on it with atLeast = the rebased epoch + 1 before any grant
-// there (or drop the slot, pg_drop_replication_slot, and the call no longer waits for it).
-// Only the slot is left out: a standby streaming through it is still waited for, as one
-// streaming without a slot is. A name that no slot has changes nothing (a misspelled one
-// leaves the slot meant waited for, and the error names it). Give it once per slot.
+// waits for. It is for a slot whose standby is gone and will not be promoted (decommissioned,
+// or to be rebuilt from a new base backup): the rebase never reaches such a slot, which would
+// keep the call waiting until its ctx ends. Dropping the slot (pg_drop_replication_slot) ends
+// the wait for it too, and stops it holding WAL on the primary. Such a standby, if promoted
+// after all, lacks the rebase: call RebaseTokenEpoch on it with atLeast = the rebased epoch +
+// 1 before any grant there. Only the slot is left out: a standby streaming through it is still
+// waited for, as one streaming without a slot is. A name that no slot has changes nothing (a
+// misspelled one leaves the slot meant waited for, and the error names it). Give it once per
+// slot.
 //
 // name must be a valid slot name, as PostgreSQL requires: 1 to 63 characters, each a lower
 // case letter, a digit or an underscore; otherwise the call returns an [*ArgumentError].
+//
+// Default: every physical slot with a restart_lsn is waited for.
 func ExceptSlot(name string) RebaseOption {
 	return rebaseOption(func(c *rebaseConfig) error {
 		if name == "" || len(name) > maxSlotName {
