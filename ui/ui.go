@@ -57,11 +57,15 @@
 //
 // The standard library only, beside pgx: net/http (its ServeMux patterns, server-sent events
 // through [http.ResponseController], [http.CrossOriginProtection]), html/template (every value
-// escaped; the timeline is SVG drawn by the template), embed (the page's script, about 100
+// escaped; the timeline is SVG drawn by the template), embed (the page's script, about 200
 // lines, and its style, committed and served from the binary: no build step, nothing fetched
 // at run time). Server-sent events rather than WebSockets: one direction is all a live view
 // needs, browsers reconnect by themselves, and the standard library serves them; a page
-// morphs its live part in place rather than replacing it. The peers operators like (River UI,
+// morphs its live part in place rather than replacing it. The tabs of one browser share one
+// event stream ("events?page=A&page=B...", one event name per page), held by a SharedWorker
+// that the page's script starts from itself: over HTTP/1.1 a browser opens six connections per
+// host, and a stream per tab left a seventh tab unable to load (issue 39). A browser without
+// SharedWorker opens a stream per tab, as before. The peers operators like (River UI,
 // Consul's UI) carry a JavaScript build and a bundler; a library page embedded in a user's
 // admin server should not. A consumer that does not import package ui compiles none of it.
 package ui
@@ -233,7 +237,8 @@ func New(reader *pgxpool.Pool, opts ...Option) (*Handler, error) {
 
 // ServeHTTP serves the pages (leases at "/" and "leases", "advisory", "semaphores",
 // "elections", "jobs", "fences", "ratelimits", "name?n=NAME"), their event streams
-// ("events") and forced releases (POST "release"), all at paths relative to where it is
+// ("events?page=P", or several pages' in one: "events?page=P&page=name&n=NAME...") and forced
+// releases (POST "release"), all at paths relative to where it is
 // mounted.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	select {
