@@ -409,7 +409,9 @@ BEGIN
     IF pg_catalog.pg_is_in_recovery() THEN
         RETURN NULL;
     END IF;
-    SELECT (greatest(fencelock.timeline() + coalesce(e.epoch_offset, 0), e.last_epoch, k.top)::bigint << 47)
+    -- fencelock.timeline()'s expression, written out: a call costs a function's setup.
+    SELECT (greatest(('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint
+                     + coalesce(e.epoch_offset, 0), e.last_epoch, k.top)::bigint << 47)
            | coalesce(pg_catalog.pg_sequence_last_value('fencelock.leases_token_seq'::regclass), 0)
     INTO v_bound
     FROM (SELECT max(m.epoch) AS top FROM fencelock.token_epoch_marks AS m) AS k
@@ -967,9 +969,13 @@ $$;
 --
 
 CREATE FUNCTION fencelock.semaphore_creation_key(sem text) RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
-    AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 0) $$;
+    AS $$
+BEGIN
+    RETURN pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 0);
+END
+$$;
 
 --
 -- Name: semaphore_dispatch(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
@@ -1212,9 +1218,13 @@ $$;
 --
 
 CREATE FUNCTION fencelock.semaphore_row_key(sem text) RETURNS bigint
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
-    AS $$ SELECT pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 1) $$;
+    AS $$
+BEGIN
+    RETURN pg_catalog.hashtextextended('fencelock.semaphores ' || sem, 1);
+END
+$$;
 
 --
 -- Name: semaphore_set_limit(text, integer); Type: FUNCTION; Schema: fencelock; Owner: -
@@ -1272,9 +1282,13 @@ $$;
 --
 
 CREATE FUNCTION fencelock.semaphore_slots(sem text, n integer) RETURNS text[]
-    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE
     SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
-    AS $$ SELECT ARRAY(SELECT sem || '#' || i FROM pg_catalog.generate_series(0, n - 1) AS i) $$;
+    AS $$
+BEGIN
+    RETURN ARRAY(SELECT sem || '#' || i FROM pg_catalog.generate_series(0, n - 1) AS i);
+END
+$$;
 
 --
 -- Name: semaphore_wake(text, bigint, timestamp with time zone); Type: FUNCTION; Schema: fencelock; Owner: -
@@ -1312,10 +1326,12 @@ $$;
 --
 
 CREATE FUNCTION fencelock.timeline() RETURNS bigint
-    LANGUAGE sql
+    LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
     AS $$
-SELECT ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint
+BEGIN
+    RETURN ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint;
+END
 $$;
 
 --

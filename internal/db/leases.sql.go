@@ -90,9 +90,13 @@ func (q *Queries) LeaseFence(ctx context.Context, db DBTX, arg LeaseFenceParams)
 const leaseGrant = `-- name: LeaseGrant :one
 WITH fast AS MATERIALIZED (
     -- The epoch of the inline draw, read once, when a draw first needs it (see above); no row
-    -- when the draw must go through next_token.
+    -- when the draw must go through next_token. The timeline is fencelock.timeline()'s
+    -- expression, written out: that function pins its search_path (migration 00017), which
+    -- keeps the planner from inlining it, and a call would cost the grant a SQL function's
+    -- parse and plan.
     SELECT e.last_epoch::bigint AS epoch FROM fencelock.token_epoch AS e, pg_catalog.pg_sequence AS q
-    WHERE e.id AND e.last_epoch = fencelock.timeline() + e.epoch_offset AND e.last_epoch <= 65535
+    WHERE e.id AND e.last_epoch = ('x' || pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_insert_lsn()), 1, 8))::bit(32)::bigint + e.epoch_offset
+      AND e.last_epoch <= 65535
       AND q.seqrelid = 'fencelock.leases_token_seq'::regclass::oid
       AND q.seqcache = 1 AND NOT q.seqcycle AND q.seqincrement > 0
       AND NOT EXISTS (SELECT 1 FROM fencelock.token_epoch_marks)
