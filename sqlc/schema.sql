@@ -128,11 +128,10 @@ $$;
 CREATE FUNCTION fencelock.force_release(lease_name text, fence text[], expected_token bigint DEFAULT NULL::bigint) RETURNS TABLE(old_holder text, old_token bigint, lapsed boolean, new_token bigint, handed_to text)
     LANGUAGE plpgsql
     SET search_path TO 'pg_catalog', 'fencelock', 'pg_temp'
-    AS $_$
+    AS $$
 DECLARE
     cur record;
     outcome integer;
-    sem text;
 BEGIN
     LOOP
         INSERT INTO fencelock.leases (name, holder, token, acquired_at, expires_at)
@@ -153,18 +152,7 @@ BEGIN
         RETURN NEXT; -- not the grant the caller meant: nothing changed
         RETURN;
     END IF;
-    IF cur.held AND lease_name ~ '#[0-9]+$' THEN
-        -- A permit of a semaphore (its name, '#', its slot): released as its holder's release
-        -- does, which gives it to the head of the semaphore's queue, or frees it and wakes the
-        -- head (fencelock.semaphore_release). The permit's row is this transaction's already.
-        SELECT s.name INTO sem FROM fencelock.semaphores AS s
-        WHERE s.name = pg_catalog.left(lease_name, pg_catalog.length(lease_name) - pg_catalog.strpos(pg_catalog.reverse(lease_name), '#'));
-    END IF;
-    IF sem IS NOT NULL THEN
-        PERFORM fencelock.semaphore_release(sem, lease_name, cur.holder, cur.token);
-        SELECT CASE WHEN l.token <> cur.token AND l.expires_at > pg_catalog.clock_timestamp() THEN 2 ELSE 1 END
-        INTO outcome FROM fencelock.leases AS l WHERE l.name = lease_name;
-    ELSIF cur.held THEN
+    IF cur.held THEN
         outcome := fencelock.hand_off(lease_name, cur.holder, cur.token);
     END IF;
     IF outcome IN (2, 3) THEN
@@ -176,11 +164,11 @@ BEGIN
         WHERE l.name = lease_name;
     END IF;
     INSERT INTO fencelock.fences AS f (resource, token)
-    SELECT DISTINCT r, new_token FROM pg_catalog.unnest(fence) AS r
+    SELECT DISTINCT r, new_token FROM unnest(fence) AS r
     ON CONFLICT (resource) DO UPDATE SET token = greatest(f.token, excluded.token);
     RETURN NEXT;
 END
-$_$;
+$$;
 
 --
 -- Name: grant_all(text[], text, bigint); Type: FUNCTION; Schema: fencelock; Owner: -
