@@ -20,32 +20,34 @@ import (
 // uiTabs is how many tabs of the live view the tests of tabs open in one browser: more than
 // the six connections per host a browser opens over HTTP/1.1 (issue 39, item 3: with an event
 // stream per tab, a tab opened after six others never loaded).
-const uiTabs = 10
+//
+// Seven, not more, and the two tests of tabs do not run in parallel: every tab is a renderer
+// process, and ten of them twice over, beside the rest of the suite on 2 cores, made the
+// heartbeat tests of other packages miss their windows.
+const uiTabs = 7
 
-// uiTabsPromptness bounds how soon after the commit of a hand-off every one of the ten tabs
+// uiTabsPromptness bounds how soon after the commit of a hand-off every one of the tabs
 // must show it. The issue asks for uiPromptness (1 s), and a quiet machine shows it in 115-230
 // ms; but ten renderer processes on a loaded 2-core machine were seen at up to 1.4 s, which is
 // the machine's speed, not the shared stream's. The test asserts that every tab stays live
 // (it showed nothing, ever, in the seventh tab before), with a bound a loaded machine meets.
 const uiTabsPromptness = 3 * time.Second
 
-// uiTabLoad bounds a tab's navigation and its first event: ten tabs opening under load.
+// uiTabLoad bounds a tab's navigation and its first event: the tabs opening under load.
 const uiTabLoad = 30 * time.Second
 
-// The live view in ten tabs of one address: every tab loads and shows a hand-off within
+// The live view in uiTabs tabs of one address: every tab loads and shows a hand-off within
 // uiTabsPromptness of the database's commit of the release that made it.
 func TestUIBrowserTabsOfOnePage(t *testing.T) {
-	t.Parallel()
 	b, tabs, lease := uiTabsOf(t, func(int) string { return "leases" })
 	uiHandOffInTabs(t, b, tabs, lease, "holder-b")
 }
 
-// The live view in ten tabs of two pages (leases, and the name page of the lease handed
+// The live view in uiTabs tabs of two pages (leases, and the name page of the lease handed
 // off), alternating: every tab loads and shows a hand-off within uiTabsPromptness; then, the
 // tabs of the leases page gone (closed, or gone to another address), the tabs of the name
 // page show the next hand-off within uiTabsPromptness too.
 func TestUIBrowserTabsOfTwoPages(t *testing.T) {
-	t.Parallel()
 	b, tabs, lease := uiTabsOf(t, func(i int) string {
 		if i%2 == 0 {
 			return "leases"
