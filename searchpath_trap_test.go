@@ -283,8 +283,18 @@ func TestSearchPathTrapPaths(t *testing.T) {
 			if _, err := lessor.TryAcquire(ctx, "trap:forced", time.Minute); err != nil {
 				return err
 			}
-			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				_, err := forcedrelease.Run(ctx, tx, "trap:forced", []string{"trap:forced"}, nil)
+				return err
+			}); err != nil {
+				return err
+			}
+			// A semaphore's permit (migration 00018: through semaphore_release).
+			if _, err := fencetest.NewSemaphore(t, pool, "trap-f1", "trap:fsem", 1).TryAcquire(ctx, time.Minute); err != nil {
+				return err
+			}
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				_, err := forcedrelease.Run(ctx, tx, "trap:fsem#0", nil, nil)
 				return err
 			})
 		}},

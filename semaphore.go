@@ -56,9 +56,12 @@ const maxSemaphoreName = MaxNameLength - len("#9999")
 // [Backoff] pause (at most 20 ms), instead of queueing in the database behind that transaction.
 // A grant attempt still waits for a SetLimit that is running (it holds the semaphore's row
 // meanwhile), for a page added to the permits' table, and, when its grant wakes waiters, for
-// PostgreSQL's lock on notifying commits (docs/PERFORMANCE.md, issue 30). A permit lost by its
-// TTL, or ended by `fencelock release --force`, goes to the waiters when it is reclaimed: the
-// head of the queue tries again when the next reclaim is due. Behind a pooler (PgBouncer in
+// PostgreSQL's lock on notifying commits (docs/PERFORMANCE.md, issue 30). A permit ended by
+// `fencelock release --force` (or the live view's forced release) goes to the head of the queue
+// as its holder's release does: given with a fresh token, or freed with the head told to take
+// it, and the command says which (migrations/00018_forced_permit_release.sql). A permit lost by
+// its TTL goes to the waiters when it is reclaimed: the head of the queue tries again when the
+// next reclaim is due. Behind a pooler (PgBouncer in
 // transaction mode) waiters poll with the lessor's [Backoff] and find the permit given to them.
 // Each Acquire has a place of its own, so one lessor may hold and wait for several permits of a
 // semaphore at once.

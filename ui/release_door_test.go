@@ -372,3 +372,40 @@ func TestNamePageKeepsCarriageReturns(t *testing.T) {
 		require.Contains(t, body, "<h1>Lease "+want+"</h1>", "%q", name)
 	}
 }
+
+// TestReleaseOfPermitGoesToHead: the page's forced release of a semaphore's permit ("S#0")
+// gives it to the head of the semaphore's queue, and its answer names that waiter (migration
+// 00018; before, the permit went to nobody and the answer named nobody). The head's own
+// attempt, running at that instant, makes the release free the permit and wake the head
+// instead: the answer then says so.
+func TestReleaseOfPermitGoesToHead(t *testing.T) {
+	t.Parallel()
+	b := testkit.Setup(t)
+	base, good := doorOpen(t, b)
+	hs, err := fencelock.NewSemaphore(fencetest.NewLessor(t, b.Pool, "worker-1"), "door-sem", 1)
+	require.NoError(t, err)
+	ws, err := fencelock.NewSemaphore(fencetest.NewLessor(t, b.Pool, "worker-2"), "door-sem", 1)
+	require.NoError(t, err)
+	permit, err := hs.TryAcquire(b.Ctx, time.Minute)
+	require.NoError(t, err)
+	got := make(chan *fencelock.Lease, 1)
+	go func() {
+		l, err := ws.Acquire(b.Ctx, 10*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	testkit.WaitFor(t, b.Ctx, "worker-2 to queue for the semaphore", func() bool {
+		var n int
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = 'door-sem'`).Scan(&n))
+		return n == 1
+	})
+	code, msg := releaseForm(t, b.Ctx, base, good, "door-sem#0", "worker-1", int64(permit.Token()))
+	require.Equal(t, http.StatusOK, code, msg)
+	require.Regexp(t, `; (handed to worker-2|freed, and the head of the queue, worker-2, woken to take it)$`, msg)
+	l := <-got
+	require.NotNil(t, l)
+	require.Greater(t, l.Token(), permit.Token())
+	require.NoError(t, l.Release(b.Ctx))
+}

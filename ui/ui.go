@@ -45,7 +45,8 @@
 //
 // The view is read-only unless built [WithForcedRelease]: a page then offers, for each held
 // lease, a forced release with the semantics of `fencelock release --force NAME --token T`
-// (the grant ends; the lease goes to the head of its queue with a fresh token or stays free;
+// (the grant ends; the lease goes to the head of its queue with a fresh token or stays free,
+// a semaphore's permit to the head of the semaphore's queue, and the answer names who got it;
 // the high-water mark of NAME and of the resources given is raised to that token, so the old
 // holder's fenced writes are refused). The page asks for a confirmation naming the holder and
 // the token; the request must come from the page itself (Go's [http.CrossOriginProtection]

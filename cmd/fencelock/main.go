@@ -62,7 +62,9 @@
 //
 // release --force NAME ends the current grant of lease NAME, whoever holds it, by
 // fencelock.force_release: the lease goes to the head of its queue with a fresh token (or stays
-// free), and the high-water mark of NAME and of each --fence RESOURCE is raised to that token,
+// free; a semaphore's permit, "S#i", goes to the head of the semaphore's queue as its holder's
+// release would give it, or is freed with that head told to take it, and the output says
+// "handed to" or "woke the head of the queue"), and the high-water mark of NAME and of each --fence RESOURCE is raised to that token,
 // so the old holder's fenced writes are rejected when it wakes up:
 //
 //	$ fencelock release --force payment:42 --fence ledger:42

@@ -28,6 +28,7 @@ type releaseResult struct {
 	Lapsed    bool     `json:"lapsed"`     // the last grant had expired already (not taken over): fenced out, nothing ended
 	NewToken  *int64   `json:"new_token"`  // the token that now fences the old holder out; null when nothing changed (--token did not match)
 	HandedTo  *string  `json:"handed_to"`  // the waiter the lease went to, with NewToken; null if none
+	Woken     *string  `json:"woken"`      // a semaphore's permit freed, not given: the head of the semaphore's queue, told to take it; null if none
 	Waiting   int64    `json:"waiting"`    // live waiters left in the queue
 	Fenced    []string `json:"fenced"`     // resources whose high-water mark is now at least NewToken; empty when nothing changed
 }
@@ -132,7 +133,7 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	go func() { found <- watchBlockers(ctx, pool, pid, pollEvery(lockTimeout), stop) }()
 	res := releaseResult{Lease: name, Fenced: resources}
 	fr, err := forcedrelease.Run(ctx, tx, name, resources, expected)
-	res.OldHolder, res.OldToken, res.Lapsed, res.NewToken, res.HandedTo = fr.OldHolder, fr.OldToken, fr.Lapsed, fr.NewToken, fr.HandedTo
+	res.OldHolder, res.OldToken, res.Lapsed, res.NewToken, res.HandedTo, res.Woken = fr.OldHolder, fr.OldToken, fr.Lapsed, fr.NewToken, fr.HandedTo, fr.Woken
 	close(stop)
 	blockers := <-found
 	if forcedrelease.Deadlock(err) {
@@ -214,6 +215,8 @@ func describeRelease(r releaseResult) string {
 	switch {
 	case r.HandedTo != nil:
 		then = "handed to " + cell(*r.HandedTo)
+	case r.Woken != nil:
+		then = "freed; woke the head of the queue, " + cell(*r.Woken) + ", to take it"
 	case r.Waiting > 0:
 		then = "woke the next waiter to take it"
 	}

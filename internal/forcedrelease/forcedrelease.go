@@ -17,13 +17,17 @@ import (
 // Result is fencelock.force_release's row. OldHolder and OldToken are the lease's last grant
 // (nil when it never had one, or not since its last forced release); Lapsed says that grant
 // had expired already; NewToken fences it out (nil when expected did not match: nothing
-// changed); HandedTo is the waiter that got the lease with NewToken, if any.
+// changed); HandedTo is the waiter that got the lease with NewToken, if any. Woken is, for a
+// semaphore's permit (<semaphore>#<slot>, migration 00018) that was freed rather than given,
+// the head of the semaphore's queue, told to take it (its own attempt was running at that
+// instant, or it does not listen): nil when nobody waited.
 type Result struct {
 	OldHolder *string
 	OldToken  *int64
 	Lapsed    bool
 	NewToken  *int64
 	HandedTo  *string
+	Woken     *string
 }
 
 // SetLockTimeout sets tx's lock_timeout to d, rounded up to whole milliseconds (0: wait
@@ -48,14 +52,15 @@ func LockTimeoutSetting(d time.Duration) string {
 
 // Run calls fencelock.force_release(name, fences, expected) in tx: it ends the lease's last
 // grant (only the one with token expected, when expected is not nil), hands the lease to the
-// head of its queue with a fresh token or leaves it free, and raises the high-water mark of
+// head of its queue with a fresh token (for a semaphore's permit, the head of the semaphore's
+// queue, or frees the permit and tells that head to take it) or leaves it free, and raises the high-water mark of
 // each of fences to that token. Committing or rolling back is the caller's. Errors are the
 // statement's; [LockTimeout] and [Deadlock] tell the two a caller retries.
 func Run(ctx context.Context, tx pgx.Tx, name string, fences []string, expected *int64) (Result, error) {
 	var r Result
 	var lapsed *bool
-	err := tx.QueryRow(ctx, `SELECT old_holder, old_token, lapsed, new_token, handed_to FROM fencelock.force_release($1, $2, $3)`,
-		name, fences, expected).Scan(&r.OldHolder, &r.OldToken, &lapsed, &r.NewToken, &r.HandedTo)
+	err := tx.QueryRow(ctx, `SELECT old_holder, old_token, lapsed, new_token, handed_to, woken FROM fencelock.force_release($1, $2, $3)`,
+		name, fences, expected).Scan(&r.OldHolder, &r.OldToken, &lapsed, &r.NewToken, &r.HandedTo, &r.Woken)
 	r.Lapsed = lapsed != nil && *lapsed
 	return r, err
 }

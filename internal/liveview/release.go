@@ -113,13 +113,16 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request) {
 		msg = fmt.Sprintf("lease %q: the grant of %s (token %d) had lapsed; fenced with token %d (%s)", name, holder, token, res.newToken, strings.Join(fences, ", "))
 	case res.handedTo != "":
 		msg += "; handed to " + res.handedTo
+	case res.woken != "":
+		msg += "; freed, and the head of the queue, " + res.woken + ", woken to take it"
 	}
 	reply(http.StatusOK, releaseReply{OK: true, Message: msg, NewToken: res.newToken})
 }
 
 type forced struct {
 	newToken int64
-	handedTo string
+	handedTo string // the waiter the lease (or the semaphore's permit) went to
+	woken    string // a permit freed, not given: the head of the semaphore's queue, told to take it
 	lapsed   bool
 }
 
@@ -170,6 +173,9 @@ func (s *Server) forceRelease(ctx context.Context, name, holder string, token in
 	out.newToken, out.lapsed = *fr.NewToken, fr.Lapsed
 	if fr.HandedTo != nil {
 		out.handedTo = *fr.HandedTo
+	}
+	if fr.Woken != nil {
+		out.woken = *fr.Woken
 	}
 	return out, http.StatusOK, nil
 }
