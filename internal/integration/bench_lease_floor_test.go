@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"cirello.io/pglock"
+
+	"github.com/fencelock/fencelock/internal/db"
 )
 
 // hwLeaseSchema is the hand-written lease a user would write instead of a library: one table,
@@ -38,6 +40,9 @@ WHERE l.name = $1 AND l.holder = $2 AND l.token = $3`
 //     until its TTL);
 //   - fencelock: Lessor.TryAcquire + Lease.Release (one Lessor shared by the clients, as in a
 //     service), TTL one minute;
+//   - statements: fencelock's two statements (LeaseGrant, LeaseRelease) sent on the same pool
+//     without the lessor (issue 39: fencelock/statements is what the lessor's Go code costs a
+//     pair; statements/hw what the statements' safety work costs);
 //   - pglock: cirello.io/pglock v1.16.1 AcquireContext + ReleaseContext, its defaults.
 //
 // Targets: fencelock/hw >= 1.0 and fencelock/pglock >= 2.5, at 1 and 16 clients, fsync on;
@@ -83,6 +88,24 @@ func BenchmarkFloorLease(b *testing.B) {
 				{"hw-durable", hw(hwRelease)},
 				{"hw", hw(hwReleaseAsync)},
 				{"fencelock", leaseFloorOp(ctx, l, "fl")},
+				{"statements", func(c int) (func() error, error) {
+					// fencelock's own two statements, sent as the lessor sends them but without
+					// it: what the lessor adds to a pair is fencelock minus this row.
+					name, holder := fmt.Sprintf("st-%d", c), fmt.Sprintf("holder-%d", c)
+					q := db.New()
+					return func() error {
+						g, err := q.LeaseGrant(ctx, pool, db.LeaseGrantParams{Name: name, Holder: holder, Nowait: true,
+							TtlUs: time.Minute.Microseconds(), MayInsert: true})
+						if err != nil {
+							return err
+						}
+						released, err := q.LeaseRelease(ctx, pool, db.LeaseReleaseParams{Name: name, Holder: holder, Token: g.Token})
+						if err == nil && released != 1 {
+							err = fmt.Errorf("release outcome %d", released)
+						}
+						return err
+					}, nil
+				}},
 				{"pglock", func(c int) (func() error, error) {
 					name := fmt.Sprintf("pg-%d", c)
 					return func() error {
@@ -96,7 +119,7 @@ func BenchmarkFloorLease(b *testing.B) {
 			})
 			// hw/pglock: how far ahead of pglock a lease can be at all with one round trip per
 			// grant and per release (the ceiling of fencelock/pglock on this machine).
-			report(b, rows, [2]string{"fencelock", "hw"}, [2]string{"fencelock", "hw-durable"}, [2]string{"fencelock", "pglock"},
+			report(b, rows, [2]string{"fencelock", "statements"}, [2]string{"statements", "hw"}, [2]string{"fencelock", "hw"}, [2]string{"fencelock", "hw-durable"}, [2]string{"fencelock", "pglock"},
 				[2]string{"hw", "pglock"}, [2]string{"hw-durable", "pglock"})
 			serverTimes(b, e, map[string]string{
 				"hw-grant":          "INSERT INTO hw_leases%",
