@@ -23,4 +23,6 @@ type attemptInfo struct {
 	listening bool          // the attempt carried the lessor's NOTIFY channel
 	ahead     int64         // live waiters ahead
 	remaining time.Duration // the holder's remaining TTL (0: free or unknown)
+	permits   int           // a semaphore's limit, as the attempt read it (0: unknown)
+	late      bool          // granted, but the reply came after the grant's trust window
 }

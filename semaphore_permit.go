@@ -25,10 +25,13 @@ import (
 // The statement waits for no other grant attempt's lock. When it cannot decide at once (another
 // transaction is creating the semaphore's row, or is counting its permits after a lowered
 // limit: see [Semaphore]), TryAcquire tries again after a pause (the first of the lessor's
-// [Backoff], at most 20 ms), for at most a second in all.
+// [Backoff], at most 20 ms), for at most a second after the first such answer.
 //
-// Errors: [ErrNotAcquired] when the limit is reached or anyone waits, or when it still could
-// not decide within that second; an [*ArgumentError] before any SQL; ctx's error (wrapped) when
+// Errors: an error wrapping [ErrNotAcquired] that says why: the limit's permits are all held,
+// or waiters are ahead in the queue, or the semaphore stayed busy for that second (nobody may
+// hold anything), or a permit was granted but its reply came after the permit's trust window
+// (the TTL is too short for the round trip; the permit was released at once); an
+// [*ArgumentError] before any SQL; ctx's error (wrapped) when
 // ctx ends during a pause; an error wrapping [ErrReadOnly] on a hot standby, or a token error
 // as for [Lessor.TryAcquire]; otherwise the pgx error, wrapped. If ctx ends while the grant is
 // in flight, any permit it may have granted is ended before TryAcquire returns.
@@ -38,11 +41,11 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 		return nil, err
 	}
 	start := time.Now()
-	lease, err := s.try(ctx, lt, start)
+	lease, err := s.try(ctx, lt)
 	err = notAcquired(err)
 	m := s.l.cfg.common.metrics
 	m.acquired(ctx, mSemaphoreTry, start, err)
-	if err == ErrNotAcquired {
+	if errors.Is(err, ErrNotAcquired) {
 		m.contention(mSemaphoreTry)
 	}
 	return lease, err
@@ -51,13 +54,15 @@ func (s *Semaphore) TryAcquire(ctx context.Context, ttl time.Duration) (*Lease, 
 // semBusyFor bounds how long [Semaphore.TryAcquire] keeps trying while its attempts
 // cannot decide at once: while another transaction creates the semaphore's row (for the
 // length of one first acquire's transaction), or counts its permits after a lowered limit
-// (one grant's transaction at a time).
+// (one grant's transaction at a time). It is counted from the first busy answer, so that a
+// slow first statement (a loaded machine) does not use it up.
 const semBusyFor = time.Second
 
 // try runs a try's attempts (no place in the queue) until one decides (granted, refused, or
-// an error), or busy attempts have run for semBusyFor since start: errRefused then.
-// A busy attempt (ahead -1) changed nothing on the server.
-func (s *Semaphore) try(ctx context.Context, lt leaseTimes, start time.Time) (*Lease, error) {
+// an error), or busy attempts have run for semBusyFor since the first of them. A busy attempt
+// (ahead -1) changed nothing on the server. A refusal wraps ErrNotAcquired with its reason
+// (issue 40: a try on a semaphore nobody held answered "held").
+func (s *Semaphore) try(ctx context.Context, lt leaseTimes) (*Lease, error) {
 	id := queue.NewWaitID()
 	var t *time.Timer
 	defer func() {
@@ -65,10 +70,23 @@ func (s *Semaphore) try(ctx context.Context, lt leaseTimes, start time.Time) (*L
 			t.Stop()
 		}
 	}()
+	var busySince time.Time
 	for {
 		lease, info, err := s.attempt(ctx, lt, id, false, "", 0, nil)
-		if !errors.Is(err, errRefused) || info.ahead >= 0 || time.Since(start) >= semBusyFor {
+		if !errors.Is(err, errRefused) {
 			return lease, err
+		}
+		switch {
+		case info.late:
+			return nil, fmt.Errorf("acquire semaphore %q: a permit was granted, but its reply came after the permit's trust window (TTL %v): released at once: %w", s.name, lt.TTL, ErrNotAcquired)
+		case info.ahead > 0:
+			return nil, fmt.Errorf("acquire semaphore %q: %d waiter(s) ahead in its queue: %w", s.name, info.ahead, ErrNotAcquired)
+		case info.ahead == 0:
+			return nil, fmt.Errorf("acquire semaphore %q: all %d permits held: %w", s.name, info.permits, ErrNotAcquired)
+		case busySince.IsZero():
+			busySince = time.Now()
+		case time.Since(busySince) >= semBusyFor:
+			return nil, fmt.Errorf("acquire semaphore %q: busy for %v (another transaction was creating its row, or counting its permits after a lower limit), undecided: %w", s.name, semBusyFor, ErrNotAcquired)
 		}
 		d := min(s.l.cfg.backoff(0), joinRecheck)
 		if t == nil {
@@ -111,7 +129,7 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, jo
 	if last != nil {
 		*last = st
 	}
-	info := attemptInfo{listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond}
+	info := attemptInfo{listening: channel != "", ahead: row.Ahead, remaining: time.Duration(row.RemainingUs) * time.Microsecond, permits: int(row.PermitLimit)}
 	switch row.Outcome {
 	case outcomeGranted:
 	case outcomeHanded:
@@ -124,6 +142,7 @@ func (s *Semaphore) attempt(ctx context.Context, lt leaseTimes, waitID int64, jo
 	if !l.cfg.clock.Now().Before(lease.TrustedUntil()) {
 		lease.end(ErrReleased) // the reply came after the trust window: useless to its holder
 		l.releasePermitToken(ctx, s.name, row.Name, lease.token)
+		info.late = true
 		return nil, info, errRefused
 	}
 	s.install(lease)
