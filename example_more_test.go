@@ -199,7 +199,7 @@ func ExampleSemaphore_Acquire() {
 	_ = c.Release(ctx)
 	// Output:
 	// domain:example.com#0 domain:example.com#1
-	// third: fencelock: not acquired: held by another holder
+	// third: fencelock: not acquired: semaphore "domain:example.com": all 2 permits held
 	// after a release: domain:example.com#0 token larger: true
 	// held 2 of 2
 }

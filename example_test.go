@@ -160,14 +160,14 @@ INSERT INTO jobs VALUES (1, 'queued')`); err != nil {
 	// worker-1 renews nothing (as a paused process would): its lease has a short TTL.
 	w1, _ := fencelock.NewLessor(pool, fencelock.WithHolder("worker-1"), fencelock.WithoutHeartbeat())
 	w2, _ := fencelock.NewLessor(pool, fencelock.WithHolder("worker-2"))
-	l1, err := w1.TryAcquire(ctx, "job:1", 250*time.Millisecond)
+	l1, err := w1.TryAcquire(ctx, "job:1", time.Second)
 	if err != nil {
 		log.Fatal(err)
 	}
 	setState("worker-1", "running", func(tx pgx.Tx) error { return l1.GuardTx(ctx, tx) })
 
 	// worker-2 waits until worker-1's lease has expired on the database, and takes it over.
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	l2, err := w2.Acquire(actx, "job:1", 10*time.Second)
 	if err != nil {
@@ -305,12 +305,12 @@ func ExampleLease_Done() {
 	// the database, where worker-3 waits to take it over.
 	w2, _ := fencelock.NewLessor(pool, fencelock.WithHolder("worker-2"), fencelock.WithoutHeartbeat())
 	w3, _ := fencelock.NewLessor(pool, fencelock.WithHolder("worker-3"))
-	paused, err := w2.TryAcquire(ctx, "report:daily", 200*time.Millisecond)
+	paused, err := w2.TryAcquire(ctx, "report:daily", time.Second)
 	if err != nil {
 		log.Fatal(err)
 	}
 	wait = start(paused)
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	actx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	taken, err := w3.Acquire(actx, "report:daily", 10*time.Second)
 	if err != nil {

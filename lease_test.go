@@ -39,7 +39,9 @@ func TestLease(t *testing.T) {
 	t.Run("LargerTokenAfterExpiry", func(t *testing.T) {
 		b, a, c := twoLessors(t, true)
 
-		la, err := a.Acquire(b.Ctx, "job", 300*time.Millisecond)
+		// TTL 2 s: the try below must reach the server before the expiry (with 300 ms, a loaded
+		// machine could let it through, granted).
+		la, err := a.Acquire(b.Ctx, "job", 2*time.Second)
 		require.NoError(t, err)
 		_, err = c.TryAcquire(b.Ctx, "job", time.Second)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)

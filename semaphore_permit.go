@@ -27,7 +27,7 @@ import (
 // limit: see [Semaphore]), TryAcquire tries again after a pause (the first of the lessor's
 // [Backoff], at most 20 ms), for at most a second after the first such answer.
 //
-// Errors: an error wrapping [ErrNotAcquired] that says why: the limit's permits are all held,
+// Errors: an error that is [ErrNotAcquired] for errors.Is and says why: the limit's permits are all held,
 // or waiters are ahead in the queue, or the semaphore stayed busy for that second (nobody may
 // hold anything), or a permit was granted but its reply came after the permit's trust window
 // (the TTL is too short for the round trip; the permit was released at once); an
@@ -78,15 +78,15 @@ func (s *Semaphore) try(ctx context.Context, lt leaseTimes) (*Lease, error) {
 		}
 		switch {
 		case info.late:
-			return nil, fmt.Errorf("acquire semaphore %q: a permit was granted, but its reply came after the permit's trust window (TTL %v): released at once: %w", s.name, lt.TTL, ErrNotAcquired)
+			return nil, semRefused(fmt.Sprintf("semaphore %q: a permit was granted, but its reply came after the permit's trust window (TTL %v): released at once", s.name, lt.TTL))
 		case info.ahead > 0:
-			return nil, fmt.Errorf("acquire semaphore %q: %d waiter(s) ahead in its queue: %w", s.name, info.ahead, ErrNotAcquired)
+			return nil, semRefused(fmt.Sprintf("semaphore %q: %d waiter(s) ahead in its queue", s.name, info.ahead))
 		case info.ahead == 0:
-			return nil, fmt.Errorf("acquire semaphore %q: all %d permits held: %w", s.name, info.permits, ErrNotAcquired)
+			return nil, semRefused(fmt.Sprintf("semaphore %q: all %d permits held", s.name, info.permits))
 		case busySince.IsZero():
 			busySince = time.Now()
 		case time.Since(busySince) >= semBusyFor:
-			return nil, fmt.Errorf("acquire semaphore %q: busy for %v (another transaction was creating its row, or counting its permits after a lower limit), undecided: %w", s.name, semBusyFor, ErrNotAcquired)
+			return nil, semRefused(fmt.Sprintf("semaphore %q: busy for %v (another transaction was creating its row, or counting its permits after a lower limit), undecided", s.name, semBusyFor))
 		}
 		d := min(s.l.cfg.backoff(0), joinRecheck)
 		if t == nil {
@@ -101,6 +101,12 @@ func (s *Semaphore) try(ctx context.Context, lt leaseTimes) (*Lease, error) {
 		}
 	}
 }
+
+// semRefused is a refused try's error: it says why, and is [ErrNotAcquired] for errors.Is.
+type semRefused string
+
+func (e semRefused) Error() string        { return "fencelock: not acquired: " + string(e) }
+func (e semRefused) Is(target error) bool { return target == ErrNotAcquired }
 
 // semStatement is when a wait's statement was sent (local clock) and the database clock
 // during it: the pair that maps a permit given to the wait onto the local clock.

@@ -339,7 +339,9 @@ func TestJobEveryRetriesCrashedSlotOnStart(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(b.Ctx)
 	defer cancel()
-	replacement := newJob(t, b, "replacement", "job:restart", time.Second, nil, job.WithRetryCrashed())
+	// TTL 10 s: the horizon (TTL plus a period) covers the crashed slot however late the
+	// replacement starts (with 1 s, the slot was 0.9-1.4 s old already: little room left).
+	replacement := newJob(t, b, "replacement", "job:restart", 10*time.Second, nil, job.WithRetryCrashed())
 	retried := make(chan int, 1)
 	go func() {
 		_ = replacement.Every(ctx, every, func(_ context.Context, run *job.Run) error {
@@ -352,7 +354,7 @@ func TestJobEveryRetriesCrashedSlotOnStart(t *testing.T) {
 	select {
 	case attempt := <-retried:
 		require.Equal(t, 2, attempt)
-	case <-time.After(5 * time.Second):
+	case <-time.After(15 * time.Second):
 		t.Fatal("the crashed slot was not run again by the replica that started after the crash")
 	}
 }

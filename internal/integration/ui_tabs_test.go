@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,10 +22,11 @@ import (
 // the six connections per host a browser opens over HTTP/1.1 (issue 39, item 3: with an event
 // stream per tab, a tab opened after six others never loaded).
 //
-// Seven, not more, and the two tests of tabs do not run in parallel: every tab is a renderer
+// Seven by default, and the two tests of tabs do not run in parallel: every tab is a renderer
 // process, and ten of them twice over, beside the rest of the suite on 2 cores, made the
-// heartbeat tests of other packages miss their windows.
-const uiTabs = 7
+// heartbeat tests of other packages miss their windows. FENCELOCK_UI_TABS=10 runs the issue's
+// ten (docs/RELIABILITY.md has a run of it).
+var uiTabs = envInt("FENCELOCK_UI_TABS", 7)
 
 // uiTabsPromptness bounds how soon after the commit of a hand-off every one of the tabs
 // must show it. The issue asks for uiPromptness (1 s), and a quiet machine shows it in 115-230
@@ -192,4 +194,18 @@ func (p *browserPage) openTab(what, url string) {
 		p.t.Fatalf("%s did not load %s: %v", what, strings.TrimPrefix(url, "http://"), err)
 	}
 	p.await(what+"'s event stream", `() => document.body.dataset.state === "live"`)
+}
+
+// envInt returns the environment variable name as a positive integer, or def when it is unset;
+// it panics on anything else (a mistyped opt-in must not pass silently as the default).
+func envInt(name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		panic(fmt.Sprintf("%s=%q: want a positive integer", name, v))
+	}
+	return n
 }
