@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,6 +198,11 @@ func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 		wg.Go(func() {
 			for time.Now().Before(deadline) {
 				p, err := s.TryAcquire(b.Ctx, 10*time.Second)
+				if errors.Is(err, fencelock.ErrNotAcquired) && strings.Contains(err.Error(), "busy") {
+					// The first acquires of 12 goroutines meet the creation of the row: on a
+					// loaded machine busy for a second. Not what this test judges: again.
+					continue
+				}
 				if err != nil {
 					t.Error(err)
 					return
@@ -230,6 +236,7 @@ func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("%d grants checked, %d attempts cut short", grants.Load(), cut.Load())
+	require.Positive(t, grants.Load())
 	require.Positive(t, cut.Load())
 }
 
