@@ -90,11 +90,22 @@ func TestElectionLeaderDies(t *testing.T) {
 	require.NoError(t, err)
 	states := heir.Observe(b.Ctx)
 	require.Equal(t, "dead", fencetest.NextWhere(t, states, 0, func(i fencelock.LeaderInfo) bool { return i.Value == "dead" }).Holder)
+	campaigned := time.Now()
 	th, err := heir.Campaign(b.Ctx, "heir")
 	require.NoError(t, err)
-	after := time.Since(td.Lease().ExpiresAt()) // ExpiresAt is on the database clock; same host here
-	t.Logf("heir elected %v after the dead leader's term expired", after.Round(time.Millisecond))
-	require.Less(t, after, 500*time.Millisecond, "elected long after the term lapsed")
+	// From the later of the term's expiry and the campaign's start (on a loaded machine the
+	// observer's first delivery came after the expiry): ExpiresAt is on the database clock,
+	// the same host's here.
+	from := td.Lease().ExpiresAt()
+	if campaigned.After(from) {
+		from = campaigned
+	}
+	after := time.Since(from)
+	t.Logf("heir elected %v after the later of the dead leader's expiry and its campaign's start", after.Round(time.Millisecond))
+	// Within a TTL more: the heir waits in the name's queue and tries as the term lapses (a
+	// machine under four busy loops: 68 ms); a bound against waiting out another term, not a
+	// speed.
+	require.Less(t, after, 2*ttl, "elected long after the term lapsed")
 	require.Greater(t, th.Token(), td.Token())
 	require.Equal(t, "heir", fencetest.NextWhere(t, states, td.Token(), func(i fencelock.LeaderInfo) bool { return i.Value == "heir" }).Holder)
 	require.NoError(t, pgx.BeginFunc(b.Ctx, b.Pool, func(tx pgx.Tx) error { return th.FenceTx(b.Ctx, tx, name) }))
