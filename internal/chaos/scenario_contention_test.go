@@ -15,7 +15,7 @@ import (
 )
 
 // Scenario 8: 200 goroutines (each with a lessor of its own) contend for one lease name with
-// a 2 s TTL. A healthy holder must never lose its lease (no spurious expiry: every Done
+// a 5 s TTL (contentionTTL). A healthy holder must never lose its lease (no spurious expiry: every Done
 // closing is a release), nobody deadlocks (the run ends and grants keep coming), and tokens
 // rise strictly in grant order (checked on the ledger and by porcupine). A run lasts 4 s and
 // until minGrants grants have ended, bounded by a deadline far beyond what any machine needs
@@ -31,6 +31,8 @@ func TestScenarioContention200(t *testing.T) {
 		wctx, stop := context.WithTimeout(ctx, contentionDeadline)
 		var wg sync.WaitGroup
 		var spurious, ended atomic.Int64
+		var lossMu sync.Mutex
+		var losses []string
 		minRun := time.Now().Add(4 * time.Second)
 		enough := func() {
 			if ended.Load() >= minGrants && !time.Now().Before(minRun) {
@@ -39,11 +41,14 @@ func TestScenarioContention200(t *testing.T) {
 		}
 		atMinRun := time.AfterFunc(time.Until(minRun), enough)
 		for i := range 200 {
-			w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("g%d", i), name: name, ttl: 2 * time.Second, writes: 2,
+			w := &leaseWorker{rec: rec, pool: pool, worker: fmt.Sprintf("g%d", i), name: name, ttl: contentionTTL, writes: 2,
 				opts: []fencelock.LessorOption{fencelock.WithBackoff(fencelock.ExponentialBackoff(2*time.Millisecond, 100*time.Millisecond))},
 				onDone: func(l *fencelock.Lease, _ time.Duration) {
-					if l.Err() != fencelock.ErrReleased {
+					if err := l.Err(); err != fencelock.ErrReleased {
 						spurious.Add(1)
+						lossMu.Lock()
+						losses = append(losses, err.Error())
+						lossMu.Unlock()
 					}
 					ended.Add(1)
 					enough()
@@ -67,10 +72,16 @@ func TestScenarioContention200(t *testing.T) {
 			}
 		}
 		require.GreaterOrEqual(t, grants, minGrants, "grants must keep coming: %d ended within %v", ended.Load(), contentionDeadline)
-		require.Zero(t, spurious.Load(), "a healthy holder lost its lease")
+		require.Zero(t, spurious.Load(), "a healthy holder lost its lease: %q", losses)
 	}
 	logReport(t, report)
 }
+
+// contentionTTL is the holders' TTL in scenario 8. Their heartbeats share the pool of 40
+// connections with 200 goroutines' grant attempts: under four busy loops on 2 cores a renewal
+// once did not come back within a 2 s TTL's trust window (.ci/repeat --hogs 4), the machine's
+// speed, not a fault the scenario injects.
+const contentionTTL = 5 * time.Second
 
 // contentionDeadline bounds a run of scenario 8, which ends once enough grants have ended: a
 // deadlock, not a slow machine, reaches it.
