@@ -25,13 +25,13 @@ import (
 func TestPollersCannotCostHolderItsLease(t *testing.T) {
 	// Not parallel: 18 goroutines against a short TTL on 2 cores.
 	b := setup(t)
-	// A 1 s TTL and a 100 ms heartbeat: nine renewal attempts in the trust window, so that a
-	// loaded machine (the suite run beside a CPU hog) does not lose the lease by slowness; the
-	// power to catch pollers that lock the row comes from the renewals' "locked" count, which
-	// must stay 0 (with the old pollers, most renewals skipped).
+	// A 5 s TTL and a 100 ms heartbeat: about 45 renewal attempts in the trust window, so that
+	// a loaded machine (the suite beside four busy loops) does not lose the lease by slowness;
+	// the power to catch pollers that lock the row comes from the renewals' "locked" count,
+	// which must stay 0 (with the old pollers, most renewals skipped).
 	metrics := newMetricsReader(t)
 	holder := newLessor(t, b.Pool, "holder", fencelock.WithHeartbeatInterval(100*time.Millisecond), fencelock.WithMeterProvider(metrics.mp))
-	lease, err := holder.Acquire(b.Ctx, "hot", time.Second)
+	lease, err := holder.Acquire(b.Ctx, "hot", 5*time.Second)
 	require.NoError(t, err)
 	ctx, stop := context.WithTimeout(b.Ctx, 4*time.Second)
 	defer stop()
