@@ -388,24 +388,13 @@ func TestReleaseOfPermitGoesToHead(t *testing.T) {
 	require.NoError(t, err)
 	permit, err := hs.TryAcquire(b.Ctx, time.Minute)
 	require.NoError(t, err)
-	got := make(chan *fencelock.Lease, 1)
-	go func() {
-		l, err := ws.Acquire(b.Ctx, 10*time.Second)
-		if err != nil {
-			t.Error(err)
-		}
-		got <- l
-	}()
-	testkit.WaitFor(t, b.Ctx, "worker-2 to queue for the semaphore", func() bool {
-		var n int
-		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = 'door-sem'`).Scan(&n))
-		return n == 1
-	})
+	got := fencetest.PermitAsync(b.Ctx, ws, 10*time.Second)
+	testkit.AwaitPermitWaiters(t, b.Ctx, b.Pool, "door-sem", "worker-2")
 	code, msg := releaseForm(t, b.Ctx, base, good, "door-sem#0", "worker-1", int64(permit.Token()))
 	require.Equal(t, http.StatusOK, code, msg)
 	require.Regexp(t, `; (handed to worker-2|freed, and the head of the queue, worker-2, woken to take it)$`, msg)
-	l := <-got
-	require.NotNil(t, l)
-	require.Greater(t, l.Token(), permit.Token())
-	require.NoError(t, l.Release(b.Ctx))
+	g := fencetest.Receive(t, got, 10*time.Second)
+	require.NoError(t, g.Err)
+	require.Greater(t, g.Lease.Token(), permit.Token())
+	require.NoError(t, g.Lease.Release(b.Ctx))
 }

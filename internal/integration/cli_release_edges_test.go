@@ -12,6 +12,8 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/db"
+	"github.com/fencelock/fencelock/internal/testkit"
+	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
 
 // Advisory locks with negative keys: the view reads them back (a pair with a negative key once
@@ -304,19 +306,8 @@ func TestCLIReleaseForcePermitGoesToHead(t *testing.T) {
 		require.NoError(t, err)
 		permit, err := hs.TryAcquire(b.Ctx, time.Minute)
 		require.NoError(t, err)
-		got := make(chan *fencelock.Lease, 1)
-		go func() {
-			l, err := ws.Acquire(b.Ctx, 10*time.Second)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- l
-		}()
-		waitFor(t, b, "the waiter queues for the semaphore", func() bool {
-			var n int
-			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = $1 AND holder = 'waiter'`, sem).Scan(&n))
-			return n == 1
-		})
+		got := fencetest.PermitAsync(b.Ctx, ws, 10*time.Second)
+		testkit.AwaitPermitWaiters(t, b.Ctx, b.Pool, sem, "waiter")
 		code, out, errOut := cliRun(t, b, "", "release", "--force", "--json", sem+"#0")
 		require.Equal(t, 0, code, errOut)
 		var res struct {
@@ -328,8 +319,9 @@ func TestCLIReleaseForcePermitGoesToHead(t *testing.T) {
 		require.NoError(t, json.Unmarshal([]byte(out), &res), out)
 		require.NotNil(t, res.NewToken, out)
 		require.Greater(t, *res.NewToken, int64(permit.Token()), out)
-		l := <-got
-		require.NotNil(t, l)
+		g := fencetest.Receive(t, got, 10*time.Second)
+		require.NoError(t, g.Err)
+		l := g.Lease
 		require.Greater(t, int64(l.Token()), int64(permit.Token()))
 		require.NoError(t, l.Release(b.Ctx))
 		if res.HandedTo == nil {
@@ -347,24 +339,15 @@ func TestCLIReleaseForcePermitGoesToHead(t *testing.T) {
 		// The text output, on a second round: handed to the waiter.
 		permit, err = hs.TryAcquire(b.Ctx, time.Minute)
 		require.NoError(t, err)
-		go func() {
-			l, err := ws.Acquire(b.Ctx, 10*time.Second)
-			if err != nil {
-				t.Error(err)
-			}
-			got <- l
-		}()
-		waitFor(t, b, "the waiter queues for the semaphore again", func() bool {
-			var n int
-			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.semaphore_waiters WHERE semaphore = $1 AND holder = 'waiter' AND expires_at > clock_timestamp()`, sem).Scan(&n))
-			return n == 1
-		})
+		got = fencetest.PermitAsync(b.Ctx, ws, 10*time.Second)
+		testkit.AwaitPermitWaiters(t, b.Ctx, b.Pool, sem, "waiter")
 		code, out, errOut = cliRun(t, b, "", "release", "--force", sem+"#0")
 		require.Equal(t, 0, code, errOut)
 		require.Regexp(t, `held by holder \(token \d+\); fenced with token \d+ \(`+sem+`#0\); (handed to waiter|freed; woke the head of the queue, waiter, to take it)\n$`, out)
-		l = <-got
-		require.Greater(t, int64(l.Token()), int64(permit.Token()))
-		require.NoError(t, l.Release(b.Ctx))
+		g = fencetest.Receive(t, got, 10*time.Second)
+		require.NoError(t, g.Err)
+		require.Greater(t, int64(g.Lease.Token()), int64(permit.Token()))
+		require.NoError(t, g.Lease.Release(b.Ctx))
 		return
 	}
 }

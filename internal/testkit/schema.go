@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -81,6 +82,19 @@ func AwaitWaiters(t testing.TB, ctx context.Context, pool *pgxpool.Pool, name st
 		err := pool.QueryRow(ctx, `SELECT coalesce((SELECT waiters FROM fencelock.holders WHERE name = $1), -1)`, name).Scan(&n)
 		require.NoError(t, err)
 		return n == waiters, fmt.Sprintf("fencelock.holders shows %d waiters for %q, want %d", n, name, waiters)
+	})
+}
+
+// AwaitPermitWaiters waits until holders are exactly the live waiters of semaphore sem, in
+// queue order, failing the test after 10 s.
+func AwaitPermitWaiters(t testing.TB, ctx context.Context, pool *pgxpool.Pool, sem string, holders ...string) {
+	t.Helper()
+	await(t, 10*time.Second, 2*time.Millisecond, func() (bool, string) {
+		var got []string
+		err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(holder ORDER BY seq), '{}') FROM fencelock.semaphore_waiters
+			WHERE semaphore = $1 AND expires_at > clock_timestamp()`, sem).Scan(&got)
+		require.NoError(t, err)
+		return slices.Equal(got, holders), fmt.Sprintf("waiters of semaphore %q are %v, want %v", sem, got, holders)
 	})
 }
 
