@@ -89,7 +89,10 @@ func TestMigrateDoesNotWaitForApplicationGooseLock(t *testing.T) {
 	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, lock.DefaultLockID)
 	require.NoError(t, err)
 	defer func() { _, _ = conn.Exec(b.Ctx, `SELECT pg_advisory_unlock($1)`, lock.DefaultLockID) }()
-	ctx, cancel := context.WithTimeout(b.Ctx, 5*time.Second)
+	// goose's lock stays held until the test ends: a Migrate that waited for it would never
+	// return, so 60 s is a bound for a hang, not for the migrations' speed (under four busy
+	// loops they outlasted 5 s).
+	ctx, cancel := context.WithTimeout(b.Ctx, 60*time.Second)
 	defer cancel()
 	require.NoError(t, fencelock.Migrate(ctx, b.Pool), "Migrate waited for goose's default lock")
 }
