@@ -3,8 +3,6 @@ package fencelock_test
 import (
 	"context"
 	"encoding/json"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -208,8 +206,7 @@ func TestTokenSequenceMisconfiguredRefused(t *testing.T) {
 func TestFailedReleaseStopsRenewals(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	tr := &renewalTracer{}
-	pool := testkit.NewPool(t, b.Ctx, b.DB.URL, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })
+	pool, tr := tracedPool(t, b)
 	const heartbeat = 20 * time.Millisecond
 	l := newLessor(t, pool, "h", fencelock.WithHeartbeatInterval(heartbeat))
 	lease, err := l.Acquire(b.Ctx, "job", 600*time.Millisecond)
@@ -224,78 +221,23 @@ func TestFailedReleaseStopsRenewals(t *testing.T) {
 		CREATE TRIGGER refuse_release BEFORE UPDATE ON fencelock.leases FOR EACH ROW
 			WHEN (NEW.holder = 'h') EXECUTE FUNCTION refuse_release()`)
 	require.NoError(t, err)
-	testkit.WaitFor(t, b.Ctx, "a renewal of the lease", func() bool { return tr.count() > 0 })
+	testkit.WaitFor(t, b.Ctx, "a renewal of the lease", func() bool { return tr.count("LeaseRenew") > 0 })
 	require.ErrorContains(t, lease.Release(b.Ctx), "release refused by the test")
 	released := time.Now()
 	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
-	testkit.WaitFor(t, b.Ctx, "the renewal in flight, if any, to end", func() bool { return tr.inFlight() == 0 })
+	testkit.WaitFor(t, b.Ctx, "the renewal in flight, if any, to end", func() bool { return tr.inFlight("LeaseRenew") == 0 })
 	before := readExpiry(t, b, "job")
-	afterRelease := tr.startedAfter(released)
+	afterRelease := tr.startedAfter("LeaseRenew", released)
 	require.LessOrEqual(t, afterRelease, 1, "renewals started after the release returned: only a batch formed before it may")
 	settled := time.Now()
 	time.Sleep(5 * heartbeat) // five heartbeats: waiting for renewals that must not come
-	require.Zero(t, tr.startedAfter(settled), "the heartbeat renewed a released lease")
+	require.Zero(t, tr.startedAfter("LeaseRenew", settled), "the heartbeat renewed a released lease")
 	require.Equal(t, before, readExpiry(t, b, "job"), "the expiry of a released lease moved")
 	_, err = b.Pool.Exec(b.Ctx, `SELECT pg_sleep_until($1::timestamptz + interval '10 milliseconds')`, before)
 	require.NoError(t, err)
 	other, err := newLessor(t, b.Pool, "other").TryAcquire(b.Ctx, "job", time.Second)
 	require.NoError(t, err, "the lease did not expire within its TTL")
 	require.NoError(t, other.Release(b.Ctx))
-}
-
-// renewalTracer records when the renewal statements (LeaseRenew) of a pool start, and how many
-// are in flight. Safe for concurrent use.
-type renewalTracer struct {
-	mu      sync.Mutex
-	starts  []time.Time
-	running int
-}
-
-type renewalKey struct{}
-
-func (r *renewalTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if !strings.HasPrefix(d.SQL, "-- name: LeaseRenew ") {
-		return ctx
-	}
-	r.mu.Lock()
-	r.starts = append(r.starts, time.Now())
-	r.running++
-	r.mu.Unlock()
-	return context.WithValue(ctx, renewalKey{}, true)
-}
-
-func (r *renewalTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
-	if ctx.Value(renewalKey{}) == nil {
-		return
-	}
-	r.mu.Lock()
-	r.running--
-	r.mu.Unlock()
-}
-
-func (r *renewalTracer) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.starts)
-}
-
-func (r *renewalTracer) inFlight() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.running
-}
-
-// startedAfter counts the renewals that started after t.
-func (r *renewalTracer) startedAfter(t time.Time) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, s := range r.starts {
-		if s.After(t) {
-			n++
-		}
-	}
-	return n
 }
 
 func readExpiry(t *testing.T, b *bundle, name string) time.Time {

@@ -16,23 +16,37 @@ import (
 )
 
 // statementNames is a pgx QueryTracer that counts the sqlc queries a pool sends, by name
-// (the "-- name: X" line sqlc puts first).
+// (the "-- name: X" line sqlc puts first), with when each started and how many are in flight.
 type statementNames struct {
-	mu   sync.Mutex
-	seen map[string]int
+	mu      sync.Mutex
+	seen    map[string]int
+	starts  map[string][]time.Time
+	running map[string]int
 }
+
+type statementNameKey struct{}
 
 func (s *statementNames) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if rest, ok := strings.CutPrefix(d.SQL, "-- name: "); ok {
-		name, _, _ := strings.Cut(rest, " ")
-		s.mu.Lock()
-		s.seen[name]++
-		s.mu.Unlock()
+	rest, ok := strings.CutPrefix(d.SQL, "-- name: ")
+	if !ok {
+		return ctx
 	}
-	return ctx
+	name, _, _ := strings.Cut(rest, " ")
+	s.mu.Lock()
+	s.seen[name]++
+	s.starts[name] = append(s.starts[name], time.Now())
+	s.running[name]++
+	s.mu.Unlock()
+	return context.WithValue(ctx, statementNameKey{}, name)
 }
 
-func (s *statementNames) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *statementNames) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if name, ok := ctx.Value(statementNameKey{}).(string); ok {
+		s.mu.Lock()
+		s.running[name]--
+		s.mu.Unlock()
+	}
+}
 
 func (s *statementNames) count(name string) int {
 	s.mu.Lock()
@@ -40,9 +54,29 @@ func (s *statementNames) count(name string) int {
 	return s.seen[name]
 }
 
+// inFlight is how many queries of name have started and not ended.
+func (s *statementNames) inFlight(name string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running[name]
+}
+
+// startedAfter counts the queries of name that started after t.
+func (s *statementNames) startedAfter(name string, t time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, at := range s.starts[name] {
+		if at.After(t) {
+			n++
+		}
+	}
+	return n
+}
+
 // tracedPool returns a pool on the bundle's database whose sqlc queries are counted.
 func tracedPool(t *testing.T, b *bundle) (*pgxpool.Pool, *statementNames) {
-	names := &statementNames{seen: map[string]int{}}
+	names := &statementNames{seen: map[string]int{}, starts: map[string][]time.Time{}, running: map[string]int{}}
 	return newPool(t, b.Ctx, b.DB.URL, func(c *pgxpool.Config) { c.ConnConfig.Tracer = names }), names
 }
 
