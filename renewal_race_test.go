@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // poolWithApp returns a pool whose sessions carry application_name app, for triggers that
@@ -54,24 +55,44 @@ CREATE TRIGGER stall BEFORE UPDATE ON fencelock.leases FOR EACH STATEMENT EXECUT
 func TestOverlappingRenewalsNeverMoveExpiryBack(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	stallRenewals(t, b, "holder1", 2, 2, 1.5) // the first renewal stalls 1.5 s after it started
+	// The first renewal stalls in a statement trigger until the test lets it go: a gate (an
+	// advisory lock the test holds), not a sleep, so that it commits after the second however
+	// slow the machine (with a 1.5 s sleep, a loaded machine let it wake and lock the row
+	// before the second came, which then found the row locked).
+	const gateKey = 424242
+	gate, _ := testkit.Conn(t, b.Ctx, b.Pool)
+	_, err := gate.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, gateKey)
+	require.NoError(t, err)
+	_, err = b.Pool.Exec(b.Ctx, `
+CREATE SEQUENCE public.gate_seq;
+CREATE FUNCTION public.gate() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF current_setting('application_name') = 'holder1' AND nextval('public.gate_seq') = 2 THEN
+    PERFORM pg_advisory_xact_lock(`+itoa(gateKey)+`);
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE TRIGGER gate BEFORE UPDATE ON fencelock.leases FOR EACH STATEMENT EXECUTE FUNCTION public.gate();`)
+	require.NoError(t, err)
 	l1 := newLessor(t, poolWithApp(t, b.DB.URL, "holder1"), "h1", fencelock.WithoutHeartbeat())
 	l2 := newLessor(t, b.Pool, "h2")
 	lease, err := l1.TryAcquire(b.Ctx, "x", 3*time.Second)
 	require.NoError(t, err)
 	stalled := make(chan error, 1)
 	go func() { stalled <- lease.Renew(b.Ctx) }()
-	require.Eventually(t, func() bool { // the stalled renewal is in its trigger
+	require.Eventually(t, func() bool { // the stalled renewal waits at the gate
 		var n int
-		err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'holder1' AND wait_event = 'PgSleep'`).Scan(&n)
+		err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'holder1' AND wait_event = 'advisory'`).Scan(&n)
 		return err == nil && n == 1
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 10*time.Second, 5*time.Millisecond)
 	// Staging: the second renewal starts 1 s after the stalled one, so its expiry is later by
 	// more than the 300 ms safety margin, and an expiry moved back would leave the first holder
 	// trusting a lease the database has already given up (by about 0.7 s).
 	time.Sleep(time.Second)
 	require.NoError(t, lease.Renew(b.Ctx)) // commits first, with the later expiry
-	require.NoError(t, <-stalled)          // commits last, with the earlier now()
+	_, err = gate.Exec(b.Ctx, `SELECT pg_advisory_unlock($1)`, gateKey)
+	require.NoError(t, err)
+	require.NoError(t, <-stalled) // commits last, with the earlier now()
 	for {
 		taken, err := l2.TryAcquire(b.Ctx, "x", time.Second)
 		if err == nil {
