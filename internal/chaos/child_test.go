@@ -95,8 +95,8 @@ func runChild(cfgJSON string) int {
 	doneRecorded := make(chan struct{})
 	go func() {
 		defer close(doneRecorded)
-		<-lease.Done()
-		rec.Record(Op{Worker: cfg.Worker, Kind: KindDone, Name: cfg.Name, Token: int64(lease.Token()), Expires: lease.ExpiresAt(), Err: fmt.Sprint(lease.Err())})
+		late := AwaitClosing(lease.Done(), lease.TrustedUntil)
+		rec.Record(Op{Worker: cfg.Worker, Kind: KindDone, Name: cfg.Name, Token: int64(lease.Token()), Expires: lease.ExpiresAt(), Err: fmt.Sprint(lease.Err()), Late: late})
 	}()
 
 	// stdin: a line "write" asks for one more check and append now; "stop" or EOF ends the child.

@@ -20,7 +20,8 @@ import (
 )
 
 // doneSlack is how late a healthy in-process holder may see its Done close after the trust
-// window ends (goroutine scheduling on a loaded CI machine under -race). The trust window
+// window ends (goroutine scheduling on a loaded CI machine under -race), beyond the
+// scheduler's delay a control timer measured meanwhile (Op.Late, AwaitClosing). The trust window
 // itself ends a safety margin (a tenth of the TTL) before the server-side expiry.
 const doneSlack = 150 * time.Millisecond
 
@@ -216,12 +217,12 @@ func (w *leaseWorker) run(ctx context.Context) {
 
 // watch records the closing of lease's Done.
 func (w *leaseWorker) watch(lease *fencelock.Lease) {
-	<-lease.Done()
+	late := AwaitClosing(lease.Done(), lease.TrustedUntil)
 	now := w.rec.Now()
 	if w.onDone != nil {
 		w.onDone(lease, now)
 	}
-	w.rec.Record(Op{Worker: w.worker, Kind: KindDone, Name: lease.Name(), Token: int64(lease.Token()), Expires: lease.ExpiresAt(), Err: fmt.Sprint(lease.Err()), Invoke: now, Return: now})
+	w.rec.Record(Op{Worker: w.worker, Kind: KindDone, Name: lease.Name(), Token: int64(lease.Token()), Expires: lease.ExpiresAt(), Err: fmt.Sprint(lease.Err()), Invoke: now, Return: now, Late: late})
 }
 
 // acquireRecorded runs Lessor.Acquire and records it as a grant.

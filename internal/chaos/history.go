@@ -79,6 +79,10 @@ type Op struct {
 	Expires time.Time
 	// Entries is what a read returned.
 	Entries []string
+	// Late, for a Done closing, is how late a control timer of the watching goroutine was at
+	// worst after the trust window ended (see [AwaitClosing]): the scheduler's delay, which
+	// [TrustWithinExpiry] adds to its slack.
+	Late time.Duration
 }
 
 // Finished reports whether the operation has a definite result (OK or Fail).

@@ -168,7 +168,8 @@ func StaleRejectChangedNothing(h History, fences map[string]int64) []Violation {
 // slack (the delay of observing it), except for workers a fault paused or killed: a stopped
 // process closes nothing, and there the fence is the guard. A grant whose reply reached the
 // holder only after the lease's expiry (a delayed reply) cannot close Done earlier than that:
-// its Done must close within slack of the grant's return instead.
+// its Done must close within slack of the grant's return instead. A Done's own Op.Late (the
+// scheduler's delay a control timer saw meanwhile) is added to slack.
 func TrustWithinExpiry(h History, slack time.Duration) []Violation {
 	var vs []Violation
 	faulted := map[string]bool{}
@@ -192,8 +193,8 @@ func TrustWithinExpiry(h History, slack time.Duration) []Violation {
 		switch {
 		case op.Kind == KindCheck && op.Outcome == OK && op.ServerInvoke.After(op.Expires):
 			vs = append(vs, Violation{"TrustWithinExpiry", op.ID, fmt.Sprintf("%s trusted lease %q (token %d) %v after its server-side expiry", op.Worker, op.Name, op.Token, op.ServerInvoke.Sub(op.Expires))})
-		case op.Kind == KindDone && !faulted[op.Worker] && op.ServerReturn.After(laterOf(op.Expires, granted[grantKey{op.Worker, op.Token}]).Add(slack)):
-			vs = append(vs, Violation{"TrustWithinExpiry", op.ID, fmt.Sprintf("%s saw Done of %q (token %d) close %v after its server-side expiry (Err: %s)", op.Worker, op.Name, op.Token, op.ServerReturn.Sub(op.Expires), op.Err)})
+		case op.Kind == KindDone && !faulted[op.Worker] && op.ServerReturn.After(laterOf(op.Expires, granted[grantKey{op.Worker, op.Token}]).Add(slack+op.Late)):
+			vs = append(vs, Violation{"TrustWithinExpiry", op.ID, fmt.Sprintf("%s saw Done of %q (token %d) close %v after its server-side expiry, a control timer %v late meanwhile (Err: %s)", op.Worker, op.Name, op.Token, op.ServerReturn.Sub(op.Expires), op.Late, op.Err)})
 		}
 	}
 	return vs

@@ -122,6 +122,36 @@ func TestInvariantsPassCleanHistories(t *testing.T) {
 	require.Empty(t, TrustWithinExpiry(trust, 0))
 }
 
+// A Done closing's own scheduler delay (Op.Late) is added to the slack, and only its own.
+func TestTrustWithinExpiryAddsTheClosingsSchedulerDelay(t *testing.T) {
+	done := func(late time.Duration) History {
+		return (&hb{}).add(Op{Worker: "a", Kind: KindDone, Name: "r", ServerReturn: time.Unix(10, 0), Expires: time.Unix(9, 0), Late: late}).h
+	}
+	require.Empty(t, TrustWithinExpiry(done(600*time.Millisecond), 500*time.Millisecond), "1 s late with 600 ms of scheduler delay and 500 ms of slack")
+	require.NotEmpty(t, TrustWithinExpiry(done(400*time.Millisecond), 500*time.Millisecond), "1 s late with 400 ms of scheduler delay and 500 ms of slack")
+}
+
+// The control timer's worst lateness counts only after start, from the later of a firing's
+// due time and start, and includes the timer pending when the closing is seen.
+func TestControlTimerWorst(t *testing.T) {
+	at := func(ms int) time.Time { return time.Unix(100, 0).Add(time.Duration(ms) * time.Millisecond) }
+	var ct controlTimer
+	ct.seen(at(0), at(500))   // 500 ms late, all before start
+	ct.seen(at(510), at(520)) // 10 ms late
+	ct.seen(at(530), at(900)) // 370 ms late, 300 of it after start (600)
+	require.Equal(t, 300*time.Millisecond, ct.worst(at(600), at(910), at(915)))
+	require.Equal(t, 400*time.Millisecond, ct.worst(at(600), at(910), at(1310)), "the pending timer, 400 ms overdue")
+	require.Equal(t, time.Duration(0), ct.worst(at(2000), at(910), at(1310)), "nothing after start")
+}
+
+// AwaitClosing returns when done closes, on an idle wait with a from in the future reporting
+// no lateness at all.
+func TestAwaitClosingReturnsOnClose(t *testing.T) {
+	done := make(chan struct{})
+	time.AfterFunc(100*time.Millisecond, func() { close(done) })
+	require.Equal(t, time.Duration(0), AwaitClosing(done, func() time.Time { return time.Now().Add(time.Hour) }))
+}
+
 func TestPercentiles(t *testing.T) {
 	var ds []time.Duration
 	for i := 1; i <= 100; i++ {
