@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
+	"github.com/fencelock/fencelock/internal/timing"
 )
 
 // The database/sql forms through lib/pq, which cancels a statement with a cancel request and
@@ -134,9 +136,17 @@ func TestLibpqErrorsMatchSentinels(t *testing.T) {
 	require.False(t, errors.As(err, &pgErr))
 }
 
-// RunLockedSQL through lib/pq: contended, it waits in the queue and runs within a second of
-// the holder's release (DESIGN.md: a release wakes the head of the queue), with a larger
-// token, and its fenced write commits.
+// RunLockedSQL through lib/pq: contended, it waits in the queue and runs on the holder's
+// release, woken by it (a release wakes the head of the queue), with a larger token, and its
+// fenced write commits. Woken, not found at its next refresh, told by the database's clock
+// rather than by a bound the machine must beat: a waiter that listens sleeps a refresh period
+// (a third of timing.RunLockedLiveness, 333 ms) after each refresh of its queue row unless it
+// is woken, so a transaction for fn that began less than that after the row's last refresh
+// (read while fn runs; the row leaves the queue only when the call returns) was woken. The
+// release follows a refresh the test saw, leaving the wake-up most of the period; a round in
+// which the refresh came first anyway (a machine slower than 333 ms from release to fn)
+// proves nothing either way and is run again, up to 5 rounds: a release that wakes nobody
+// fails them all, however fast the machine.
 func TestLibpqRunLockedSQLRunsOnRelease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -144,31 +154,72 @@ func TestLibpqRunLockedSQLRunsOnRelease(t *testing.T) {
 	sqlDB.SetMaxOpenConns(1)
 	l := newLessor(t, b.Pool, "a", fastBackoff)
 	h := newLessor(t, b.Pool, "h")
+	refresh := timing.RunLockedLiveness / 3 // timing.QueueWait for a listening head with time left
+	const rounds = 5
+	for round := 1; ; round++ {
+		after, refreshed := libpqRunOnRelease(t, b, sqlDB, l, h)
+		if refreshed && after < refresh {
+			t.Logf("round %d: fn's transaction began %v after the waiter's last refresh (the next was due %v after it): woken by the release", round, after, refresh)
+			return
+		}
+		t.Logf("round %d: fn's transaction began %v after the waiter's last refresh (its own look was due at %v; a join: %v): not told apart", round, after, refresh, !refreshed)
+		require.Less(t, round, rounds, "in %d rounds RunLockedSQL never ran before its waiter's next refresh: the release does not wake it", rounds)
+	}
+}
+
+// libpqRunOnRelease is one round of TestLibpqRunLockedSQLRunsOnRelease: h holds "job", l's
+// RunLockedSQL queues behind it and listens, and h releases just after the waiter refreshed
+// its place. It returns how long after the waiter's last queue statement (database clock) fn's
+// transaction began, and whether that statement was a refresh (false: a join, after which the
+// waiter looks again after joinRecheck, 20 ms, whether woken or not).
+func libpqRunOnRelease(t *testing.T, b *bundle, sqlDB *sql.DB, l, h *fencelock.Lessor) (time.Duration, bool) {
+	t.Helper()
 	lease, err := h.TryAcquire(b.Ctx, "job", time.Minute)
 	require.NoError(t, err)
+	type ran struct {
+		token         fencelock.Token
+		began         time.Time // now() in fn's transaction
+		since, expiry time.Time // the waiter's queue row, committed: its last queue statement
+	}
+	var got ran
 	done := make(chan error, 1)
-	var got fencelock.Token
 	go func() {
 		done <- l.RunLockedSQL(b.Ctx, sqlDB, "job", func(ctx context.Context, tx *sql.Tx, token fencelock.Token) error {
-			got = token
+			got.token = token
+			if err := tx.QueryRowContext(ctx, `SELECT now()`).Scan(&got.began); err != nil {
+				return err
+			}
+			if err := b.Pool.QueryRow(ctx, `SELECT since, expires_at FROM fencelock.lease_waiters WHERE name = 'job' AND holder = 'a'`).
+				Scan(&got.since, &got.expiry); err != nil {
+				return fmt.Errorf("the waiter's queue row: %w", err)
+			}
 			return fencelock.FenceSQLTx(ctx, tx, "job", token)
 		})
 	}()
 	started := time.Now()
-	awaitQueue(t, b.Ctx, b.Pool, "job", false, "a")
-	t.Logf("queued %v after the call", time.Since(started))
+	awaitQueue(t, b.Ctx, b.Pool, "job", true, "a") // listening: between refreshes, only a wake-up ends its sleep
+	t.Logf("queued and listening %v after the call", time.Since(started))
+	expiry := func() (e time.Time) {
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT expires_at FROM fencelock.lease_waiters WHERE name = 'job' AND holder = 'a'`).Scan(&e))
+		return e
+	}
+	first := expiry()
+	for expiry().Equal(first) { // the next refresh: RunLockedLiveness/3 away
+		time.Sleep(time.Millisecond)
+		require.NoError(t, b.Ctx.Err())
+	}
 	released := time.Now()
 	require.NoError(t, lease.Release(b.Ctx))
 	select {
 	case err := <-done:
 		require.NoError(t, err)
 	case <-time.After(10 * time.Second):
-		t.Fatal("RunLockedSQL did not run within 10 s of the release")
+		t.Fatal("RunLockedSQL did not run within 10 s of the release (the holder's grant had a minute left)")
 	}
-	took := time.Since(released)
-	t.Logf("ran %v after the release", took)
-	require.Less(t, took, time.Second, "a release wakes the head of the queue (DESIGN.md: within milliseconds)")
-	require.Greater(t, got, lease.Token())
+	t.Logf("ran %v after the release", time.Since(released))
+	require.Greater(t, got.token, lease.Token())
+	last := got.expiry.Add(-timing.RunLockedLiveness) // the statement that set expires_at: now() + liveness
+	return got.began.Sub(last), last.After(got.since)
 }
 
 // On a hot standby, TryRunLockedSQL returns an error wrapping ErrReadOnly (its doc), with

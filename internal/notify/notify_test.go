@@ -106,40 +106,76 @@ func TestReadinessCallbacksAndChannel(t *testing.T) {
 	require.Equal(t, []bool{true}, rb, "a closed subscription is told nothing")
 }
 
+// A notifier outlives its last subscription by its linger: a subscription within the linger
+// gets the same notifier; while it has a subscription the notifier stays open past the linger
+// (the subscription disarmed the idle timer); once its last subscription closed it closes, no
+// sooner than the linger after, and the next subscription opens another. Judged by times the
+// test observes, not by a real-time linger the machine must beat: "within the linger" is the
+// time measured from s1.Close to the next subscription's return (a round in which that took
+// the linger or more proves nothing and is run again with a linger twice as long; a notifier
+// gone sooner fails), and "past the linger" waits until a control, the notifier of another
+// pool whose last subscription closed just after s1's with the same linger, has retired, and
+// then as long again.
 func TestLingerAfterLastSubscription(t *testing.T) {
-	// A linger long enough that the subscription right after s1.Close comes within it on a
-	// loaded machine (with 20 ms, a CPU hog could let it retire in between).
-	reg, started := testRegistry(300 * time.Millisecond)
+	for linger := 20 * time.Millisecond; !lingerRound(t, linger); linger *= 2 {
+		require.Less(t, linger, 5*time.Second, "no subscription came within the linger of the Close before it, even with a linger of %v", linger)
+	}
+}
+
+// lingerRound is one round of TestLingerAfterLastSubscription with linger; false when the
+// subscription after s1.Close came too late to tell anything.
+func lingerRound(t *testing.T, linger time.Duration) bool {
+	reg, started := testRegistry(linger)
 	pool, other := &pgxpool.Pool{}, &pgxpool.Pool{}
 	s1 := reg.subscribe(pool, Wakeups, "", Handler{}, Options{})
 	ctx1 := <-started
 	so := reg.subscribe(other, Wakeups, "", Handler{}, Options{})
-	<-started
+	ctxo := <-started
 	require.NotSame(t, s1.n, so.n, "a notifier per pool")
+	closed := time.Now()
 	s1.Close()
+	so.Close() // the control: its idle timer is armed after s1's, with the same linger
 	// Back within the linger: the same notifier, still open.
 	s2 := reg.subscribe(pool, Wakeups, "", Handler{}, Options{})
-	require.Same(t, s1.n, s2.n)
-	time.Sleep(400 * time.Millisecond) // past the linger: the subscription disarmed it
-	require.NoError(t, ctx1.Err())
+	if took := time.Since(closed); s2.n != s1.n {
+		require.GreaterOrEqual(t, took, linger, "the notifier closed %v after its last subscription did, within its linger (%v)", took, linger)
+		t.Logf("linger %v: the next subscription came %v after the Close, past the linger: again with a longer one", linger, took)
+		s2.Close()
+		return false
+	}
+	// Past the linger: the control retired (s1's timer, armed before the control's, would
+	// have fired by then), and as long again for a retire of s1's notifier to have run.
+	select {
+	case <-ctxo.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the control notifier did not close after its linger")
+	}
+	waited := time.Since(closed)
+	time.Sleep(waited)
+	require.NoError(t, ctx1.Err(), "the notifier closed while it had a subscription (%v after the Close, linger %v)", time.Since(closed), linger)
 	// Past the linger after the last one: closed, and the next subscription opens another.
+	closed = time.Now()
 	s2.Close()
 	select {
 	case <-ctx1.Done():
-	case <-time.After(5 * time.Second):
+	case <-time.After(10 * time.Second):
 		t.Fatal("the notifier did not close after its linger")
 	}
+	require.GreaterOrEqual(t, time.Since(closed), linger, "the notifier closed before its linger")
 	s3 := reg.subscribe(pool, Wakeups, "", Handler{}, Options{})
 	<-started
 	require.NotSame(t, s1.n, s3.n)
-	require.Len(t, reg.byPool, 2)
+	reg.mu.Lock()
+	require.Len(t, reg.byPool, 1, "the control's notifier retired, this pool's has a subscription")
+	reg.mu.Unlock()
 	s3.Close()
-	so.Close()
 	require.Eventually(t, func() bool {
 		reg.mu.Lock()
 		defer reg.mu.Unlock()
 		return len(reg.byPool) == 0
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 10*time.Second, 5*time.Millisecond)
+	t.Logf("linger %v: the control retired %v after the Close; s1's notifier kept through %v", linger, waited, 2*waited)
+	return true
 }
 
 // Deliver hands a notification on one of the process's notifier channels to the
