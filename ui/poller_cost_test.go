@@ -53,15 +53,13 @@ func TestNoPollAfterTheLastPageLeaves(t *testing.T) {
 	for range s { // the stream ended: the page left
 	}
 	// The handler counts the page gone once its stream's request ends; then at most the poll
-	// in flight and the one after it (which the page's interest already scheduled) may run.
-	testkit.WaitFor(t, b.Ctx, "the poller to idle", func() bool {
-		n := tr.n.Load()
-		time.Sleep(300 * time.Millisecond) // three intervals
-		return tr.n.Load() == n
-	})
-	n0 := tr.n.Load()
-	time.Sleep(20 * 100 * time.Millisecond) // twenty intervals with no page: nothing to await
-	require.Equal(t, n0, tr.n.Load(), "statements with no page open")
+	// in flight and the one after it (which the page's interest already scheduled) may run,
+	// each one statement (TestOnePollFeedsEveryPage), however late a loaded machine runs them.
+	// A poller that kept going would send one every interval: forty over these forty
+	// intervals, and more than two on any machine that runs it at all.
+	nLeft := tr.n.Load()
+	time.Sleep(40 * 100 * time.Millisecond) // forty intervals with no page: nothing to await
+	require.LessOrEqual(t, tr.n.Load()-nLeft, int64(2), "statements with no page open, beyond the poll in flight and the one it scheduled")
 }
 
 // TestPageOfIdlePollerAnswers: 30 concurrent page GETs on an idle poller all answer promptly, with
