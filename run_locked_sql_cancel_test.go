@@ -3,6 +3,7 @@ package fencelock_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"net"
 	"net/url"
 	"sync"
@@ -22,8 +23,11 @@ import (
 // it asked for is held on the server, whatever the latency between client and server.
 
 // latencyProxy is a TCP proxy in front of the test server that delays each direction by a
-// one-way latency the test sets while it runs: a client far from its server. It owns its
-// connections: the test's cleanup closes them and waits for its goroutines.
+// one-way latency the test sets while it runs: a client far from its server. It can also hold
+// back everything on the connections open at a moment, both ways, until the test lets it go
+// (holdOpen): a gate rather than a latency, whatever the machine's speed. It owns its
+// connections: the test's cleanup closes them (opening every gate) and waits for its
+// goroutines.
 type latencyProxy struct {
 	ln     net.Listener
 	target string
@@ -32,8 +36,62 @@ type latencyProxy struct {
 
 	mu     sync.Mutex
 	conns  []net.Conn
+	gates  []*gate // both directions of every connection
 	closed bool
 	wg     sync.WaitGroup
+}
+
+// gate holds back what one direction of a proxied connection carries while it is shut: what
+// arrives meanwhile waits, in order, and goes on once it opens. Nothing is lost.
+type gate struct {
+	mu   sync.Mutex
+	open chan struct{} // nil while open; closed when a shut gate opens
+}
+
+func (g *gate) shut() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.open == nil {
+		g.open = make(chan struct{})
+	}
+}
+
+func (g *gate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.open != nil {
+		close(g.open)
+		g.open = nil
+	}
+}
+
+// pass returns once the gate is open.
+func (g *gate) pass() {
+	g.mu.Lock()
+	open := g.open
+	g.mu.Unlock()
+	if open != nil {
+		<-open
+	}
+}
+
+// holdOpen shuts both directions of every connection made so far and returns how many there
+// were, and what opens them again: until then, what the server sends those clients and what
+// they send it (a close included) waits in the proxy. Connections made later pass freely.
+func (p *latencyProxy) holdOpen() (n int, release func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	gates := append([]*gate(nil), p.gates...)
+	if !p.closed {
+		for _, g := range gates {
+			g.shut()
+		}
+	}
+	return len(gates) / 2, func() {
+		for _, g := range gates {
+			g.release()
+		}
+	}
 }
 
 // newLatencyProxy starts a proxy to the server of dbURL, with no latency yet, and returns it
@@ -63,6 +121,9 @@ func (p *latencyProxy) close() {
 	_ = p.ln.Close()
 	p.mu.Lock()
 	p.closed = true
+	for _, g := range p.gates {
+		g.release()
+	}
 	for _, c := range p.conns {
 		_ = c.Close()
 	}
@@ -115,10 +176,12 @@ func (p *latencyProxy) handle(client net.Conn) {
 		_ = server.Close()
 		return
 	}
+	fwd, back := &gate{}, &gate{}
 	p.conns = append(p.conns, client, server)
+	p.gates = append(p.gates, fwd, back)
 	p.mu.Unlock()
-	p.wg.Go(func() { pipeDelayed(server, client, &p.back) })
-	pipeDelayed(client, server, &p.delay)
+	p.wg.Go(func() { pipeDelayed(server, client, &p.back, back) })
+	pipeDelayed(client, server, &p.delay, fwd)
 }
 
 // delayedChunk is what pipeDelayed read from its source (data, or the end), and when to
@@ -130,9 +193,9 @@ type delayedChunk struct {
 }
 
 // pipeDelayed copies from src to dst, each chunk (and the end, as a close of dst) delivered
-// *delay after it was read. It returns once src ended and everything read was delivered or
-// dst failed.
-func pipeDelayed(src, dst net.Conn, delay *atomic.Int64) {
+// *delay after it was read, and not before g is open. It returns once src ended and everything
+// read was delivered or dst failed.
+func pipeDelayed(src, dst net.Conn, delay *atomic.Int64, g *gate) {
 	q := make(chan delayedChunk, 1<<14)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -141,6 +204,7 @@ func pipeDelayed(src, dst net.Conn, delay *atomic.Int64) {
 			if d := time.Until(c.at); d > 0 {
 				time.Sleep(d)
 			}
+			g.pass()
 			if c.eof {
 				_ = dst.Close()
 				continue
@@ -302,45 +366,115 @@ func TestLockTxCancelledLeavesNoAbandonedWait(t *testing.T) {
 }
 
 // TryRunLockedSQL whose ctx ends after its grant ran on the server but before the reply came
-// back (a slow link): the call gives up without running fn, and returns only once the
-// abandoned transaction no longer holds the row, as the pgx form (control) does.
+// back: the call gives up without running fn, and returns only once the abandoned transaction
+// no longer holds the row, as the pgx form (control) does. Gates, not latencies, make the
+// moment: the grant waits on the server at an advisory lock the test holds (grantGate) while
+// the test shuts the call's connection at the proxy (holdOpen), so its reply, and after the
+// cancel its close, stay in the proxy until the test opens it. The test opens it only once the
+// call has returned (then the row must already be free: nothing of the close reached the
+// server, so a call that did not wait for the server fails) or is seen waiting for the
+// abandoned session on the server (awaitsAbandonedSession).
 func TestTryRunLockedSQLCancelledAfterGrantFreesRowOnReturn(t *testing.T) {
-	const latency = 300 * time.Millisecond
 	overSlowLink(t, "PgxControl", func(t *testing.T, b *bundle, proxy *latencyProxy, sqlDB *sql.DB, far *pgxpool.Pool) {
 		l := jobRowMade(t, b)
+		openGrants := grantGate(t, b)
 		ctx, cancel := context.WithCancel(b.Ctx)
 		defer cancel()
 		ran := make(chan struct{}, 1)
 		fn := func() { ran <- struct{}{} }
 		done := make(chan error, 1)
 		if sqlDB != nil {
-			require.NoError(t, sqlDB.PingContext(b.Ctx))
-			proxy.back.Store(int64(latency))
+			require.NoError(t, sqlDB.PingContext(b.Ctx)) // the connection the call takes
 			go func() {
 				done <- l.TryRunLockedSQL(ctx, sqlDB, "job", func(context.Context, *sql.Tx, fencelock.Token) error { fn(); return nil })
 			}()
 		} else {
 			require.NoError(t, far.Ping(b.Ctx))
 			lf := newLessor(t, far, "a")
-			proxy.back.Store(int64(latency))
 			go func() {
 				done <- lf.TryRunLocked(ctx, "job", func(context.Context, pgx.Tx, fencelock.Token) error { fn(); return nil })
 			}()
 		}
-		waitFor(t, b, "the grant done on the server, its reply in flight", func() bool {
+		grants := func(state string) int {
 			var n int
 			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND state = 'idle in transaction' AND query LIKE '-- name: LeaseGrant%'`).Scan(&n))
-			return n == 1
-		})
-		proxy.delay.Store(int64(latency))
+				WHERE datname = current_database() AND state = $1 AND query LIKE '-- name: LeaseGrant%'
+				AND (state <> 'active' OR wait_event = 'advisory')`, state).Scan(&n))
+			return n
+		}
+		waitFor(t, b, "the grant waiting at the gate", func() bool { return grants("active") == 1 })
+		// The call's connection, alone (the one pinged): the grant's reply will wait in the
+		// proxy, and the call's cleanup, on connections of its own, will not.
+		conns, release := proxy.holdOpen()
+		defer release()
+		require.Equal(t, 1, conns, "connections through the proxy when the grant's reply is held")
+		openGrants()
+		waitFor(t, b, "the grant done on the server, its reply held", func() bool { return grants("idle in transaction") == 1 })
 		cancel()
-		err := <-done
-		returned := time.Now()
-		require.ErrorIs(t, err, context.Canceled)
-		require.Empty(t, ran, "fn ran")
-		requireRowFreeOnReturn(t, b, "job", returned, err)
+		waitFor(t, b, "the call returned, or waiting for its abandoned session", func() bool {
+			return len(done) == 1 || awaitsAbandonedSession(t, b)
+		})
+		var err error
+		select {
+		case err = <-done: // returned while nothing of its close had reached the server
+			lockedOnReturn := leaseRowLocked(t, b, "job")
+			release()
+			require.ErrorIs(t, err, context.Canceled)
+			require.Empty(t, ran, "fn ran")
+			require.False(t, lockedOnReturn, "the call returned %v while its abandoned transaction, whose close the proxy still held, locked the row", err)
+		default:
+			released := time.Now()
+			release()
+			err = <-done
+			returned := time.Now()
+			t.Logf("the call waited for its abandoned session; it returned %v after the proxy let the session's close through", returned.Sub(released))
+			require.ErrorIs(t, err, context.Canceled)
+			require.Empty(t, ran, "fn ran")
+			requireRowFreeOnReturn(t, b, "job", returned, err)
+		}
 	})
+}
+
+// grantGate makes every grant of b's database wait, inside its statement and before it locks
+// the row, at an advisory lock the test holds (a trigger on fencelock.leases), and returns what
+// lets them go on (it is also called at cleanup).
+func grantGate(t *testing.T, b *bundle) (open func()) {
+	t.Helper()
+	const key = 0x7e57_6a7e
+	conn, err := b.Pool.Acquire(b.Ctx)
+	require.NoError(t, err)
+	_, err = conn.Exec(b.Ctx, `SELECT pg_advisory_lock($1)`, int64(key))
+	require.NoError(t, err)
+	_, err = b.Pool.Exec(b.Ctx, fmt.Sprintf(`
+		CREATE FUNCTION public.test_grant_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN PERFORM pg_catalog.pg_advisory_xact_lock(%d); RETURN NEW; END $$;
+		CREATE TRIGGER test_grant_gate BEFORE INSERT OR UPDATE ON fencelock.leases
+			FOR EACH ROW EXECUTE FUNCTION public.test_grant_gate()`, key))
+	require.NoError(t, err)
+	var once sync.Once
+	open = func() {
+		once.Do(func() {
+			_, err := conn.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, int64(key))
+			if err != nil {
+				t.Errorf("open the grant gate: %v", err)
+			}
+			conn.Release()
+		})
+	}
+	t.Cleanup(open)
+	return open
+}
+
+// awaitsAbandonedSession reports whether a session of b's database polls pg_stat_activity for
+// a backend's exit or the end of its transaction: the wait of a call that gave up on a session
+// (fencelock's backendAliveSQL and transactionRunningSQL).
+func awaitsAbandonedSession(t *testing.T, b *bundle) bool {
+	t.Helper()
+	var n int
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()
+		AND query LIKE 'SELECT EXISTS (SELECT 1 FROM pg_stat_activity%WHERE pid = $1 AND datname = current_database()%'`).Scan(&n))
+	return n > 0
 }
 
 // RunLockedSQL and TryRunLockedSQL with a ctx that has already ended return ctx's error and

@@ -49,24 +49,30 @@ func TestRegressionErrNilPastTrustWindow(t *testing.T) {
 // connection) no one closed Done at the end of the trust window: a goroutine watching Done
 // kept trusting the lease past the server-side expiry while a contender already held it.
 // Release now closes Done before it sends the statement.
+//
+// Done must be seen closed while the statement hangs: before Release returns, and before the
+// statement's own bound (hungStatementBound) has passed since Release began, which is when,
+// before the fix, the statement returned and Done closed. The TTL (10 s, trust window 9 s)
+// outlasts that bound, so the trust window's end closes nothing meanwhile.
 func TestRegressionDoneOpenDuringHungRelease(t *testing.T) {
 	t.Parallel()
 	ctx, hpool, blackhole := blackholedPool(t)
 	l, err := fencelock.NewLessor(hpool, fencelock.WithHolder("h"))
 	require.NoError(t, err)
-	lease, err := l.TryAcquire(ctx, "hung-release", 500*time.Millisecond)
+	lease, err := l.TryAcquire(ctx, "hung-release", 10*time.Second)
 	require.NoError(t, err)
-	// Release closes Done at once, long before the trust window's end (450 ms, when the trust
-	// watch would close it anyway).
-	closedAfter := doneWhileHung(t, ctx, blackhole, lease.Done(), lease.Release)
-	require.True(t, closedAfter >= 0 && closedAfter < 200*time.Millisecond, "Done closed %v after Release began (-1: not within 1 s) while its statement hung", closedAfter)
+	closedAfter, endReturned := doneWhileHung(t, ctx, blackhole, lease.Done(), lease.Release)
+	require.False(t, endReturned, "Release returned before Done was seen closed (%v after Release began; -1: not closed)", closedAfter)
+	require.Less(t, closedAfter, hungStatementBound, "Done closed %v after Release began, not while its statement hung", closedAfter)
 	require.ErrorIs(t, lease.Err(), fencelock.ErrReleased)
 }
 
 // Regression test for the advisory twin of the hung-Release bug, found by reading: Unlock
 // closed Done only after its statement returned, so while the statement hung on a blackholed
 // connection a goroutine watching Done kept trusting a lock its holder was giving up (and the
-// watchdog skips a lock whose connection Unlock has taken). Unlock now closes Done first.
+// watchdog skips a lock whose connection Unlock has taken). Unlock now closes Done first. As
+// for Release, Done must be seen closed before Unlock returns and before its statement's bound
+// has passed.
 func TestRegressionDoneOpenDuringHungUnlock(t *testing.T) {
 	t.Parallel()
 	ctx, hpool, blackhole := blackholedPool(t)
@@ -74,10 +80,16 @@ func TestRegressionDoneOpenDuringHungUnlock(t *testing.T) {
 	require.NoError(t, err)
 	lk, err := a.TryLock(ctx, "hung-unlock")
 	require.NoError(t, err)
-	closedAfter := doneWhileHung(t, ctx, blackhole, lk.Done(), lk.Unlock)
-	require.True(t, closedAfter >= 0 && closedAfter < 200*time.Millisecond, "Done closed %v after Unlock began (-1: not within 1 s) while its statement hung", closedAfter)
+	closedAfter, endReturned := doneWhileHung(t, ctx, blackhole, lk.Done(), lk.Unlock)
+	require.False(t, endReturned, "Unlock returned before Done was seen closed (%v after Unlock began; -1: not closed)", closedAfter)
+	require.Less(t, closedAfter, hungStatementBound, "Done closed %v after Unlock began, not while its statement hung", closedAfter)
 	require.ErrorIs(t, lk.Err(), fencelock.ErrUnlocked)
 }
+
+// hungStatementBound is how long Release's and Unlock's statement may hang: they bound it by
+// 5 s of their own (fencelock's cleanupTimeout, whatever their ctx), and it returns then on a
+// blackholed connection. A Done that closes only when the statement returns closes no sooner.
+const hungStatementBound = 5 * time.Second
 
 // blackholedPool returns a context for the test, a pool whose connections go through
 // toxiproxy, and a function that blackholes them both ways (bytes dropped, nothing closed)
@@ -92,26 +104,31 @@ func blackholedPool(t *testing.T) (context.Context, *pgxpool.Pool, func() (lift 
 	}
 }
 
-// doneWhileHung blackholes the connection, calls end (a Release or an Unlock, which then
-// hangs) in a goroutine, and returns how long after it began done closed (-1: not within 1
-// s). It lifts the blackhole and waits for end to return before it returns.
-func doneWhileHung(t *testing.T, ctx context.Context, blackhole func() func(), done <-chan struct{}, end func(context.Context) error) time.Duration {
+// doneWhileHung blackholes the connection, calls end (a Release or an Unlock, whose statement
+// then hangs until the blackhole lifts or its own bound, hungStatementBound, passes) in a
+// goroutine, and waits for done to close or end to return, whichever it sees first. It returns
+// how long after end began it saw done closed (-1: end returned first) and whether end had
+// returned by then. It lifts the blackhole and waits for end to return before it returns.
+func doneWhileHung(t *testing.T, ctx context.Context, blackhole func() func(), done <-chan struct{}, end func(context.Context) error) (closedAfter time.Duration, endReturned bool) {
 	t.Helper()
 	lift := blackhole()
 	ended := make(chan error, 1)
 	start := time.Now()
-	go func() {
-		ectx, ecancel := context.WithTimeout(ctx, 2*time.Second)
-		defer ecancel()
-		ended <- end(ectx)
-	}()
-	closedAfter := time.Duration(-1)
+	go func() { ended <- end(ctx) }()
 	select {
 	case <-done:
 		closedAfter = time.Since(start)
-	case <-time.After(time.Second):
+		select {
+		case <-ended:
+			endReturned = true
+		default:
+		}
+	case <-ended:
+		closedAfter, endReturned = -1, true
 	}
 	lift()
-	<-ended
-	return closedAfter
+	if !endReturned {
+		<-ended
+	}
+	return closedAfter, endReturned
 }
