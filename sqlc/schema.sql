@@ -163,7 +163,10 @@ BEGIN
     IF cur.held AND sem IS NOT NULL THEN
         sync := pg_catalog.current_setting('synchronous_commit');
         outcome := fencelock.semaphore_release(sem, lease_name, cur.holder, cur.token);
-        PERFORM pg_catalog.set_config('synchronous_commit', sync, true);
+        -- The caller's setting back, unless it is off and the release drew a token (a hand-off
+        -- to the head): next_token raised it to on, and that commit must be durable (00019).
+        PERFORM pg_catalog.set_config('synchronous_commit',
+            CASE WHEN sync = 'off' AND pg_catalog.current_setting('synchronous_commit') <> 'off' THEN 'on' ELSE sync END, true);
         SELECT l.token, l.holder, l.expires_at > pg_catalog.clock_timestamp() AS live INTO now_l
         FROM fencelock.leases AS l WHERE l.name = lease_name;
         IF outcome IN (2, 3) AND now_l.live AND now_l.token > cur.token THEN

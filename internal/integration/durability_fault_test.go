@@ -228,3 +228,43 @@ func TestReleaseLostInCrashExpiresByTTL(t *testing.T) {
 	require.Less(t, acquired.Sub(expires), time.Second, "the name stayed held past the old grant's TTL")
 	require.NoError(t, lease.Release(ctx))
 }
+
+// A forced release that hands a permit to the head of its semaphore's queue is durable where
+// the server default is synchronous_commit = off: after a crash the permit is the head's, with
+// the token the release reported, not the old holder's again (which would renew and be trusted
+// beside the head: two permits of a semaphore of one). Before migration 00019, force_release
+// restored the caller's "off" after the hand-off's token had raised it, and the crash undid the
+// hand-off. The waiter is queued through the SQL API without a channel (nobody listens), so no
+// statement of a woken waiter flushes the WAL by chance before the crash.
+func TestForcedPermitHandOffDurableAfterCrash(t *testing.T) {
+	t.Parallel()
+	srv, db, ctx := crashableDB(t, 2*time.Minute, pgtest.AsyncCommit())
+	var outcome int
+	var name string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT outcome, name FROM fencelock.semaphore_acquire('s', 'holder', 1, 60000000, 1, false, '', 0)`).
+		Scan(&outcome, &name))
+	require.Equal(t, 1, outcome, "the holder's permit")
+	require.Equal(t, "s#0", name)
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT outcome FROM fencelock.semaphore_acquire('s', 'waiter', 2, 60000000, 1, true, '', 60000000)`).
+		Scan(&outcome))
+	require.Equal(t, 4, outcome, "the waiter queued")
+	_, err := db.Pool.Exec(ctx, `CHECKPOINT`) // the permit and the queue are durable
+	require.NoError(t, err)
+
+	var newToken int64
+	var handedTo *string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT new_token, handed_to FROM fencelock.force_release('s#0', ARRAY[]::text[])`).
+		Scan(&newToken, &handedTo))
+	require.NotNil(t, handedTo, "the permit went to the head of the queue")
+	require.Equal(t, "waiter", *handedTo)
+
+	crashAndRestart(t, ctx, srv, db.Pool)
+	var holder string
+	var token int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT holder, token FROM fencelock.leases WHERE name = 's#0'`).Scan(&holder, &token))
+	require.Equal(t, "waiter", holder, "the acknowledged forced hand-off was lost in the crash")
+	require.Equal(t, newToken, token)
+	var sc string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&sc))
+	require.Equal(t, "off", sc) // the server default the test is about
+}
