@@ -118,10 +118,12 @@ func TestMultiLockContention(t *testing.T) {
 		names[i] = fmt.Sprintf("mlc:%d", i)
 	}
 	// Each worker takes up to perWorker sets and starts none after startFor (beside a second
-	// suite, 480 sets took over a minute); an acquire it started must still be granted. The
-	// bundle's context (two minutes) is the bound on those, far above any wait for a set.
-	ctx := b.Ctx
+	// suite, 480 sets took over a minute); an acquire it started must still be granted, within
+	// a context of the test's own that ends 90 s after the last start, far above any wait for
+	// a set. The checks afterwards have a context of their own.
 	const startFor = 40 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), startFor+90*time.Second)
+	defer cancel()
 	startEnd := time.Now().Add(startFor)
 	var started atomic.Int64
 	type grant struct {
@@ -169,7 +171,9 @@ func TestMultiLockContention(t *testing.T) {
 	t.Logf("%d sets granted of %d (%d workers x %d, none started after %v)", len(grants), 32*perWorker, 32, perWorker, startFor)
 
 	// The log: grants of a name by transaction.
-	rows, err := b.Pool.Query(b.Ctx, `SELECT name, holder, token, xid::text FROM ml_log ORDER BY id`)
+	checkCtx, cancelCheck := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelCheck()
+	rows, err := b.Pool.Query(checkCtx, `SELECT name, holder, token, xid::text FROM ml_log ORDER BY id`)
 	require.NoError(t, err)
 	byXid := map[string]map[string]int64{}
 	holderOf := map[string]string{}

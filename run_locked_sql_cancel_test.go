@@ -435,8 +435,8 @@ func TestTryRunLockedSQLCancelledAfterGrantFreesRowOnReturn(t *testing.T) {
 	})
 }
 
-// grantGate makes every grant of b's database wait, inside its statement and before it locks
-// the row, at an advisory lock the test holds (a trigger on fencelock.leases), and returns what
+// grantGate makes every grant of b's database wait, inside its statement (a try-grant has
+// locked the expired row by then: its FOR UPDATE SKIP LOCKED comes first), at an advisory lock the test holds (a trigger on fencelock.leases), and returns what
 // lets them go on (it is also called at cleanup).
 func grantGate(t *testing.T, b *bundle) (open func()) {
 	t.Helper()

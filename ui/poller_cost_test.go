@@ -44,7 +44,18 @@ func TestNoPollAfterTheLastPageLeaves(t *testing.T) {
 	t.Parallel()
 	b := testkit.Setup(t)
 	reader, tr := countingReader(t, b)
-	base := serve(t, newHandler(t, reader))
+	// The stream's request ending on the server side is the event the page's leaving is
+	// counted from (the handler counts the page gone before its ServeHTTP returns).
+	h := newHandler(t, reader)
+	streamEnded := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		if r.URL.Path == "/events" {
+			streamEnded <- struct{}{}
+		}
+	}))
+	t.Cleanup(func() { h.Close(); srv.Close() })
+	base := srv.URL + "/"
 	ctx, cancel := context.WithCancel(b.Ctx)
 	s := events(t, ctx, base, "leases", "")
 	first := pollOf(t, awaitEvent(t, s, 10*time.Second, "a first poll", contains("database clock")))
@@ -52,6 +63,7 @@ func TestNoPollAfterTheLastPageLeaves(t *testing.T) {
 	cancel()
 	for range s { // the stream ended: the page left
 	}
+	testkit.Receive(t, streamEnded, 10*time.Second, "the stream's request to end on the server")
 	// The handler counts the page gone once its stream's request ends; then at most the poll
 	// in flight and the one after it (which the page's interest already scheduled) may run,
 	// each one statement (TestOnePollFeedsEveryPage), however late a loaded machine runs them.

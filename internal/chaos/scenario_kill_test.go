@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,10 +40,15 @@ func TestScenarioKillHolder(t *testing.T) {
 			wg.Go(func() { w.run(wctx) })
 		}
 		time.Sleep(jitter(50*time.Millisecond, 400*time.Millisecond))
-		var killedAt time.Time
-		machine := probeMachine(ctx, db.Pool, name+":probe", ttl, func() time.Time { return killedAt })
+		var killedAt atomic.Int64 // UnixNano; read by the probe's goroutines
+		machine := probeMachine(ctx, db.Pool, name+":probe", ttl, func() time.Time {
+			if ns := killedAt.Load(); ns != 0 {
+				return time.Unix(0, ns)
+			}
+			return time.Now().Add(time.Hour) // not yet killed: nothing counts
+		})
 		c.kill()
-		killedAt = time.Now()
+		killedAt.Store(time.Now().UnixNano())
 		kill := rec.Record(Op{Worker: "child", Kind: KindFault, Name: name, Value: "kill -9"})
 		// The takeover, or a give-up long past any bound (then TakeoverWithinBound reports
 		// it as never).
@@ -66,10 +72,11 @@ func TestScenarioKillHolder(t *testing.T) {
 	logReport(t, report)
 }
 
-// probeMachine measures, from from() (read when the measure ends) until the function it
-// returns is called, what the machine adds to a takeover: late, the worst lateness of a control
-// timer (AwaitClosing), and grant, the worst duration of a grant statement (TryAcquire of
+// probeMachine measures, from from() until the function it returns is called, what the
+// machine adds to a takeover: late, the worst lateness of a control timer (AwaitClosing), and
+// grant, the worst duration of a grant statement begun at or after from() (TryAcquire of
 // probeName for ttl, on pool, by a lessor of its own, every 10 ms, each released at once).
+// from is called from the probe's goroutines.
 func probeMachine(ctx context.Context, pool *pgxpool.Pool, probeName string, ttl time.Duration, from func() time.Time) (measured func() (late, grant time.Duration)) {
 	stop := make(chan struct{})
 	var late, grant time.Duration
@@ -88,7 +95,9 @@ func probeMachine(ctx context.Context, pool *pgxpool.Pool, probeName string, ttl
 			}
 			start := time.Now()
 			lease, err := l.TryAcquire(ctx, probeName, ttl)
-			grant = max(grant, time.Since(start))
+			if took := time.Since(start); !start.Before(from()) {
+				grant = max(grant, took) // only attempts begun from from(): not the dial of the first
+			}
 			if err == nil {
 				_ = lease.Release(ctx)
 			}

@@ -36,7 +36,8 @@ func AwaitClosing(done <-chan struct{}, from func() time.Time) time.Duration {
 // controlTimer is the record of a control timer's firings: when each was due and seen.
 type controlTimer struct{ dues, seens []time.Time }
 
-// seen records a firing; it keeps the last 500 (5 s at 10 ms, more than a closing looks back).
+// seen records a firing; it keeps at least the last 500 (5 s at 10 ms, more than a closing
+// looks back).
 func (c *controlTimer) seen(due, seen time.Time) {
 	if len(c.dues) >= 1000 {
 		c.dues = append(c.dues[:0], c.dues[500:]...)
