@@ -29,13 +29,13 @@ import (
 )
 
 // lwRequireBusy runs a try ("t", wait id tryID) and a wait ("w", wait id waitID) of semaphore
-// sem, each within 3 s, and requires both to be refused as busy: told to look again at once
-// (ahead -1) rather than waiting for a lock.
+// sem, each checked by lwAttempt for a wait on another transaction, and requires both to be
+// refused as busy: told to look again at once (ahead -1) rather than waiting for a lock.
 func lwRequireBusy(t *testing.T, b *bundle, sem string, tryID, waitID int64) {
 	t.Helper()
 	for _, a := range []rvAttempt{
-		lwAttempt(t, b, sem, "t", tryID, false, 3*time.Second),
-		lwAttempt(t, b, sem, "w", waitID, true, 3*time.Second),
+		lwAttempt(t, b, sem, "t", tryID, false),
+		lwAttempt(t, b, sem, "w", waitID, true),
 	} {
 		require.EqualValues(t, 4, a.outcome)
 		require.EqualValues(t, -1, a.ahead, "busy: look again at once")
@@ -43,9 +43,12 @@ func lwRequireBusy(t *testing.T, b *bundle, sem string, tryID, waitID int64) {
 }
 
 // lwAttempt runs fencelock.semaphore_acquire on its own connection of b's pool and returns its
-// row, or fails the test if it has not returned within limit: it waited for a lock (the
-// transaction holding it stays open for longer than limit).
-func lwAttempt(t *testing.T, b *bundle, sem, who string, wait int64, queue bool, limit time.Duration) rvAttempt {
+// row, or fails the test when the server shows it waiting for another transaction (a lock
+// wait on a transaction id, a tuple or an advisory lock: the transactions these tests hold
+// open stay open, so such a wait lasts until the test looks), looked for every 5 ms while it
+// runs. Not by a time the machine must beat: a loaded machine may take seconds to run it, and
+// no wait of it is on a lock. A minute without an answer fails as a hang.
+func lwAttempt(t *testing.T, b *bundle, sem, who string, wait int64, queue bool) rvAttempt {
 	t.Helper()
 	done := make(chan rvAttempt, 1)
 	errc := make(chan error, 1)
@@ -58,19 +61,28 @@ func lwAttempt(t *testing.T, b *bundle, sem, who string, wait int64, queue bool,
 		}
 		done <- a
 	}()
-	select {
-	case a := <-done:
-		t.Logf("%s's attempt (queue %v) returned in %v: outcome %d, ahead %d", who, queue, time.Since(start).Round(time.Microsecond), a.outcome, a.ahead)
-		return a
-	case err := <-errc:
-		require.NoError(t, err)
-	case <-time.After(limit):
-		var ev string
-		_ = b.Pool.QueryRow(b.Ctx, `SELECT coalesce(string_agg(wait_event_type || '/' || wait_event, ','), '') FROM pg_stat_activity
-			WHERE datname = current_database() AND query LIKE '%semaphore_acquire%' AND pid <> pg_backend_pid()`).Scan(&ev)
-		t.Fatalf("%s's attempt (queue %v) has not returned after %v: it waits behind another attempt's transaction (%s)", who, queue, limit, ev)
+	hang := time.After(time.Minute)
+	look := time.NewTicker(5 * time.Millisecond)
+	defer look.Stop()
+	for {
+		select {
+		case a := <-done:
+			t.Logf("%s's attempt (queue %v) returned in %v: outcome %d, ahead %d", who, queue, time.Since(start).Round(time.Microsecond), a.outcome, a.ahead)
+			return a
+		case err := <-errc:
+			require.NoError(t, err)
+		case <-hang:
+			t.Fatalf("%s's attempt (queue %v) has not returned after a minute", who, queue)
+		case <-look.C:
+			var ev string
+			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT coalesce(string_agg(wait_event_type || '/' || wait_event, ','), '') FROM pg_stat_activity
+				WHERE datname = current_database() AND state = 'active' AND query LIKE '%semaphore_acquire%' AND pid <> pg_backend_pid()
+				  AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple', 'advisory')`).Scan(&ev))
+			if ev != "" {
+				t.Fatalf("%s's attempt (queue %v) waits behind another transaction (%s), %v after it began", who, queue, ev, time.Since(start))
+			}
+		}
 	}
-	return rvAttempt{}
 }
 
 // After SetLimit lowered the limit (a permit above it held: grants count), an attempt that
@@ -101,7 +113,7 @@ func TestSemaphoreCountingAttemptWaitsForNoOther(t *testing.T) {
 		"a busy attempt changes nothing: the wait takes no place")
 
 	require.NoError(t, tx.Commit(ctx))
-	w := lwAttempt(t, b, "lwc", "w", 12, true, 3*time.Second)
+	w := lwAttempt(t, b, "lwc", "w", 12, true)
 	require.EqualValues(t, 4, w.outcome, "2 of 2 held: refused")
 	require.EqualValues(t, 0, w.ahead, "decided: at the head")
 	require.EqualValues(t, 2, rvInt(t, ctx, b.Pool, `SELECT held FROM fencelock.semaphore_state WHERE name = 'lwc'`))
@@ -140,10 +152,10 @@ func TestSemaphoreFirstAcquireWaitsForNoOther(t *testing.T) {
 	require.EqualValues(t, 3, rvInt(t, ctx, b.Pool, `SELECT permit_limit FROM fencelock.semaphores WHERE name = 'lwf'`))
 	require.EqualValues(t, 2, rvInt(t, ctx, b.Pool, `SELECT count(*) FROM fencelock.semaphore_free WHERE semaphore = 'lwf'`), "slots 1 and 2 free")
 
-	w := lwAttempt(t, b, "lwf", "w", 3, true, 3*time.Second)
+	w := lwAttempt(t, b, "lwf", "w", 3, true)
 	require.EqualValues(t, 1, w.outcome, "the wait at the head, 1 of 3 held: granted")
 	require.Equal(t, "lwf#1", w.name)
-	try := lwAttempt(t, b, "lwf", "t", 2, false, 3*time.Second)
+	try := lwAttempt(t, b, "lwf", "t", 2, false)
 	require.EqualValues(t, 1, try.outcome, "2 of 3 held, nobody waiting: granted")
 }
 

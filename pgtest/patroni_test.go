@@ -81,7 +81,11 @@ func waitReplayed(t *testing.T, c *pgtest.PatroniCluster, node, database, name s
 func TestPatroni(t *testing.T) {
 	t.Parallel()
 	testBegan := time.Now()
-	ctx := testContext(t)
+	// A bound for hangs, not for speed: the cluster's start, two switchovers, a failover and a
+	// rewind took 2 minutes in all beside a second suite under four busy loops (the start alone
+	// 51 s), and testContext's 2 minutes ended the last switchover's patronictl.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	t.Cleanup(cancel)
 
 	began := time.Now()
 	c := pgtest.NewPatroni(t, 2)
