@@ -183,7 +183,10 @@ func TestTimelineNeverCallsARenewedReleaseExpired(t *testing.T) {
 	require.NoError(t, err)
 	base := serve(t, h)
 	s := events(t, b.Ctx, base, "name", "n:long")
-	l, err := fencetest.NewLessor(t, b.Pool, "A").TryAcquire(b.Ctx, "n:long", time.Second) // renewed every 1/3 s
+	// TTL 2 s renewed every 1/3 s: the poll's expiry (at most 2 s ahead) is passed before its
+	// next poll 3 s later, and a renewal may come 1.5 s late on a loaded machine without the
+	// lease being lost (with a 1 s TTL, 0.6 s late lost it and failed the Release).
+	l, err := fencetest.NewLessor(t, b.Pool, "A", fencelock.WithHeartbeatInterval(time.Second/3)).TryAcquire(b.Ctx, "n:long", 2*time.Second)
 	require.NoError(t, err)
 	renewed := regexp.MustCompile(`(?:ok|late) \(([0-9]+) renewals\)`)
 	var seenRenewals int64
@@ -198,7 +201,7 @@ func TestTimelineNeverCallsARenewedReleaseExpired(t *testing.T) {
 	testkit.WaitFor(t, b.Ctx, "A's expiry renewed past the one the poll saw", func() bool {
 		var renewals int64
 		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT renewals FROM fencelock.leases WHERE name = 'n:long'`).Scan(&renewals))
-		return renewals >= seenRenewals+4 // four renewals of a third of the TTL: past the expiry seen
+		return renewals >= seenRenewals+7 // seven renewals a third of a second apart: past the expiry seen
 	})
 	require.NoError(t, l.Release(b.Ctx))
 	l2, err := fencetest.NewLessor(t, b.Pool, "C").TryAcquire(b.Ctx, "n:long", time.Minute)
