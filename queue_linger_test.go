@@ -16,9 +16,18 @@ import (
 // this was restored, an idle lessor let go of the notifier at once, and each such wait took a
 // place with no channel: one more statement per grant under contention, 4.15 commits a grant
 // instead of 3.2 in BenchmarkContention/Lease.)
+//
+// The waiter holds the lease (handed to it after a wait), the holder and another lessor queue
+// behind it, and the waiter releases and calls Acquire at once: it takes a place behind the
+// other waiter (the holder got the release's hand-off). A round counts only if the waiter's
+// place was read less than the linger after the release began (so its first attempt came
+// within the linger, whatever the machine's speed); a slower round proves nothing either way
+// and is run again, up to five times. The place is read before the waiter's next attempt,
+// which without a channel comes after 5 s (its backoff). The 10 s receives are hang bounds.
 func TestQueuePlaceCarriesChannelAfterRelease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
+	const linger = time.Second // fencelock's listenerLinger
 	holder := newLessor(t, b.Pool, "linger-holder")
 	ahead := newLessor(t, b.Pool, "linger-ahead", fastBackoff)
 	// The waiter polls only every 5 s: a place without a channel would stay so until then.
@@ -34,26 +43,43 @@ func TestQueuePlaceCarriesChannelAfterRelease(t *testing.T) {
 		}
 		return *ch
 	}
-	for round := range 2 {
-		held, err := holder.TryAcquire(b.Ctx, name, 10*time.Second)
-		require.NoError(t, err)
-		first := fencetest.AcquireAsync(b.Ctx, ahead, name, 10*time.Second)
-		awaitWaiters(t, b, name, 1)
-		// Behind another waiter: a wait that joins at the head looks again 20 ms later anyway
-		// (joinRecheck), which would give the queue its channel by the second attempt.
+	release := func(ch <-chan acquired) *fencelock.Lease {
+		t.Helper()
+		a := fencetest.Receive(t, ch, 10*time.Second)
+		require.NoError(t, a.Err)
+		return a.Lease
+	}
+
+	// The waiter waits, which attaches it to the notifier, and is handed the lease. (At the
+	// head, it looks again 20 ms after joining, joinRecheck: its place then has the channel,
+	// and the release wakes it.)
+	held, err := holder.TryAcquire(b.Ctx, name, 10*time.Second)
+	require.NoError(t, err)
+	got := fencetest.AcquireAsync(b.Ctx, waiter, name, 10*time.Second)
+	awaitQueue(t, b.Ctx, b.Pool, name, true, "linger-waiter")
+	require.NoError(t, held.Release(b.Ctx))
+	mine := release(got)
+
+	for round := 0; ; round++ {
+		require.Less(t, round, 5, "no round ran within the linger of %v: the machine is too slow to judge this", linger)
+		h := fencetest.AcquireAsync(b.Ctx, holder, name, 10*time.Second)
+		awaitQueue(t, b.Ctx, b.Pool, name, true, "linger-holder")
+		a := fencetest.AcquireAsync(b.Ctx, ahead, name, 10*time.Second)
+		awaitQueue(t, b.Ctx, b.Pool, name, true, "linger-holder", "linger-ahead")
+		start := time.Now() // before the release, which arms the linger
+		require.NoError(t, mine.Release(b.Ctx))
 		got := fencetest.AcquireAsync(b.Ctx, waiter, name, 10*time.Second)
-		awaitWaiters(t, b, name, 2)
-		t.Logf("round %d channel %q", round, channelOf())
-		if round == 1 {
-			// The waiter released a lease a moment ago (round 0): its first attempt knew the
-			// channel.
-			require.NotEmpty(t, channelOf(), "a wait of a lessor that just released took a place without its channel")
-		}
-		require.NoError(t, held.Release(b.Ctx))
-		for _, ch := range []<-chan acquired{first, got} {
-			a := <-ch
-			require.NoError(t, a.Err)
-			require.NoError(t, a.Lease.Release(b.Ctx))
+		awaitQueue(t, b.Ctx, b.Pool, name, false, "linger-ahead", "linger-waiter")
+		channel := channelOf()
+		elapsed := time.Since(start)
+		t.Logf("round %d: channel %q read %v after the release", round, channel, elapsed)
+		require.NoError(t, release(h).Release(b.Ctx))
+		require.NoError(t, release(a).Release(b.Ctx))
+		mine = release(got)
+		if elapsed < linger {
+			require.NotEmpty(t, channel, "a wait of a lessor that just released took a place without its channel")
+			break
 		}
 	}
+	require.NoError(t, mine.Release(b.Ctx))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/queue"
 	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 )
@@ -110,23 +111,41 @@ func TestQueueNoBarging(t *testing.T) {
 // A Release from inside a transaction that the same lease guards (GuardTx holds its row FOR
 // KEY SHARE) while someone waits: the release does not wait for that transaction (which would
 // never end: its own goroutine is in Release), ends the grant without a hand-off, and the
-// head, woken, takes the lease once the transaction has ended, with a larger token.
+// head, woken (the test LISTENs on its channel and sees the release's NOTIFY), takes the lease
+// once the transaction has ended, with a larger token. The bounds are hang bounds (10 s): a
+// release that waited for the transaction would wait forever (the transaction ends only after
+// it), a wake-up not sent never arrives, and a head that is not served stays unserved.
 func TestReleaseInsideGuardedTransaction(t *testing.T) {
 	b, _, lh := leaseHeld(t, "holder", "guarded")
 	w := fencetest.AcquireAsync(b.Ctx, newLessor(t, b.Pool, "waiter", fastBackoff), "guarded", time.Minute)
 	awaitQueue(t, b.Ctx, b.Pool, "guarded", true, "waiter")
+	var channel string
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT channel FROM fencelock.lease_waiters WHERE name = 'guarded' AND holder = 'waiter'`).Scan(&channel))
+	c, err := b.Pool.Acquire(b.Ctx)
+	require.NoError(t, err)
+	listener := c.Hijack()
+	defer func() { _ = listener.Close(context.Background()) }()
+	_, err = listener.Exec(b.Ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	require.NoError(t, err)
 	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	require.NoError(t, lh.GuardTx(b.Ctx, tx))
-	rctx, cancel := context.WithTimeout(b.Ctx, 5*time.Second)
+	rctx, cancel := context.WithTimeout(b.Ctx, 10*time.Second)
 	defer cancel()
 	require.NoError(t, lh.Release(rctx), "the release waited for the transaction its own lease guards")
 	row := readLease(t, b.Ctx, b.Pool, "guarded")
 	require.Equal(t, "holder", row.Holder, "handed over while the holder's guarded transaction was open")
 	require.True(t, row.Expired)
+	nctx, ncancel := context.WithTimeout(b.Ctx, 10*time.Second)
+	defer ncancel()
+	n, err := listener.WaitForNotification(nctx)
+	require.NoError(t, err, "the release did not wake the head")
+	wk, err := queue.ParseWake(n.Payload)
+	require.NoError(t, err)
+	require.Equal(t, []any{"waiter", "guarded", int64(0)}, []any{wk.Holder, wk.Name, wk.Token}, "the release woke the head to try for itself, handing it nothing")
 	require.NoError(t, tx.Commit(b.Ctx))
-	got := fencetest.Receive(t, w, 2*time.Second)
+	got := fencetest.Receive(t, w, 10*time.Second)
 	require.NoError(t, got.Err)
 	require.Greater(t, got.Lease.Token(), lh.Token())
 	require.NoError(t, got.Lease.Release(b.Ctx))
