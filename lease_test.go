@@ -60,23 +60,32 @@ func TestLease(t *testing.T) {
 	})
 
 	t.Run("HeartbeatKeepsLeasePastTTL", func(t *testing.T) {
-		b, a, c := twoLessors(t, false)
-		// A TTL of a second, renewed every third of it: a TTL of 150 ms was lost on a loaded
-		// machine (a .ci/run beside chromium's tabs) when one renewal came 100 ms late.
-		la, err := a.Acquire(b.Ctx, "job", time.Second)
+		t.Parallel()
+		b := setup(t)
+		// A TTL of 5 s renewed every 333 ms: the trust window (4.5 s) outlasts a renewal some
+		// 4 s late. With a TTL of a second renewed every third of it, a loaded machine (the
+		// suite beside four busy loops and a second suite) lost the lease when a renewal came
+		// 600 ms late; with 150 ms, when one came 100 ms late.
+		const ttl = 5 * time.Second
+		a := newLessor(t, b.Pool, "a", fencelock.WithHeartbeatInterval(333*time.Millisecond))
+		c := newLessor(t, b.Pool, "c")
+		la, err := a.Acquire(b.Ctx, "job", ttl)
 		require.NoError(t, err)
-		// Wait for several renewals: each moves ExpiresAt on the database clock, here past
-		// two TTLs beyond the grant's.
+		// Wait for a renewal sent after the grant's expiry: it moves ExpiresAt (database clock)
+		// past that expiry plus a TTL, and LeaseRenew only renews an unexpired row, so the
+		// heartbeat kept the lease without a gap past its TTL. Without renewals the trust
+		// window ends first (Done closes); the minute is a bound for a hang only.
 		first := la.ExpiresAt()
-		deadline := time.Now().Add(20 * time.Second)
-		for !la.ExpiresAt().After(first.Add(2 * time.Second)) {
-			require.True(t, time.Now().Before(deadline), "lease not renewed")
+		deadline := time.Now().Add(time.Minute)
+		for !la.ExpiresAt().After(first.Add(ttl)) {
+			require.True(t, time.Now().Before(deadline), "lease not renewed past its TTL in a minute")
 			select {
 			case <-la.Done():
 				t.Fatalf("healthy lease lost: %v", la.Err())
 			case <-time.After(10 * time.Millisecond):
 			}
 		}
+		// Past the grant's expiry on the database clock, the lease is still held there.
 		_, err = c.TryAcquire(b.Ctx, "job", time.Second)
 		require.ErrorIs(t, err, fencelock.ErrNotAcquired)
 		require.NoError(t, la.Err())
@@ -87,18 +96,28 @@ func TestLease(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		a := newLessor(t, b.Pool, "a")
+		// A TTL of 5 s with the default heartbeat (a third of it): a batch may come nearly 3 s
+		// late before a trust window (4.5 s) ends. With a TTL of a second, a loaded machine
+		// lost a lease to a batch 600 ms late.
+		const n, ttl = 200, 5 * time.Second
 		var leases []*fencelock.Lease
-		for i := range 200 {
-			l, err := a.TryAcquire(b.Ctx, fmt.Sprintf("job:%d", i), time.Second)
+		var lastExpiry time.Time // the latest expiry read as the leases were granted, database clock
+		for i := range n {
+			l, err := a.TryAcquire(b.Ctx, fmt.Sprintf("job:%d", i), ttl)
 			require.NoError(t, err)
 			leases = append(leases, l)
+			if l.ExpiresAt().After(lastExpiry) {
+				lastExpiry = l.ExpiresAt()
+			}
 		}
-		// Past two TTLs every lease is still held: the batched heartbeat kept all 200.
+		// Once the database clock is past every grant's expiry, every lease is still held
+		// there: the batched heartbeat renewed all 200 in time (a lease it left out expires
+		// at its grant's expiry and is missing from the count).
 		var stillHeld int
-		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT pg_sleep(2.2)::text IS NOT NULL`).Scan(new(bool)))
+		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT pg_sleep_until($1::timestamptz + interval '10 milliseconds')::text IS NOT NULL`, lastExpiry).Scan(new(bool)))
 		require.NoError(t, b.Pool.QueryRow(b.Ctx,
 			`SELECT count(*) FROM fencelock.leases WHERE holder = 'a' AND expires_at > clock_timestamp()`).Scan(&stillHeld))
-		require.Equal(t, 200, stillHeld)
+		require.Equal(t, n, stillHeld)
 		for _, l := range leases {
 			require.NoError(t, l.Err())
 			require.NoError(t, l.Release(b.Ctx))

@@ -120,25 +120,47 @@ func TestMigrateWaitsForSessionLockOfEarlierVersion(t *testing.T) {
 		}
 	}()
 
-	ctx, cancel := context.WithTimeout(b.Ctx, 5*time.Second)
+	// The lock stays held: a Migrate that waited for it would not return, so 60 s is a bound
+	// for a hang, not for the machine's speed.
+	ctx, cancel := context.WithTimeout(b.Ctx, 60*time.Second)
 	defer cancel()
 	require.NoError(t, fencelock.Migrate(ctx, b.Pool), "nothing pending: no lock")
 
 	_, err = b.Pool.Exec(b.Ctx, `DROP SCHEMA fencelock CASCADE`)
 	require.NoError(t, err)
-	// Bounded by ctx: the error says so, and nothing is left waiting.
-	short, cancelShort := context.WithTimeout(b.Ctx, 500*time.Millisecond)
+	// awaitWaiting waits until the server shows a Migrate waiting for the lock, failing the
+	// test if the Migrate (returned) returns first, or after a minute (a hang).
+	awaitWaiting := func(returned <-chan error, what string) {
+		t.Helper()
+		hang := time.After(time.Minute)
+		for !migrateWaiting(t, b) {
+			select {
+			case err := <-returned:
+				t.Fatalf("%s returned while the session lock was held: %v", what, err)
+			case <-hang:
+				t.Fatalf("%s was not seen waiting for the session lock in a minute", what)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	// Bounded by ctx: the error says so, and nothing is left waiting. The ctx ends once the
+	// Migrate is seen waiting for the lock (a timeout of 500 ms could end in its set-up on a
+	// loaded machine, before the lock's wait).
+	short, cancelShort := context.WithCancel(b.Ctx)
 	defer cancelShort()
-	err = fencelock.Migrate(short, b.Pool)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	gaveUp := testkit.Async(func() error { return fencelock.Migrate(short, b.Pool) })
+	awaitWaiting(gaveUp, "the Migrate to cancel")
+	cancelShort()
+	err = testkit.Receive(t, gaveUp, time.Minute, "return of the cancelled Migrate (a hang)")
+	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorContains(t, err, "migration lock")
-	require.Eventually(t, func() bool { return !migrateWaiting(t, b) }, 5*time.Second, 10*time.Millisecond,
+	// The wait ends on the server too, once pgx's cancel request has reached it: 30 s is a
+	// bound for a wait left there until the lock's own timeout (5 minutes).
+	require.Eventually(t, func() bool { return !migrateWaiting(t, b) }, 30*time.Second, 10*time.Millisecond,
 		"a Migrate that gave up still waits on the server")
 
-	migrated := make(chan error, 1)
-	go func() { migrated <- fencelock.Migrate(context.WithoutCancel(b.Ctx), b.Pool) }()
-	require.Eventually(t, func() bool { return migrateWaiting(t, b) }, 10*time.Second, 5*time.Millisecond,
-		"Migrate did not wait for the session lock")
+	migrated := testkit.Async(func() error { return fencelock.Migrate(context.WithoutCancel(b.Ctx), b.Pool) })
+	awaitWaiting(migrated, "Migrate")
 	select {
 	case err := <-migrated:
 		t.Fatalf("Migrate returned while the session lock was held: %v", err)
