@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,8 +27,45 @@ import (
 // itself ends a safety margin (a tenth of the TTL) before the server-side expiry.
 const doneSlack = 150 * time.Millisecond
 
-// checkTimeout bounds porcupine per run.
+// checkTimeout bounds porcupine per run. The check is CPU-bound, and a loaded machine can make
+// it run out of time: porcupine then says unknown (it found no illegal order in time), which
+// proves nothing either way, and is logged as such, not counted as a violation
+// (dropCheckTimeouts). A history porcupine finds illegal within it is a violation.
 const checkTimeout = 20 * time.Second
+
+// dropCheckTimeouts returns vs without the linearizability checks that ran out of time
+// ([CheckLinearizable]'s [ErrCheckTimeout], which [CheckRegister] reports as a violation of
+// CheckLinearizable), logging each as unknown. An illegal history's violation stays.
+func dropCheckTimeouts(t *testing.T, vs []Violation) []Violation {
+	t.Helper()
+	var kept []Violation
+	for _, v := range vs {
+		if v.Invariant == "CheckLinearizable" && strings.HasPrefix(v.Detail, ErrCheckTimeout.Error()) {
+			t.Logf("chaos: linearizability unknown (not a violation): %s", v.Detail)
+			continue
+		}
+		kept = append(kept, v)
+	}
+	return kept
+}
+
+// A linearizability check that ran out of time is dropped from the violations; one that found
+// the history illegal is kept.
+func TestDropCheckTimeouts(t *testing.T) {
+	timedOut := Violation{"CheckLinearizable", -1, fmt.Errorf("%w after %v (%d operations)", ErrCheckTimeout, checkTimeout, 1000).Error()}
+	other := Violation{"NoAckedWriteLost", 3, "lost"}
+	require.Equal(t, []Violation{other}, dropCheckTimeouts(t, []Violation{timedOut, other}))
+
+	b := &hb{} // an unknown append with an older token, applied after a newer write
+	b.grant("a", 1, 0).grant("b", 2, 1).
+		app("b", 2, "b1", OK, 2, 3).
+		app("a", 1, "a1", Unknown, 4, 5).
+		read(20, Entry("b", 2, "b1"), Entry("a", 1, "a1"))
+	vs := dropCheckTimeouts(t, CheckRegister(b.h, map[string]int64{"r": 2}, 0, checkTimeout))
+	require.True(t, slices.ContainsFunc(vs, func(v Violation) bool {
+		return v.Invariant == "CheckLinearizable" && strings.HasPrefix(v.Detail, ErrNotLinearizable.Error())
+	}), "the illegal history's violation was dropped: %v", vs)
+}
 
 // runs returns how many times a scenario runs: n by default, FENCELOCK_CHAOS_RUNS if set.
 func runs(n int) int {
@@ -281,7 +320,7 @@ func finalCheck(t *testing.T, ctx context.Context, pool *pgxpool.Pool, rec *Reco
 		fences[name] = hw
 	}
 	h := rec.History()
-	vs := CheckRegister(h, fences, doneSlack, checkTimeout)
+	vs := dropCheckTimeouts(t, CheckRegister(h, fences, doneSlack, checkTimeout))
 	for _, v := range vs {
 		t.Errorf("violation: %v", v)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
@@ -33,10 +34,12 @@ func TestScenarioSIGSTOP(t *testing.T) {
 
 // sigstopRuns makes n runs of scenario 1 (election false) or 12 (true, every holder a
 // candidate of an election of the name), each on a name of its own (prefix:run): a holder child
-// (TTL 1 s, writing every 20 ms) stopped with SIGSTOP for TTL + U(100 ms, 1 s) while two
-// in-process workers take the lease (the term) over and write, then resumed. It checks each
-// run's history and returns how many of the child's writes were rejected as stale, and, for
-// each run, the time from SIGCONT to the child's Done closing.
+// (TTL 1 s, writing every 20 ms) stopped with SIGSTOP for TTL + U(100 ms, 1 s), and at least
+// until one of two in-process workers has taken the lease (the term) over, then resumed; once
+// a worker has written (the fence's high-water mark above the child's token), the child is
+// told to write once more before it stops. It checks each run's history and returns how many
+// of the child's writes were rejected as stale (at least one a run, unless the fence let an
+// old token through), and, for each run, the time from SIGCONT to the child's Done closing.
 func sigstopRuns(t *testing.T, e *env, n int, prefix string, election bool) (stale int, resumeDetect []time.Duration) {
 	t.Helper()
 	ctx, db := e.ctx, e.db
@@ -45,7 +48,7 @@ func sigstopRuns(t *testing.T, e *env, n int, prefix string, election bool) (sta
 		name := fmt.Sprintf("%s:%d", prefix, run)
 		rec := newRun(t, ctx, db.Pool, name)
 		c := startChild(t, childConfig{URL: db.URL, Worker: "child", Name: name, TTL: ttl, Interval: 20 * time.Millisecond, Election: election}, rec)
-		c.waitGrant(ctx)
+		grant := c.waitGrant(ctx)
 
 		wctx, stop := context.WithCancel(ctx)
 		var wg sync.WaitGroup
@@ -57,11 +60,25 @@ func sigstopRuns(t *testing.T, e *env, n int, prefix string, election bool) (sta
 		time.Sleep(jitter(0, 300*time.Millisecond))
 		stopped := rec.Now()
 		c.signal(syscall.SIGSTOP)
-		time.Sleep(ttl + jitter(100*time.Millisecond, ttl))
+		// The pause lasts TTL + U(100 ms, 1 s), and until a worker has taken the lease (the
+		// term) over, with a newer token, which a loaded machine may delay past any fixed
+		// pause. Not until a worker has written too: the child may be stopped inside its fenced
+		// write's transaction, and then no newer write commits before it resumes. A bound for
+		// hangs: a takeover that never comes fails the test here.
+		minPause := time.After(ttl + jitter(100*time.Millisecond, ttl))
+		require.NoError(t, awaitTokenAbove(ctx, db.Pool, `SELECT coalesce((SELECT token FROM fencelock.leases WHERE name = $1), 0)`, name, grant.Token, time.Minute),
+			"the lease was not taken over while the child was stopped")
+		<-minPause
 		c.signal(syscall.SIGCONT)
 		resumed := rec.Now()
 		rec.Record(Op{Worker: "child", Kind: KindFault, Value: "sigstop", Invoke: stopped, Return: resumed})
+		// Once a worker's write has raised the fence past the child's token (a bound for
+		// hangs), the child's writes with its old token are stale: its ticks meanwhile, and
+		// one more told on stdin, which it makes before it reads the end of its input.
+		require.NoError(t, awaitTokenAbove(ctx, db.Pool, `SELECT coalesce((SELECT token FROM fencelock.fences WHERE resource = $1), 0)`, name, grant.Token, time.Minute),
+			"no worker wrote with a newer token")
 		time.Sleep(jitter(200*time.Millisecond, 500*time.Millisecond))
+		c.write()
 		c.finish(10 * time.Second)
 		stop()
 		wg.Wait()
@@ -137,4 +154,22 @@ func TestStoppedProcessIsFenced(t *testing.T) {
 	}
 	require.Equal(t, []int64{int64(ln.Token())}, written)
 	logReport(t, e.report)
+}
+
+// awaitTokenAbove polls query (one bigint column, the argument $1 = name) every 5 ms until it
+// returns more than token, for at most limit (or until ctx ends).
+func awaitTokenAbove(ctx context.Context, pool *pgxpool.Pool, query, name string, token int64, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		var got int64
+		err := pool.QueryRow(ctx, query, name).Scan(&got)
+		if err == nil && got > token {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("%q at %d, not above %d: %w", name, got, token, errors.Join(ctx.Err(), err))
+		}
+		sleepCtx(ctx, 5*time.Millisecond)
+	}
 }
