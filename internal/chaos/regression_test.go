@@ -27,7 +27,9 @@ func TestRegressionErrNilPastTrustWindow(t *testing.T) {
 	// No heartbeat: nothing renews the lease, as when every renewal fails.
 	l, err := fencelock.NewLessor(db.Pool, fencelock.WithHolder("h"), fencelock.WithoutHeartbeat())
 	require.NoError(t, err)
-	lease, err := l.TryAcquire(ctx, "trust", 300*time.Millisecond)
+	// TTL 1 s: with 300 ms, a loaded machine's reply came after the trust window (270 ms), and
+	// the try was refused before the loop below could look at anything.
+	lease, err := l.TryAcquire(ctx, "trust", time.Second)
 	require.NoError(t, err)
 	var trustedLate time.Duration
 	for ctx.Err() == nil {
