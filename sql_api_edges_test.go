@@ -65,53 +65,80 @@ func TestSQLTryAcquireGrantsInAutocommitWithAnyProtocol(t *testing.T) {
 }
 
 // try_acquire counts its TTL from the start of its own statement (docs/SQL.md), not from the
-// transaction's: a grant sent inside a transaction that began earlier, longer ago than the
-// TTL, still keeps everyone else out until (send time) + TTL, so the holder's trust window,
-// counted from its send time, ends before the lease does.
+// transaction's: a grant sent inside a transaction that began earlier (sqlInTxWork before it)
+// keeps everyone else out until its statement's start + TTL. Judged on the database clock:
+// the lease row expires exactly then, and B, asking once the TTL has passed since the
+// transaction began (when a TTL counted from there would have ended), is refused.
 func TestSQLTryAcquireInTransactionBlockCountsFromItsStatement(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	const ttl = 2 * time.Second
 	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.Ctx) }()
-	_, err = tx.Exec(b.Ctx, `SELECT pg_sleep(2.5)`) // work in the transaction before the grant, longer than the TTL
+	_, err = tx.Exec(b.Ctx, `SELECT pg_sleep($1::float8)`, sqlInTxWork.Seconds()) // work in the transaction before the grant
 	require.NoError(t, err)
-	sent := time.Now()
 	var tokA *int64
-	require.NoError(t, tx.QueryRow(b.Ctx, `SELECT fencelock.try_acquire('acct', 'A', $1)`, ttl).Scan(&tokA))
+	var stmt, txStart time.Time
+	require.NoError(t, tx.QueryRow(b.Ctx, `SELECT fencelock.try_acquire('acct', 'A', $1), statement_timestamp(), now()`, sqlInTxTTL).
+		Scan(&tokA, &stmt, &txStart))
 	require.NotNil(t, tokA)
 	require.NoError(t, tx.Commit(b.Ctx))
 
-	tokB := sqlFirstGrantToB(t, b, sent, ttl)
-	require.Zero(t, tokB, "B took the lease %v after A's grant was sent (ttl %v)", time.Since(sent), ttl)
+	var expires time.Time
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT expires_at FROM fencelock.leases WHERE name = 'acct'`).Scan(&expires))
+	require.True(t, expires.Equal(stmt.Add(sqlInTxTTL)), "expires_at %v: not the statement's start (%v) + TTL; the transaction began at %v", expires, stmt, txStart)
+	sqlRefusedToBAt(t, b, txStart.Add(sqlInTxTTL), stmt.Add(sqlInTxTTL))
 }
 
 // renew counts its TTL from the start of its own statement (docs/SQL.md), so a renewal sent
-// inside a transaction that began earlier opens the whole trust window of its send time: no
-// one takes the lease before (send time) + TTL, even once the TTL has passed since the
-// transaction's start and since the grant.
+// inside a transaction that began earlier (sqlInTxWork before it) keeps everyone else out
+// until its statement's start + TTL, even once the TTL has passed since the transaction's
+// start and since the grant. Judged on the database clock: the renewal returns that expiry,
+// and B, asking once the TTL has passed since the transaction began (after the grant), is
+// refused.
 func TestSQLRenewInTransactionCountsFromItsStatement(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	const ttl = 2 * time.Second
-	tokA := sqlTryAcquire(t, b, "acct", "A", ttl)
+	tokA := sqlTryAcquire(t, b, "acct", "A", sqlInTxTTL)
 	require.NotZero(t, tokA)
 	tx, err := b.Pool.Begin(b.Ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.Ctx) }()
-	_, err = tx.Exec(b.Ctx, `SELECT pg_sleep(1.5)`)
+	_, err = tx.Exec(b.Ctx, `SELECT pg_sleep($1::float8)`, sqlInTxWork.Seconds())
 	require.NoError(t, err)
-	sent := time.Now()
-	var expires time.Time
-	require.NoError(t, tx.QueryRow(b.Ctx, `SELECT fencelock.renew('acct', 'A', $1, $2)`, int64(tokA), ttl).Scan(&expires))
+	var expires, stmt, txStart time.Time
+	require.NoError(t, tx.QueryRow(b.Ctx, `SELECT fencelock.renew('acct', 'A', $1, $2), statement_timestamp(), now()`, int64(tokA), sqlInTxTTL).
+		Scan(&expires, &stmt, &txStart))
 	require.NoError(t, tx.Commit(b.Ctx))
 
-	// The renewal opened a trust window up to sent + ttl. Ask inside it, once its first
-	// grant's TTL (from before the renewal) has passed on the database clock.
-	tokB := sqlFirstGrantToB(t, b, sent, ttl)
-	require.Zero(t, tokB, "B took the lease %v after A's renewal was sent (ttl %v; the renewal said it expires at %v, %v after its send time)",
-		time.Since(sent), ttl, expires, expires.Sub(sent))
+	require.True(t, expires.Equal(stmt.Add(sqlInTxTTL)), "the renewal's expiry %v: not its statement's start (%v) + TTL; the transaction began at %v", expires, stmt, txStart)
+	sqlRefusedToBAt(t, b, txStart.Add(sqlInTxTTL), stmt.Add(sqlInTxTTL))
+}
+
+// The TTL of the grants and renewals sent inside a transaction block, and the work in that
+// transaction before them: the window in which a TTL counted from the transaction's start
+// would have ended and one counted from the statement's has not is sqlInTxWork wide.
+const (
+	sqlInTxTTL  = 6 * time.Second
+	sqlInTxWork = 2 * time.Second
+)
+
+// sqlRefusedToBAt has B try fencelock.try_acquire of "acct" once, in a statement that sleeps on
+// the database until at (when a TTL counted from the wrong start would have ended) and reads
+// the database clock before the attempt, and fails the test unless B is refused. An attempt
+// that began after until (A's expiry: a refusal is no longer due), which only a machine
+// stalled for seconds makes, fails the test too, as not judged.
+func sqlRefusedToBAt(t *testing.T, b *bundle, at, until time.Time) {
+	t.Helper()
+	var asked time.Time
+	var tok *int64
+	// The target list is evaluated left to right: the sleep, the clock, then the attempt.
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT pg_sleep(greatest(extract(epoch FROM $1::timestamptz - clock_timestamp()), 0)::float8),
+		clock_timestamp(), fencelock.try_acquire('acct', 'B', $2)`, at, sqlInTxTTL).Scan(nil, &asked, &tok))
+	require.False(t, asked.Before(at), "B asked at %v, before %v", asked, at)
+	require.True(t, asked.Before(until), "not judged: B asked at %v, not before A's expiry %v", asked, until)
+	require.Nil(t, tok, "B took the lease at %v, %v before A's expiry %v (a TTL counted from the transaction's start ended at %v)",
+		asked, until.Sub(asked), until, at)
 }
 
 // Durability: with the session default synchronous_commit = off, every call that hands out a
@@ -263,17 +290,4 @@ func TestSQLTryAcquireDoesNotBargeAndRenewDoesNotRevive(t *testing.T) {
 	time.Sleep(40 * time.Millisecond)
 	_, err = b.Pool.Exec(b.Ctx, `SELECT fencelock.renew('e', 'A', $1, '1 minute'::interval)`, int64(tokE))
 	require.Equal(t, "FL005", sqlState(err), "renew of an expired grant nobody took")
-}
-
-// sqlFirstGrantToB has B try fencelock.try_acquire of "acct" with ttl every 20 ms until 3/4 of
-// ttl has passed since sent, and returns the token of its first grant (0 when none came).
-func sqlFirstGrantToB(t *testing.T, b *bundle, sent time.Time, ttl time.Duration) fencelock.Token {
-	t.Helper()
-	for time.Since(sent) < ttl*3/4 {
-		if tok := sqlTryAcquire(t, b, "acct", "B", ttl); tok != 0 {
-			return tok
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return 0
 }

@@ -55,9 +55,13 @@ const (
 	numPayments = 20
 	numWorkers  = 4 // regular workers, with heartbeat
 
-	leaseTTL   = 5 * time.Second // regular workers' leases, renewed by the heartbeat
-	pausedTTL  = 300 * time.Millisecond
-	pauseFor   = 1 * time.Second // more than three TTLs
+	leaseTTL = 5 * time.Second // regular workers' leases, renewed by the heartbeat
+	// pausedTTL, the paused workers' leases, is short, yet long enough that on a loaded
+	// machine the grant's reply still leaves a paused worker time to check its lease before
+	// it pauses: its trust window ends a tenth of the TTL before the lease, and with 300 ms,
+	// replies under load left it 28 ms of the 270.
+	pausedTTL  = 1 * time.Second
+	pauseFor   = 1 * time.Second // as long as the TTL; the pause also lasts until the takeover
 	runTimeout = 60 * time.Second
 )
 

@@ -55,8 +55,9 @@ func pausedWorker(ctx context.Context, pool *pgxpool.Pool, ev *events, acquired 
 	acquired.Done()
 	signalled = true
 
-	// The pause. The sleep is real and lasts more than three TTLs. So that the demo shows a
-	// rejection on every run, the pause also lasts until the takeover has committed.
+	// The pause. The sleep is real and lasts as long as the TTL. So that the demo shows a
+	// rejection on every run, the pause also lasts until the takeover has committed, which
+	// comes only once the lease has expired on the database clock.
 	select {
 	case <-time.After(pauseFor):
 	case <-ctx.Done():

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -18,7 +19,8 @@ import (
 
 // release --force ends a zombie's grant: the waiter gets the lease with the new token, which
 // also fences the other resource; the zombie's fenced writes are then refused. Without --force
-// it is refused; with the holder inside a guarded transaction it gives up after --lock-timeout.
+// it is refused; with the holder inside a guarded transaction it gives up after --lock-timeout,
+// naming the holder's backend (see blockerSampleRoom for the lock timeout it is given).
 func TestCLIReleaseForce(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -39,12 +41,13 @@ func TestCLIReleaseForce(t *testing.T) {
 	defer func() { _ = tx.Rollback(b.Ctx) }() // on failure too: the pool closes at cleanup
 	require.NoError(t, zombie.GuardTx(b.Ctx, tx))
 	guardPID := tx.Conn().PgConn().PID()
+	lockTimeout := blockerSampleRoom(t, b)
 	start := time.Now()
-	code, out, errOut := cliRun(t, b, "", "release", "--force", "--lock-timeout", "200ms", "cli:job")
+	code, out, errOut := cliRun(t, b, "", "release", "--force", "--lock-timeout", lockTimeout.String(), "cli:job")
 	require.Equal(t, cli.ExitLockTimeout, code, "stdout %q stderr %q", out, errOut)
-	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	require.GreaterOrEqual(t, time.Since(start), lockTimeout)
 	require.Regexp(t, `^fencelock: release lease "cli:job": the lease row is locked by another transaction: .*guarded transaction of its holder.*; `+
-		fmt.Sprintf(`pg_blocking_pids: pid %d \(`, guardPID)+`.*--lock-timeout 200ms.*raise --lock-timeout\n$`, errOut)
+		fmt.Sprintf(`pg_blocking_pids: pid %d \(`, guardPID)+`.*--lock-timeout `+regexp.QuoteMeta(lockTimeout.String())+`.*raise --lock-timeout\n$`, errOut)
 	require.NoError(t, tx.Rollback(b.Ctx))
 	require.Equal(t, leaseRow{Holder: "zombie", Token: int64(zombie.Token())}, readLease(t, b.Ctx, b.Pool, "cli:job"))
 
@@ -68,6 +71,32 @@ func TestCLIReleaseForce(t *testing.T) {
 
 }
 
+// blockerSampleRoom returns the --lock-timeout TestCLIReleaseForce gives a release that waits
+// for a locked lease row, so that the message can name the blocking backend: the command
+// learns it from pg_blocking_pids, sampled by a second connection that it opens once the
+// release has begun (internal/cli, watchBlockers), so a lock timeout shorter than that
+// connection and its first query leaves the message without it ("pg_blocking_pids named no
+// backend while it waited", as a 200 ms one did on a loaded machine). The timeout is derived
+// from this run: twenty times the longest of three runs of that work here (open a connection,
+// query pg_blocking_pids, close), and 1 s at least.
+func blockerSampleRoom(t *testing.T, b *bundle) time.Duration {
+	t.Helper()
+	var longest time.Duration
+	for range 3 {
+		start := time.Now()
+		conn, err := pgx.Connect(b.Ctx, b.DB.URL)
+		require.NoError(t, err)
+		var n int
+		err = conn.QueryRow(b.Ctx, `SELECT count(*) FROM pg_catalog.unnest(pg_catalog.pg_blocking_pids(pg_catalog.pg_backend_pid()))`).Scan(&n)
+		require.NoError(t, err)
+		require.NoError(t, conn.Close(b.Ctx))
+		longest = max(longest, time.Since(start))
+	}
+	d := max(time.Second, 20*longest).Round(time.Millisecond)
+	t.Logf("--lock-timeout %v (a connection and a query of pg_blocking_pids took %v at most)", d, longest.Round(time.Millisecond))
+	return d
+}
+
 // releaseJSON is the object release --json prints for a lease, as a script reads it.
 type releaseJSON struct {
 	Lease     string   `json:"lease"`
@@ -80,11 +109,21 @@ type releaseJSON struct {
 	Fenced    []string `json:"fenced"`
 }
 
-// lapsedGrant returns a grant of name to holder "zombie" (no heartbeat, TTL 300 ms) once it
-// has lapsed on the server, nobody having taken the lease over.
+// lapsedGrant returns a grant of name to holder "zombie" (no heartbeat, TTL 1 s) once it has
+// lapsed on the server, nobody having taken the lease over. A grant whose reply came after its
+// trust window is refused by TryAcquire (released at once, ErrNotAcquired), as on a loaded
+// machine a 300 ms one was; it asks again, 20 times at most.
 func lapsedGrant(t *testing.T, b *bundle, name string) *fencelock.Lease {
 	t.Helper()
-	lease, err := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat()).TryAcquire(b.Ctx, name, 300*time.Millisecond)
+	lessor := newLessor(t, b.Pool, "zombie", fencelock.WithoutHeartbeat())
+	var lease *fencelock.Lease
+	var err error
+	for range 20 {
+		if lease, err = lessor.TryAcquire(b.Ctx, name, time.Second); !errors.Is(err, fencelock.ErrNotAcquired) {
+			break
+		}
+		t.Logf("TryAcquire(%q, 1s): %v; again", name, err)
+	}
 	require.NoError(t, err)
 	waitFor(t, b, "the grant lapses on the server", func() bool { return readLease(t, b.Ctx, b.Pool, name).Expired })
 	return lease

@@ -89,6 +89,76 @@ func walSenderNames(t *testing.T, ctx context.Context, pool *pgxpool.Pool) []fen
 	return out
 }
 
+// rebaseWaitingApp is the application_name of the sessions of rebaseUntilWaiting's calls.
+const rebaseWaitingApp = "rebase-until-waiting"
+
+// rebaseUntilWaiting runs RebaseTokenEpochOpts(ctx, pool, atLeast, opts...) on a pool of its
+// own on url (application_name rebaseWaitingApp), and ends that call's ctx (cancels it) once
+// the call is seen waiting for the standbys or slots that lack the rebase, in primary's
+// pg_stat_activity: its session has sent the empty commit (replayNudgeSQL) that the call sends
+// only while it waits, or has shown four starts of its read of pg_stat_replication
+// (query_start: a read shows at its Bind and at its Execute, the first one also at its Parse,
+// so four make two reads at least, and the call reads again only while someone is behind). It
+// returns what the call returned and how long after it began. It fails the test when the call
+// returns before it is seen waiting (it did not wait), or when ctx ends first. Waiting for
+// that moment, not for a timeout, leaves the call the time its commit takes on a loaded
+// machine (a 2 s timeout once ended it before the commit).
+func rebaseUntilWaiting(t *testing.T, ctx context.Context, primary *pgxpool.Pool, url string, atLeast uint32,
+	opts ...fencelock.RebaseOption) (uint32, time.Duration, error) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = rebaseWaitingApp
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		epoch uint32
+		err   error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		e, err := fencelock.RebaseTokenEpochOpts(rctx, pool, atLeast, opts...)
+		done <- result{e, err}
+	}()
+	reads := map[string]bool{} // pid and query_start of the reads of pg_stat_replication seen
+	for nudged := false; !nudged && len(reads) < 4; {
+		select {
+		case r := <-done:
+			t.Fatalf("the rebase returned (%d, %v) after %v, before it was seen waiting for the standbys or slots behind it",
+				r.epoch, r.err, time.Since(start).Round(time.Millisecond))
+		case <-ctx.Done():
+			t.Fatalf("the rebase was not seen waiting before the test's end: %v", ctx.Err())
+		case <-time.After(2 * time.Millisecond):
+		}
+		rows, err := primary.Query(ctx, `SELECT pid || ' ' || query_start::text, query LIKE '%pg_current_xact_id%'
+			FROM pg_stat_activity WHERE application_name = $1 AND query_start IS NOT NULL
+			  AND (query LIKE 'WITH target AS%' OR query LIKE '%pg_current_xact_id%')`, rebaseWaitingApp)
+		require.NoError(t, err)
+		for rows.Next() {
+			var read string
+			var nudge bool
+			require.NoError(t, rows.Scan(&read, &nudge))
+			nudged = nudged || nudge
+			if !nudge {
+				reads[read] = true
+			}
+		}
+		require.NoError(t, rows.Err())
+	}
+	cancel()
+	select {
+	case r := <-done:
+		return r.epoch, time.Since(start), r.err
+	case <-ctx.Done():
+		t.Fatalf("the rebase did not return once cancelled: %v", ctx.Err())
+		return 0, 0, nil
+	}
+}
+
 // RebaseTokenEpoch returns only once every standby streaming from the primary has replayed
 // the rebase: read on each standby right after the call returns, the offset is the new one,
 // although each standby applies commits only 500 ms after they were made. Then a standby is
@@ -168,9 +238,9 @@ func TestRebaseTokenEpochWaitsForStandbys(t *testing.T) {
 }
 
 // A rebase whose standby does not receive it (the primary's WAL sender is stopped): the call
-// gives up when its ctx ends, with an error that wraps context.DeadlineExceeded, names the
-// standby and says that the rebase is committed on the primary, where the next token indeed
-// has the new epoch. That standby is then promoted after a crash of the primary: the case
+// waits, and gives up when its ctx ends (cancelled once it is seen waiting: rebaseUntilWaiting),
+// with an error that wraps the ctx's, names the standby and says that the rebase is committed
+// on the primary, where the next token indeed has the new epoch. That standby is then promoted after a crash of the primary: the case
 // the error warns about. The promoted server lacks the rebase, and its tokens fall below the
 // token the old primary issued after it (tokens went backwards); the rebase the error asks
 // for on the promoted server (atLeast = Epoch + 1) puts them above it again.
@@ -186,10 +256,8 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 
-	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-	epoch, err := fencelock.RebaseTokenEpoch(rctx, db.Pool, 10)
-	rcancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	epoch, elapsed, err := rebaseUntilWaiting(t, ctx, db.Pool, db.URL, 10)
+	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorIs(t, err, fencelock.ErrRebaseNotReplayed)
 	var rerr *fencelock.RebaseReplayError
 	require.ErrorAs(t, err, &rerr)
@@ -205,10 +273,10 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 	var behind bool
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT $1::pg_lsn < $2::pg_lsn`, got.ReplayLSN, rerr.LSN).Scan(&behind))
 	require.True(t, behind, "replayed up to %s, the rebase is at %s", got.ReplayLSN, rerr.LSN)
-	for _, want := range []string{"committed on the primary", got.ApplicationName, "127.0.0.1", rerr.LSN, "context deadline exceeded", "atLeast 11"} {
+	for _, want := range []string{"committed on the primary", got.ApplicationName, "127.0.0.1", rerr.LSN, "context canceled", "atLeast 11"} {
 		require.ErrorContains(t, err, want)
 	}
-	t.Log(err)
+	t.Logf("after %v: %v", elapsed.Round(time.Millisecond), err)
 
 	// Committed on the primary: its next token has the new epoch. This grant is lost with the
 	// failover too.
@@ -235,7 +303,8 @@ func TestRebaseTokenEpochStandbyBehind(t *testing.T) {
 }
 
 // A standby that received the rebase but has not replayed it (pg_wal_replay_pause) keeps the
-// call waiting until its ctx ends, and the error names it. Called again (the remedy the
+// call waiting until its ctx ends (cancelled once it is seen waiting: rebaseUntilWaiting), and
+// the error names it. Called again (the remedy the
 // error gives), the call waits for the same standby, also across a reconnection: its WAL
 // sender is terminated while the call waits, and a new one of the same standby reports the
 // replay once it resumes. Until then the call has not returned; after, the standby has the
@@ -252,10 +321,8 @@ func TestRebaseTokenEpochReplayPaused(t *testing.T) {
 		return standbyPool.QueryRow(ctx, `SELECT pg_get_wal_replay_pause_state()`).Scan(&state) == nil && state == "paused"
 	}, 30*time.Second, 5*time.Millisecond)
 
-	rctx, rcancel := context.WithTimeout(ctx, 2*time.Second)
-	epoch, err := fencelock.RebaseTokenEpoch(rctx, db.Pool, 10)
-	rcancel()
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	epoch, _, err := rebaseUntilWaiting(t, ctx, db.Pool, db.URL, 10)
+	require.ErrorIs(t, err, context.Canceled)
 	var rerr *fencelock.RebaseReplayError
 	require.ErrorAs(t, err, &rerr)
 	require.EqualValues(t, 10, epoch)

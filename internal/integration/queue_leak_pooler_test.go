@@ -15,7 +15,8 @@ import (
 // The listening connection killed (pg_terminate_backend): the waiter falls back to polling and
 // is still granted by the release (it finds the hand-off at its next poll), the connection is
 // opened again, and once nothing is held or awaited no goroutine is left (the connection closes
-// a second after the lessor's last wait or lease).
+// a second after the lessor's last wait or lease). The grant must come within queueHandOffHang
+// of the release.
 //
 // Not parallel: goleak must not see other tests' goroutines.
 func TestQueueListenerTerminated(t *testing.T) {
@@ -36,7 +37,7 @@ func TestQueueListenerTerminated(t *testing.T) {
 	// The waiter refreshes its place without a channel: it polls now.
 	awaitQueue(t, b.Ctx, b.Pool, "deaf", false, "waiter")
 	require.NoError(t, lh.Release(b.Ctx))
-	got := fencetest.Receive(t, w, 2*time.Second)
+	got := fencetest.Receive(t, w, queueHandOffHang)
 	require.NoError(t, got.Err)
 	require.Equal(t, "waiter", got.Lease.Holder())
 	// It listens again, on a new session.
@@ -53,10 +54,16 @@ func TestQueueListenerTerminated(t *testing.T) {
 	require.Empty(t, listeners(t, b.Ctx, b.Pool))
 }
 
+// queueHandOffHang bounds how soon after a release a polling waiter (fastBackoff: polls 5 ms
+// apart at most) must have the hand-off. A hang bound, not the machine's speed: a waiter that
+// never finds the hand-off has the lease only when the holder's minute-long TTL ends, if at all.
+const queueHandOffHang = 10 * time.Second
+
 // Behind PgBouncer in transaction mode LISTEN cannot work (the next statement may run on
 // another server session): the lessor detects the pooler (its backend pid is not the one the
 // connection reported) and its waiters poll, with no channel in their place; they are still
-// served first come, first served, by hand-offs they find at their next poll.
+// served first come, first served, by hand-offs they find at their next poll (within
+// queueHandOffHang of each release).
 func TestQueueBehindPgBouncer(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -83,7 +90,7 @@ func TestQueueBehindPgBouncer(t *testing.T) {
 	prev := lh
 	for i := range names {
 		require.NoError(t, prev.Release(b.Ctx))
-		got := fencetest.Receive(t, results[i], 2*time.Second)
+		got := fencetest.Receive(t, results[i], queueHandOffHang)
 		require.NoError(t, got.Err)
 		require.Equal(t, names[i], got.Lease.Holder())
 		prev = got.Lease

@@ -23,10 +23,15 @@ import (
 // write the fence refused, the timeline of that lease: the paused worker's grant with its
 // token and the grant of another worker. With FENCELOCK_SCREENSHOTS=dir it saves both pages
 // (demo-leases.png, demo-name.png: the README's pictures).
+//
+// Hang bounds, not the machine's speed: the demo runs for uiDemoRun at most, from its start
+// (after the builds), and the whole test, builds and browser included, for uiDemoHang (the
+// two builds, the browser and the demo shared setup's two minutes, too few beside a second
+// suite on a loaded machine).
 func TestUIPaymentsDemo(t *testing.T) {
 	t.Parallel()
 	chromium := pgtest.LookProgram(t, "chromium", "apt-get install chromium")
-	b := setup(t)
+	b := setupWithin(t, uiDemoHang)
 	base := startUI(t, b)
 	page := newBrowser(t, b.Ctx, chromium)
 	page.open(base + "leases")
@@ -36,7 +41,9 @@ func TestUIPaymentsDemo(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build the payments demo: %v\n%s", err, out)
 	}
-	demo := exec.CommandContext(b.Ctx, bin)
+	demoCtx, stopDemo := context.WithTimeout(b.Ctx, uiDemoRun)
+	defer stopDemo()
+	demo := exec.CommandContext(demoCtx, bin)
 	demo.Env = append(envWithout("DATABASE_URL"), "DATABASE_URL="+b.DB.URL)
 	var out lockedBuffer
 	demo.Stdout, demo.Stderr = &out, &out
@@ -55,12 +62,11 @@ func TestUIPaymentsDemo(t *testing.T) {
 	// For the picture, a moment with several leases held, if one comes within a few seconds.
 	page.tryAwait(3*time.Second, `() => document.querySelectorAll("#leases tbody tr").length >= 3`)
 	page.screenshot("demo-leases.png")
-	select {
-	case <-exited:
-		require.NoError(t, waitErr, "the demo:\n%s", out.String())
-	case <-time.After(3 * time.Minute):
-		t.Fatalf("the demo did not end within 3 minutes:\n%s", out.String())
+	<-exited // killed when demoCtx ends
+	if demoCtx.Err() != nil {
+		t.Fatalf("the demo did not end within %v (killed: %v):\n%s", uiDemoRun, waitErr, out.String())
 	}
+	require.NoError(t, waitErr, "the demo:\n%s", out.String())
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	require.Regexp(t, regexp.MustCompile(`^payments: captured=[0-9]+ double_captures=0 stale_writes_rejected=[1-9][0-9]*$`), lines[len(lines)-1])
 
@@ -79,6 +85,13 @@ func TestUIPaymentsDemo(t *testing.T) {
 	page.screenshot("demo-name.png")
 	page.requireNoErrors()
 }
+
+// The hang bounds of TestUIPaymentsDemo: the demo's run (which bounds itself to a minute), and
+// the whole test.
+const (
+	uiDemoRun  = 3 * time.Minute
+	uiDemoHang = 8 * time.Minute
+)
 
 // tryAwait waits at most limit for the JavaScript function cond to return true, and reports
 // whether it did; unlike await, it does not fail the test.

@@ -3,13 +3,19 @@ package integration
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/target"
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
@@ -28,40 +34,53 @@ import (
 // ten (docs/RELIABILITY.md has a run of it).
 var uiTabs = envInt("FENCELOCK_UI_TABS", 7)
 
-// uiTabsPromptness bounds how soon after the commit of a hand-off every one of the tabs
-// must show it. The issue asks for uiPromptness (1 s), and a quiet machine shows it in 115-230
-// ms; but ten renderer processes on a loaded 2-core machine were seen at up to 1.4 s, which is
-// the machine's speed, not the shared stream's. The test asserts that every tab stays live
-// (it showed nothing, ever, in the seventh tab before), with a bound a loaded machine meets.
-const uiTabsPromptness = 3 * time.Second
+// uiTabsPolls is how many polls after the release's commit the tabs may take to show a
+// hand-off, counted by the view's own poll numbers (the live part's data-poll), not by a
+// duration the machine must beat: the page served right after the commit shows poll P, so
+// P+2 began after the commit (P+1 may have begun before it) and shows the hand-off; one
+// poll more for a view the stream skips when its writer runs a whole poll late on a loaded
+// machine. A tab that showed it only from a later poll missed the updates between (a stream
+// stalled or broken and reopened: EventSource retries after 3 s, 15 polls of 200 ms); one
+// that never shows it fails by the bound of each await. The issue asks for uiPromptness (1
+// s); a quiet machine shows it in 115-230 ms, and the test logs the delays it saw.
+const uiTabsPolls = 3
+
+// uiTabsHang bounds each test of tabs, its build of the command and its browser included: a
+// hang bound of its own, as such a test ran 49 s beside a second suite on a loaded 2-core
+// machine, too close to the 2 minutes of setup's context, which it shared.
+const uiTabsHang = 5 * time.Minute
 
 // uiTabLoad bounds a tab's navigation and its first event: the tabs opening under load.
 const uiTabLoad = 30 * time.Second
 
 // The live view in uiTabs tabs of one address: every tab loads and shows a hand-off within
-// uiTabsPromptness of the database's commit of the release that made it.
+// uiTabsPolls polls of the database's commit of the release that made it.
 func TestUIBrowserTabsOfOnePage(t *testing.T) {
-	b, tabs, lease := uiTabsOf(t, func(int) string { return "leases" })
-	uiHandOffInTabs(t, b, tabs, lease, "holder-b")
+	b, base, tabs, lease := uiTabsOf(t, func(int) string { return "leases" })
+	uiHandOffInTabs(t, b, base, tabs, lease, "holder-b")
 }
 
 // The live view in uiTabs tabs of two pages (leases, and the name page of the lease handed
-// off), alternating: every tab loads and shows a hand-off within uiTabsPromptness; then, the
-// tabs of the leases page gone (closed, or gone to another address), the tabs of the name
-// page show the next hand-off within uiTabsPromptness too.
+// off), alternating: every tab loads and shows a hand-off within uiTabsPolls polls; then, the
+// tabs of the leases page gone (closed, or gone to another address), the browser's shared
+// worker follows a stream of the name page alone (a second after the last leaves, app.js),
+// and the tabs of the name page show the next hand-off within uiTabsPolls polls too.
 func TestUIBrowserTabsOfTwoPages(t *testing.T) {
-	b, tabs, lease := uiTabsOf(t, func(i int) string {
+	b, base, tabs, lease := uiTabsOf(t, func(i int) string {
 		if i%2 == 0 {
 			return "leases"
 		}
 		return "name?n=" + url.QueryEscape(uiTabsLease)
 	})
-	lease = uiHandOffInTabs(t, b, tabs, lease, "holder-b")
+	lease = uiHandOffInTabs(t, b, base, tabs, lease, "holder-b")
 
-	// Tab 1 is the browser's own: it leaves the view; the other leases tabs close.
-	ctx, cancel := tabs[0].step()
+	// Tab 1 is the browser's own: it leaves the view; the other leases tabs close. The hand-off
+	// comes once the worker's stream is the name page's alone: one that came while it reopened
+	// its stream would be judged by a poll the stream skipped meanwhile.
+	narrowed := tabs[0].awaitWorkerStream(url.Values{"page": {"name"}, "n": {uiTabsLease}})
+	ctx, cancel := context.WithTimeout(tabs[0].ctx, uiTabLoad) // a navigation under load, as openTab's
 	defer cancel()
-	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank")))
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate("about:blank")), "tab 1 leaves the view")
 	var left []*browserPage
 	for i, tab := range tabs[1:] {
 		if i%2 == 0 {
@@ -70,7 +89,8 @@ func TestUIBrowserTabsOfTwoPages(t *testing.T) {
 		}
 		require.NoError(t, chromedp.Cancel(tab.ctx), "close tab %d", i+2)
 	}
-	uiHandOffInTabs(t, b, left, lease, "holder-c")
+	narrowed("the shared worker's stream of the name page alone")
+	uiHandOffInTabs(t, b, base, left, lease, "holder-c")
 	for _, tab := range left {
 		tab.await("the tab live", `() => document.body.dataset.state === "live"`)
 	}
@@ -79,12 +99,23 @@ func TestUIBrowserTabsOfTwoPages(t *testing.T) {
 // uiTabsLease is the lease the tests of tabs hand off.
 const uiTabsLease = "tabs:1"
 
+// setupWithin is setup with a context of limit instead of setup's two minutes, for a test
+// that builds and starts programs (the command, a browser) as well: they run on that context.
+func setupWithin(t *testing.T, limit time.Duration) *bundle {
+	t.Helper()
+	db := pgtest.NewDB(t)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	t.Cleanup(cancel)
+	return &bundle{Ctx: ctx, Pool: db.Pool, DB: db}
+}
+
 // uiTabsOf starts `fencelock ui` and a Chromium with uiTabs tabs of the live view, tab i at
-// page(i), while holder-a holds lease uiTabsLease; it returns once every tab shows that grant.
-func uiTabsOf(t *testing.T, page func(i int) string) (*bundle, []*browserPage, *fencelock.Lease) {
+// page(i), while holder-a holds lease uiTabsLease, all on a context of uiTabsHang; it returns
+// once every tab shows that grant, with the view's base URL.
+func uiTabsOf(t *testing.T, page func(i int) string) (*bundle, string, []*browserPage, *fencelock.Lease) {
 	t.Helper()
 	chromium := pgtest.LookProgram(t, "chromium", "apt-get install chromium")
-	b := setup(t)
+	b := setupWithin(t, uiTabsHang)
 	base := startUI(t, b)
 	a, err := newLessor(t, b.Pool, "holder-a").TryAcquire(b.Ctx, uiTabsLease, 30*time.Second)
 	require.NoError(t, err)
@@ -99,7 +130,7 @@ func uiTabsOf(t *testing.T, page func(i int) string) (*bundle, []*browserPage, *
 		tab.openTab(fmt.Sprintf("tab %d of %d (%s)", i+1, uiTabs, page(i)), base+page(i))
 		tab.await("holder-a's grant", handOffShown, uiTabsLease, "holder-a", token)
 	}
-	return b, tabs, a
+	return b, base, tabs, a
 }
 
 // handOffShown(name, holder, token) is true once the page shows holder holding lease name
@@ -120,11 +151,12 @@ const handOffShown = `(name, holder, token) => {
 
 // uiHandOffInTabs queues holder to for lease uiTabsLease, which from holds, then releases
 // from, which hands the lease to holder in the release's transaction; it returns holder's
-// grant. Each tab records (in the page, on this machine's clock, which the database's
-// shares) when its live part first shows holder; the time from holder's acquired_at, the
-// start of the release's transaction (so no later than its commit), to that moment must be
-// within uiTabsPromptness in every tab.
-func uiHandOffInTabs(t *testing.T, b *bundle, tabs []*browserPage, from *fencelock.Lease, to string) *fencelock.Lease {
+// grant. Each tab records (in the page) the poll number of the update that first shows
+// holder, and when (on this machine's clock, which the database's shares). Right after the
+// release returns, the page served at base shows the view's poll P; every tab must have
+// shown holder by poll P + uiTabsPolls (see uiTabsPolls). The delays from holder's
+// acquired_at, the start of the release's transaction, are logged.
+func uiHandOffInTabs(t *testing.T, b *bundle, base string, tabs []*browserPage, from *fencelock.Lease, to string) *fencelock.Lease {
 	t.Helper()
 	granted := fencetest.AcquireAsync(b.Ctx, newLessor(t, b.Pool, to), uiTabsLease, 30*time.Second)
 	awaitQueue(t, b.Ctx, b.Pool, uiTabsLease, false, to)
@@ -132,8 +164,13 @@ func uiHandOffInTabs(t *testing.T, b *bundle, tabs []*browserPage, from *fencelo
 		var ok bool
 		tab.eval(`((shown, name, holder) => {
 			const at = (window.fencelockShownAt ??= {});
+			const poll = (window.fencelockShownPoll ??= {});
 			at[holder] = 0;
-			const check = () => { if (!at[holder] && shown(name, holder, "")) at[holder] = Date.now(); };
+			const check = () => {
+				if (at[holder] || !shown(name, holder, "")) return;
+				at[holder] = Date.now();
+				poll[holder] = Number(document.querySelector("#live [data-poll]")?.dataset.poll ?? -1);
+			};
 			new MutationObserver(check).observe(document.getElementById("live"),
 				{ subtree: true, childList: true, characterData: true, attributes: true });
 			check();
@@ -145,6 +182,7 @@ func uiHandOffInTabs(t *testing.T, b *bundle, tabs []*browserPage, from *fencelo
 	start := time.Now()
 	require.NoError(t, from.Release(b.Ctx))
 	released := time.Since(start)
+	committed := uiServedPoll(t, b, base)
 	g := fencetest.Receive(t, granted, 10*time.Second)
 	require.NoError(t, g.Err)
 	t.Cleanup(func() { _ = g.Lease.Release(context.WithoutCancel(b.Ctx)) })
@@ -154,23 +192,95 @@ func uiHandOffInTabs(t *testing.T, b *bundle, tabs []*browserPage, from *fencelo
 		uiTabsLease, int64(g.Lease.Token())).Scan(&handedAt))
 
 	delays := make([]time.Duration, len(tabs))
+	polls := make([]int64, len(tabs))
 	for i, tab := range tabs {
 		at := tab.awaitValue(fmt.Sprintf("%s in tab %d", to, i+1),
-			`(holder) => window.fencelockShownAt[holder] > 0 && String(window.fencelockShownAt[holder])`, to)
-		ms, err := strconv.ParseInt(at, 10, 64)
-		require.NoError(t, err)
+			`(holder) => window.fencelockShownAt[holder] > 0 && window.fencelockShownPoll[holder] + " " + window.fencelockShownAt[holder]`, to)
+		var ms int64
+		_, err := fmt.Sscanf(at, "%d %d", &polls[i], &ms)
+		require.NoError(t, err, "%q", at)
 		delays[i] = time.UnixMilli(ms).Sub(handedAt).Round(time.Millisecond)
 		tab.await(to+"'s grant with its token", handOffShown, uiTabsLease, to, token)
 	}
-	t.Logf("%d tabs showed the hand-off to %s %v after its transaction began (%v after Release was called, which took %v; poll interval 200ms)",
-		len(tabs), to, delays, handedAt.Sub(start).Round(time.Millisecond), released.Round(time.Millisecond))
-	for i, d := range delays {
-		require.LessOrEqual(t, d, uiTabsPromptness, "tab %d showed %s too late", i+1, to)
+	t.Logf("%d tabs showed the hand-off to %s at polls %v (the page served after the commit showed poll %d), %v after its transaction began (%v after Release was called, which took %v; poll interval 200ms)",
+		len(tabs), to, polls, committed, delays, handedAt.Sub(start).Round(time.Millisecond), released.Round(time.Millisecond))
+	for i, p := range polls {
+		require.LessOrEqual(t, p, committed+uiTabsPolls, "tab %d showed %s first at poll %d, more than %d polls after poll %d, served after the commit",
+			i+1, to, p, uiTabsPolls, committed)
 	}
 	for _, tab := range tabs {
 		tab.requireNoErrors()
 	}
 	return g.Lease
+}
+
+// servedPoll matches the poll number of a page's live part (page.html: data-poll).
+var servedPoll = regexp.MustCompile(`data-poll="(\d+)"`)
+
+// uiServedPoll returns the poll number of the live part of the leases page as the view at base
+// serves it now: the view's last poll, or the next one if that is old (liveview's Fresh).
+func uiServedPoll(t *testing.T, b *bundle, base string) int64 {
+	t.Helper()
+	req, err := http.NewRequestWithContext(b.Ctx, http.MethodGet, base+"leases", nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
+	m := servedPoll.FindSubmatch(body)
+	require.NotNil(t, m, "no poll number in the leases page:\n%s", body)
+	n, err := strconv.ParseInt(string(m[1]), 10, 64)
+	require.NoError(t, err)
+	return n
+}
+
+// awaitWorkerStream starts following the network events of the browser's shared worker
+// (app.js runs there and holds the event stream its tabs share), and returns a function that
+// waits, at most uiTabLoad, until the worker has opened a stream of the pages in query and
+// that stream has delivered an event, failing the test with what when it has not.
+func (p *browserPage) awaitWorkerStream(query url.Values) (wait func(what string)) {
+	p.t.Helper()
+	infos, err := chromedp.Targets(p.ctx)
+	require.NoError(p.t, err)
+	var workers []*target.Info
+	for _, info := range infos {
+		if info.Type == "shared_worker" {
+			workers = append(workers, info)
+		}
+	}
+	require.Len(p.t, workers, 1, "the browser's shared workers: the tabs share one stream")
+	want := query.Encode()
+	var mu sync.Mutex
+	streams := map[network.RequestID]bool{}
+	delivered := make(chan struct{})
+	var once sync.Once
+	ctx, cancel := chromedp.NewContext(p.ctx, chromedp.WithTargetID(workers[0].TargetID), chromedp.WithDetachOnCancel(),
+		chromedp.WithListener(func(ev any) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch ev := ev.(type) {
+			case *network.EventRequestWillBeSent:
+				if u, err := url.Parse(ev.Request.URL); err == nil && u.Path == "/events" && u.Query().Encode() == want {
+					streams[ev.RequestID] = true
+				}
+			case *network.EventEventSourceMessageReceived:
+				if streams[ev.RequestID] {
+					once.Do(func() { close(delivered) })
+				}
+			}
+		}))
+	p.t.Cleanup(cancel)
+	require.NoError(p.t, chromedp.Do(ctx), "follow the shared worker's network events")
+	return func(what string) {
+		p.t.Helper()
+		select {
+		case <-delivered:
+		case <-time.After(uiTabLoad):
+			p.t.Fatalf("no event of %s (events?%s) within %v", what, want, uiTabLoad)
+		}
+	}
 }
 
 // newTab opens another tab in p's browser, closed at cleanup.
