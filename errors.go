@@ -3,6 +3,7 @@ package fencelock
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/fencelock/fencelock/internal/pgerr"
 	"github.com/fencelock/fencelock/internal/validate"
@@ -17,7 +18,9 @@ var (
 	ErrInvalidArgument = validate.ErrInvalidArgument
 
 	// ErrNotAcquired is returned by the try variants when another holder has the lease (or
-	// holds its row in a transaction) right now.
+	// holds its row in a transaction) right now. An error that matches it with errors.Is,
+	// with a message of its own, says why otherwise: a grant whose reply came after its trust
+	// window, released at once; a semaphore's reason for refusing a permit.
 	ErrNotAcquired = errors.New("fencelock: not acquired: held by another holder")
 
 	// ErrNotHeld is returned by Lease.Release and AdvisoryLock.Unlock when the grant was no
@@ -152,6 +155,22 @@ func (e *LeaseLostError) Unwrap() error { return e.Cause }
 // so that a wait never mistakes a caller's error (fn's, in RunLocked) for contention. The
 // exported calls return ErrNotAcquired in its place.
 var errRefused = errors.New("fencelock: grant refused")
+
+// lateGrant is a grant whose reply came after its trust window, released at once: useless to
+// its holder. Inside an attempt's loop it is a refusal (errors.Is errRefused: Acquire tries
+// again); a try returns it as [ErrNotAcquired] (errors.Is), with a message that says what
+// happened rather than "held by another holder".
+type lateGrant struct {
+	what string        // `lease "name"`, `the set of 3 leases`
+	ttl  time.Duration // the grant's TTL
+}
+
+func (e *lateGrant) Error() string {
+	return fmt.Sprintf("fencelock: not acquired: %s was granted, but its reply came after its trust window (TTL %v): released at once", e.what, e.ttl)
+}
+
+// Is reports whether target is [ErrNotAcquired] or errRefused.
+func (e *lateGrant) Is(target error) bool { return target == ErrNotAcquired || target == errRefused }
 
 // errGoneOnServer is the cause of a loss the database reported.
 var errGoneOnServer = errors.New("the database no longer has this grant (expired or taken over)")

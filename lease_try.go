@@ -24,8 +24,9 @@ import (
 // took most grants; docs/PERFORMANCE.md). A try that must get in line uses [Lessor.Acquire]
 // with a deadline instead.
 //
-// Errors: [ErrNotAcquired] if another holder has it or anyone waits for it (or if the grant's
-// reply came back after its trust window had ended: the grant is then released again); an error wrapping
+// Errors: [ErrNotAcquired] if another holder has it or anyone waits for it; an error that is
+// [ErrNotAcquired] for errors.Is and says so if the grant's reply came back after its trust
+// window had ended (the grant is then released again); an error wrapping
 // [ErrAlreadyHeld] if this lessor holds it already (a lessor is not re-entrant); an
 // [*ArgumentError] before any SQL; an error wrapping [ErrReadOnly] on a hot standby; an
 // error wrapping [ErrTokenSequence] for a misconfigured token sequence, [ErrTokenBudget]

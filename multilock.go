@@ -259,7 +259,7 @@ func (l *Lessor) tryAll(ctx context.Context, sorted []string, lt leaseTimes) (*L
 			lease.end(ErrReleased)
 			l.releaseToken(ctx, lease.name, lease.token)
 		}
-		return nil, 0, errRefused
+		return nil, 0, &lateGrant{what: fmt.Sprintf("the set of %d leases", len(leases)), ttl: lt.TTL}
 	}
 	for _, lease := range leases {
 		l.add(lease)

@@ -136,7 +136,8 @@ func (l *Lessor) CheckTTL(ttl time.Duration) error {
 // clock). A Backoff is stateless and safe for concurrent use.
 func (l *Lessor) Backoff() Backoff { return l.cfg.backoff }
 
-// notAcquired maps errRefused to ErrNotAcquired at the API boundary.
+// notAcquired maps errRefused to ErrNotAcquired at the API boundary (a *lateGrant, which is
+// ErrNotAcquired for errors.Is, passes as it is).
 func notAcquired(err error) error {
 	if err == errRefused {
 		return ErrNotAcquired
@@ -235,7 +236,7 @@ func (l *Lessor) granted(ctx context.Context, name string, lt leaseTimes, token 
 		// with ctx: it may have ended meanwhile, and the grant must not stay held for a TTL.
 		lease.end(ErrReleased)
 		l.releaseToken(ctx, name, lease.token)
-		return nil, errRefused
+		return nil, &lateGrant{what: fmt.Sprintf("lease %q", name), ttl: lt.TTL}
 	}
 	l.add(lease)
 	return lease, nil

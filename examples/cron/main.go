@@ -6,8 +6,12 @@
 // the database clock. A slot's run appends a row to cron_runs with a fenced write (the job lease's
 // token), and works for up to 50 ms. Every 300 ms the parent kills one replica with SIGKILL,
 // wherever it is (a run killed midway leaves its slot crashed in the ledger; this job does not
-// retry crashed slots, so that slot is missed) and starts a new one. After the run it stops the
-// replicas and counts, from the database:
+// retry crashed slots, so that slot is missed) and starts a new one. It kills only replicas
+// that are running the job (a replica says so once it has connected), and only while another
+// one is too: a fleet whose every replica is still starting (a process, a connection, on a
+// loaded machine seconds of them) runs no slot, and the slots it leaves without a row are the
+// machine's speed, not the job's. After the run it stops the replicas and counts, from the
+// database:
 //
 //	cron: slots=N runs=R duplicate_runs=D missed_slots=M
 //
@@ -32,6 +36,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -61,6 +66,7 @@ const (
 	jobTTL   = time.Second
 
 	replicaEnv = "FENCELOCK_CRON_REPLICA" // set in a child: its replica id
+	readyLine  = "ready"                  // a replica's stdout line: connected, about to run the job
 	urlEnv     = "FENCELOCK_CRON_URL"
 )
 
@@ -118,6 +124,10 @@ func replica(ctx context.Context, id, url string) error {
 	if err != nil {
 		return err
 	}
+	if err := pool.Ping(ctx); err != nil {
+		return err
+	}
+	fmt.Println(readyLine) // to the parent: connected, about to run the job
 	return j.Every(ctx, every, func(ctx context.Context, run *job.Run) error {
 		time.Sleep(rand.N(50 * time.Millisecond)) // the report's work; a kill may land here
 		// A SIGTERM lets the run finish (Every then stops): the write does not end with ctx.
@@ -178,7 +188,8 @@ func run(ctx context.Context) (_ *summary, err error) {
 	}
 	var mu sync.Mutex
 	children := map[string]*exec.Cmd{}
-	var stdins []io.Closer // each child's stdin: closed (by our exit, however it comes) it ends the child
+	ready := map[string]bool{} // replicas that said readyLine
+	var stdins []io.Closer     // each child's stdin: closed (by our exit, however it comes) it ends the child
 	var wg sync.WaitGroup
 	var waits sync.Map // *exec.Cmd -> chan struct{}, closed when it has exited
 	waitDone := func(c *exec.Cmd) <-chan struct{} {
@@ -196,6 +207,10 @@ func run(ctx context.Context) (_ *summary, err error) {
 		if err != nil {
 			return err
 		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
 		if err := cmd.Start(); err != nil {
 			return err
 		}
@@ -205,7 +220,18 @@ func run(ctx context.Context) (_ *summary, err error) {
 		mu.Unlock()
 		done := make(chan struct{})
 		waits.Store(cmd, done)
-		go func() { _ = cmd.Wait(); close(done) }()
+		go func() {
+			lines := bufio.NewScanner(out)
+			for lines.Scan() {
+				if lines.Text() == readyLine {
+					mu.Lock()
+					ready[id] = true
+					mu.Unlock()
+				}
+			}
+			_ = cmd.Wait() // after the reads: Wait closes the pipe
+			close(done)
+		}()
 		return nil
 	}
 	stopAll := func() {
@@ -228,11 +254,11 @@ func run(ctx context.Context) (_ *summary, err error) {
 			return nil, err
 		}
 	}
-	fmt.Printf("%d replicas run job %q, slots of %v, for %ds; one is killed every %v\n", replicas, jobName, every, seconds, killGap)
+	fmt.Printf("%d replicas run job %q, slots of %v, for %ds; one running it is killed every %v, while another runs it\n", replicas, jobName, every, seconds, killGap)
 	end := time.After(time.Duration(seconds) * time.Second)
 	tick := time.NewTicker(killGap)
 	defer tick.Stop()
-	killed := 0
+	killed, spared := 0, 0
 loop:
 	for {
 		select {
@@ -241,12 +267,22 @@ loop:
 		case <-end:
 			break loop
 		case <-tick.C:
+			// A random one of the replicas running the job (map order), while another is too.
 			mu.Lock()
-			for id, c := range children { // a random one: map order
-				_ = c.Process.Kill()
-				delete(children, id)
-				break
+			var up []string
+			for id := range children {
+				if ready[id] {
+					up = append(up, id)
+				}
 			}
+			if len(up) < 2 {
+				mu.Unlock()
+				spared++
+				continue
+			}
+			id := up[rand.N(len(up))]
+			_ = children[id].Process.Kill()
+			delete(children, id)
 			mu.Unlock()
 			killed++
 			if err := start(); err != nil {
@@ -255,7 +291,7 @@ loop:
 		}
 	}
 	stopAll()
-	fmt.Printf("killed %d replicas with SIGKILL\n", killed)
+	fmt.Printf("killed %d replicas with SIGKILL (%d times none was killed: fewer than two were running the job)\n", killed, spared)
 
 	var s summary
 	// Every replica has exited: a run the ledger reads running lost its replica to a SIGKILL
