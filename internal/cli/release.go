@@ -126,11 +126,19 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 		return dbError("release", err)
 	}
 
-	// While force_release waits for the row, find out from a second connection who it waits for.
+	// While force_release waits for the row, find out from a second connection who it waits
+	// for. The connection is opened first: opened once the statement had begun, it could come
+	// after a short --lock-timeout had ended the wait, and the message named nobody. Without
+	// it (the pool's limit reached, say) the release goes on and the message says so.
 	stop := make(chan struct{})
 	found := make(chan []blocker, 1)
 	pid := conn.Conn().PgConn().PID()
-	go func() { found <- watchBlockers(ctx, pool, pid, pollEvery(lockTimeout), stop) }()
+	if watch, werr := pool.Acquire(ctx); werr == nil {
+		defer watch.Release()
+		go func() { found <- watchBlockers(ctx, watch, pid, pollEvery(lockTimeout), stop) }()
+	} else {
+		found <- nil
+	}
 	res := releaseResult{Lease: name, Fenced: resources}
 	fr, err := forcedrelease.Run(ctx, tx, name, resources, expected)
 	res.OldHolder, res.OldToken, res.Lapsed, res.NewToken, res.HandedTo, res.Woken = fr.OldHolder, fr.OldToken, fr.Lapsed, fr.NewToken, fr.HandedTo, fr.Woken
@@ -250,10 +258,10 @@ type blocker struct {
 	inXact    *time.Duration // how long its transaction has been open
 }
 
-// watchBlockers polls pg_blocking_pids(pid) at once and then every interval until stop closes, and returns the
-// last non-empty answer (nil if none). Errors of the polls are ignored: the answer only
-// improves a message.
-func watchBlockers(ctx context.Context, pool *pgxpool.Pool, pid uint32, every time.Duration, stop <-chan struct{}) []blocker {
+// watchBlockers polls pg_blocking_pids(pid) on conn at once and then every interval until stop
+// closes, and returns the last non-empty answer (nil if none). Errors of the polls are
+// ignored: the answer only improves a message.
+func watchBlockers(ctx context.Context, conn *pgxpool.Conn, pid uint32, every time.Duration, stop <-chan struct{}) []blocker {
 	var last []blocker
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -267,7 +275,7 @@ func watchBlockers(ctx context.Context, pool *pgxpool.Pool, pid uint32, every ti
 			case <-t.C:
 			}
 		}
-		rows, err := pool.Query(ctx, `
+		rows, err := conn.Query(ctx, `
 			SELECT b.pid, coalesce(a.application_name, ''), coalesce(host(a.client_addr), ''),
 			       (extract(epoch FROM clock_timestamp() - a.xact_start) * 1000000.0)::bigint
 			FROM pg_catalog.unnest(pg_catalog.pg_blocking_pids($1)) AS b(pid)

@@ -73,12 +73,13 @@ func TestCLIReleaseForce(t *testing.T) {
 
 // blockerSampleRoom returns the --lock-timeout TestCLIReleaseForce gives a release that waits
 // for a locked lease row, so that the message can name the blocking backend: the command
-// learns it from pg_blocking_pids, sampled by a second connection that it opens once the
-// release has begun (internal/cli, watchBlockers), so a lock timeout shorter than that
-// connection and its first query leaves the message without it ("pg_blocking_pids named no
-// backend while it waited", as a 200 ms one did on a loaded machine). The timeout is derived
-// from this run: twenty times the longest of three runs of that work here (open a connection,
-// query pg_blocking_pids, close), and 1 s at least.
+// learns it from pg_blocking_pids, sampled on a second connection (internal/cli,
+// watchBlockers) every eighth of the lock timeout, so a lock timeout shorter than a few of
+// those queries on a loaded machine leaves the message without it ("pg_blocking_pids named no
+// backend while it waited", as a 200 ms one did, when the command still opened that
+// connection once the release had begun). The timeout is derived from this run: twenty times
+// the longest of three runs of that work here (open a connection, query pg_blocking_pids,
+// close), and 1 s at least.
 func blockerSampleRoom(t *testing.T, b *bundle) time.Duration {
 	t.Helper()
 	var longest time.Duration
