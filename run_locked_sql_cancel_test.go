@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // The database/sql forms (TryRunLockedSQL, RunLockedSQL, LockSQLTx) when ctx ends, beside
@@ -36,43 +37,9 @@ type latencyProxy struct {
 
 	mu     sync.Mutex
 	conns  []net.Conn
-	gates  []*gate // both directions of every connection
+	gates  []*testkit.Gate // both directions of every connection
 	closed bool
 	wg     sync.WaitGroup
-}
-
-// gate holds back what one direction of a proxied connection carries while it is shut: what
-// arrives meanwhile waits, in order, and goes on once it opens. Nothing is lost.
-type gate struct {
-	mu   sync.Mutex
-	open chan struct{} // nil while open; closed when a shut gate opens
-}
-
-func (g *gate) shut() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.open == nil {
-		g.open = make(chan struct{})
-	}
-}
-
-func (g *gate) release() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.open != nil {
-		close(g.open)
-		g.open = nil
-	}
-}
-
-// pass returns once the gate is open.
-func (g *gate) pass() {
-	g.mu.Lock()
-	open := g.open
-	g.mu.Unlock()
-	if open != nil {
-		<-open
-	}
 }
 
 // holdOpen shuts both directions of every connection made so far and returns how many there
@@ -81,15 +48,15 @@ func (g *gate) pass() {
 func (p *latencyProxy) holdOpen() (n int, release func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	gates := append([]*gate(nil), p.gates...)
+	gates := append([]*testkit.Gate(nil), p.gates...)
 	if !p.closed {
 		for _, g := range gates {
-			g.shut()
+			g.Shut()
 		}
 	}
 	return len(gates) / 2, func() {
 		for _, g := range gates {
-			g.release()
+			g.Open()
 		}
 	}
 }
@@ -122,7 +89,7 @@ func (p *latencyProxy) close() {
 	p.mu.Lock()
 	p.closed = true
 	for _, g := range p.gates {
-		g.release()
+		g.Open()
 	}
 	for _, c := range p.conns {
 		_ = c.Close()
@@ -176,7 +143,7 @@ func (p *latencyProxy) handle(client net.Conn) {
 		_ = server.Close()
 		return
 	}
-	fwd, back := &gate{}, &gate{}
+	fwd, back := &testkit.Gate{}, &testkit.Gate{}
 	p.conns = append(p.conns, client, server)
 	p.gates = append(p.gates, fwd, back)
 	p.mu.Unlock()
@@ -195,7 +162,7 @@ type delayedChunk struct {
 // pipeDelayed copies from src to dst, each chunk (and the end, as a close of dst) delivered
 // *delay after it was read, and not before g is open. It returns once src ended and everything
 // read was delivered or dst failed.
-func pipeDelayed(src, dst net.Conn, delay *atomic.Int64, g *gate) {
+func pipeDelayed(src, dst net.Conn, delay *atomic.Int64, g *testkit.Gate) {
 	q := make(chan delayedChunk, 1<<14)
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -204,7 +171,7 @@ func pipeDelayed(src, dst net.Conn, delay *atomic.Int64, g *gate) {
 			if d := time.Until(c.at); d > 0 {
 				time.Sleep(d)
 			}
-			g.pass()
+			g.Pass()
 			if c.eof {
 				_ = dst.Close()
 				continue

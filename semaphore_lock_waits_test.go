@@ -50,36 +50,47 @@ func lwRequireBusy(t *testing.T, b *bundle, sem string, tryID, waitID int64) {
 // no wait of it is on a lock. A minute without an answer fails as a hang.
 func lwAttempt(t *testing.T, b *bundle, sem, who string, wait int64, queue bool) rvAttempt {
 	t.Helper()
-	done := make(chan rvAttempt, 1)
-	errc := make(chan error, 1)
+	type result struct {
+		a   rvAttempt
+		err error
+	}
 	start := time.Now()
-	go func() {
+	r := noLockWait(t, b, fmt.Sprintf("%s's attempt (queue %v)", who, queue), time.Minute, func() result {
 		a, err := rvAcquireErr(b.Ctx, b.Pool, sem, who, wait, time.Minute, queue, "")
-		if err != nil {
-			errc <- err
-			return
-		}
-		done <- a
-	}()
-	hang := time.After(time.Minute)
+		return result{a, err}
+	})
+	require.NoError(t, r.err)
+	t.Logf("%s's attempt (queue %v) returned in %v: outcome %d, ahead %d", who, queue, time.Since(start).Round(time.Microsecond), r.a.outcome, r.a.ahead)
+	return r.a
+}
+
+// noLockWait runs f on a goroutine of its own and returns what it returned. It fails the test
+// when the server shows a semaphore_acquire of this database waiting meanwhile for a lock
+// another transaction holds (on a transaction id, a tuple or an advisory lock), looked for
+// every 5 ms, or when f has not returned after hang (a bound for hangs, not for the machine's
+// speed). what names f in the messages. f must not fail the test itself (it runs on another
+// goroutine): it returns its error in T.
+func noLockWait[T any](t *testing.T, b *bundle, what string, hang time.Duration, f func() T) T {
+	t.Helper()
+	done := make(chan T, 1)
+	start := time.Now()
+	go func() { done <- f() }()
+	timeout := time.After(hang)
 	look := time.NewTicker(5 * time.Millisecond)
 	defer look.Stop()
 	for {
 		select {
-		case a := <-done:
-			t.Logf("%s's attempt (queue %v) returned in %v: outcome %d, ahead %d", who, queue, time.Since(start).Round(time.Microsecond), a.outcome, a.ahead)
-			return a
-		case err := <-errc:
-			require.NoError(t, err)
-		case <-hang:
-			t.Fatalf("%s's attempt (queue %v) has not returned after a minute", who, queue)
+		case r := <-done:
+			return r
+		case <-timeout:
+			t.Fatalf("%s has not returned after %v", what, hang)
 		case <-look.C:
 			var ev string
 			require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT coalesce(string_agg(wait_event_type || '/' || wait_event, ','), '') FROM pg_stat_activity
 				WHERE datname = current_database() AND state = 'active' AND query LIKE '%semaphore_acquire%' AND pid <> pg_backend_pid()
 				  AND wait_event_type = 'Lock' AND wait_event IN ('transactionid', 'tuple', 'advisory')`).Scan(&ev))
 			if ev != "" {
-				t.Fatalf("%s's attempt (queue %v) waits behind another transaction (%s), %v after it began", who, queue, ev, time.Since(start))
+				t.Fatalf("%s waits behind another transaction (%s), %v after it began", what, ev, time.Since(start))
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 )
 
 // Issue 30: a blocking AdvisoryLocker.Lock whose ctx ends while the server's grant is on its
@@ -113,7 +114,7 @@ type gateProxy struct {
 
 	mu     sync.Mutex
 	conns  []net.Conn
-	gates  []*gate // both directions of every connection
+	gates  []*testkit.Gate // both directions of every connection
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -155,7 +156,7 @@ func (p *gateProxy) handle(client net.Conn) {
 		_ = server.Close()
 		return
 	}
-	fwd, back := &gate{}, &gate{}
+	fwd, back := &testkit.Gate{}, &testkit.Gate{}
 	p.conns = append(p.conns, client, server)
 	p.gates = append(p.gates, fwd, back)
 	p.mu.Unlock()
@@ -169,15 +170,15 @@ func (p *gateProxy) handle(client net.Conn) {
 func (p *gateProxy) hold() (n int, release func()) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	gates := append([]*gate(nil), p.gates...)
+	gates := append([]*testkit.Gate(nil), p.gates...)
 	if !p.closed {
 		for _, g := range gates {
-			g.shut()
+			g.Shut()
 		}
 	}
 	return len(gates) / 2, func() {
 		for _, g := range gates {
-			g.release()
+			g.Open()
 		}
 	}
 }
@@ -187,7 +188,7 @@ func (p *gateProxy) close() {
 	p.mu.Lock()
 	p.closed = true
 	for _, g := range p.gates {
-		g.release()
+		g.Open()
 	}
 	for _, c := range p.conns {
 		_ = c.Close()
@@ -198,11 +199,11 @@ func (p *gateProxy) close() {
 
 // pipeGated copies from src to dst, each chunk read (and the end, as a close of dst) passed on
 // once g is open. It returns once src ended or dst failed.
-func pipeGated(src, dst net.Conn, g *gate) {
+func pipeGated(src, dst net.Conn, g *testkit.Gate) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		g.pass()
+		g.Pass()
 		if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				_ = dst.Close()
@@ -214,40 +215,6 @@ func pipeGated(src, dst net.Conn, g *gate) {
 			_ = dst.Close()
 			return
 		}
-	}
-}
-
-// gate holds back what one direction of a proxied connection carries while it is shut: what
-// arrives meanwhile waits, in order, and goes on once it opens.
-type gate struct {
-	mu   sync.Mutex
-	open chan struct{} // nil while open; closed when a shut gate opens
-}
-
-func (g *gate) shut() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.open == nil {
-		g.open = make(chan struct{})
-	}
-}
-
-func (g *gate) release() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.open != nil {
-		close(g.open)
-		g.open = nil
-	}
-}
-
-// pass returns once the gate is open.
-func (g *gate) pass() {
-	g.mu.Lock()
-	open := g.open
-	g.mu.Unlock()
-	if open != nil {
-		<-open
 	}
 }
 
