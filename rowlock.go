@@ -77,6 +77,13 @@ type gate struct {
 // NewLessor returns a lessor on pool, which must reach a primary where [Migrate] has run.
 // Errors: an [*ArgumentError] for a nil pool or a bad option. No SQL runs.
 //
+// The heartbeat takes its connection from pool, as the lessor's grant attempts and the
+// caller's own statements do, and pgxpool serves waiters in turn: a pool kept saturated for
+// longer than a lease's slack (its TTL less the safety margin and the heartbeat interval)
+// costs its holder the lease (Done closes, the cause [ErrTrustWindowExpired]). Size pool for
+// the statements that share it, or give the lessor a pool of its own (chaos scenario 8: 200
+// goroutines' attempts on a pool of 40 delayed renewals by seconds on a loaded machine).
+//
 // Defaults:
 //   - holder: "<hostname>:<pid>:<random hex>" ([WithHolder])
 //   - heartbeat: a third of each lease's TTL ([WithHeartbeatInterval], [WithoutHeartbeat])
