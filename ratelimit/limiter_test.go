@@ -121,7 +121,8 @@ func TestRateLimitBadInput(t *testing.T) {
 	require.Zero(t, n, "no SQL ran")
 }
 
-// Keys are created on first use and swept once idle; sweeping an idle key changes no decision.
+// Keys are created on first use and swept once idle (a full bucket on the database clock) and
+// not before; a key used again is not swept.
 func TestRateLimitSweep(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -139,7 +140,12 @@ func TestRateLimitSweep(t *testing.T) {
 		require.NoError(t, b.Pool.QueryRow(b.Ctx, `SELECT count(*) FROM fencelock.rate_limits WHERE tat < clock_timestamp()`).Scan(&idle))
 		return idle == 2
 	})
-	res, err := r.Allow(b.Ctx, "rl:s2")
+	// rl:s2 used again, by a limiter of one request an hour: its bucket stays short for an
+	// hour, so the sweep below finds it in use however late it runs (with 100 a second, its
+	// bucket was full again 10 ms later, and a loaded machine swept it too).
+	hourly, err := ratelimit.New(b.Pool, ratelimit.Limit{Rate: 1, Per: time.Hour, Burst: 1})
+	require.NoError(t, err)
+	res, err := hourly.Allow(b.Ctx, "rl:s2")
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Allowed)
 	n, err = ratelimit.Sweep(b.Ctx, b.Pool, 0)
