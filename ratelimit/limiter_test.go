@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -151,6 +152,11 @@ func TestRateLimitSweep(t *testing.T) {
 	n, err = ratelimit.Sweep(b.Ctx, b.Pool, 0)
 	require.NoError(t, err)
 	require.EqualValues(t, 1, n, "rl:s1 is idle; rl:s2 was just used")
+	rows, err := b.Pool.Query(b.Ctx, `SELECT key FROM fencelock.rate_limits WHERE key LIKE 'rl:s%' ORDER BY key`)
+	require.NoError(t, err)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, []string{"rl:s2"}, left, "the key used again is kept, the idle one swept")
 }
 
 // rateWindowsOK checks allowed decision times (sorted) against GCRA's bound: in every window

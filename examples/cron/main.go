@@ -229,7 +229,8 @@ func run(ctx context.Context) (_ *summary, err error) {
 					mu.Unlock()
 				}
 			}
-			_ = cmd.Wait() // after the reads: Wait closes the pipe
+			_, _ = io.Copy(io.Discard, out) // the rest, should the scanner stop early
+			_ = cmd.Wait()                  // after the reads: Wait closes the pipe
 			close(done)
 		}()
 		return nil
@@ -267,7 +268,7 @@ loop:
 		case <-end:
 			break loop
 		case <-tick.C:
-			// A random one of the replicas running the job (map order), while another is too.
+			// A random one of the replicas running the job, while another one is too.
 			mu.Lock()
 			var up []string
 			for id := range children {

@@ -13,8 +13,9 @@ import (
 	"github.com/fencelock/fencelock"
 )
 
-// pausedWorker acquires the lease of payment id, checks it is valid, pauses past its TTL
-// (without heartbeat, as a paused process renews nothing), then writes. By then a regular
+// pausedWorker acquires the lease of payment id, checks it is valid, pauses for its TTL and
+// until its lease is taken over (without heartbeat, as a paused process renews nothing), then
+// writes. By then a regular
 // worker has taken the lease over with a larger token and captured the payment, so the fenced
 // write must be rejected. The rejection is recorded in stale_rejections.
 func pausedWorker(ctx context.Context, pool *pgxpool.Pool, ev *events, acquired *sync.WaitGroup, holder string, id int) (err error) {
@@ -33,6 +34,7 @@ func pausedWorker(ctx context.Context, pool *pgxpool.Pool, ev *events, acquired 
 	// may still be live for a few seconds.
 	actx, cancel := context.WithTimeout(ctx, 2*leaseTTL)
 	lease, err := lessor.Acquire(actx, name, pausedTTL)
+	granted := time.Now()
 	cancel()
 	if err != nil {
 		return err
@@ -98,7 +100,7 @@ func pausedWorker(ctx context.Context, pool *pgxpool.Pool, ev *events, acquired 
 	case <-lease.Done():
 		logf("%s: and lease.Done() had closed meanwhile: %v", holder, lease.Err())
 	default:
-		return fmt.Errorf("lease %s: Done() still open %v after the grant, past its TTL of %v", name, pauseFor, pausedTTL)
+		return fmt.Errorf("lease %s: Done() still open %v after the grant, past its TTL of %v", name, time.Since(granted).Round(time.Millisecond), pausedTTL)
 	}
 	if !errors.Is(lease.Err(), fencelock.ErrLeaseLost) {
 		return fmt.Errorf("lease %s: Err() = %v, want fencelock.ErrLeaseLost", name, lease.Err())

@@ -128,16 +128,24 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 
 	// While force_release waits for the row, find out from a second connection who it waits
 	// for. The connection is opened first: opened once the statement had begun, it could come
-	// after a short --lock-timeout had ended the wait, and the message named nobody. Without
-	// it (the pool's limit reached, say) the release goes on and the message says so.
+	// after a short --lock-timeout had ended the wait, and the message named nobody. When it
+	// cannot be opened (the server's max_connections reached, say), the release goes on and a
+	// lock timeout's message says why it names nobody.
 	stop := make(chan struct{})
 	found := make(chan []blocker, 1)
 	pid := conn.Conn().PgConn().PID()
-	if watch, werr := pool.Acquire(ctx); werr == nil {
+	watch, werr := pool.Acquire(ctx)
+	if werr == nil {
 		defer watch.Release()
 		go func() { found <- watchBlockers(ctx, watch, pid, pollEvery(lockTimeout), stop) }()
 	} else {
 		found <- nil
+	}
+	describe := func(bs []blocker) string {
+		if werr != nil {
+			return fmt.Sprintf("could not open a second connection to sample pg_blocking_pids: %v", werr)
+		}
+		return describeBlockers(bs)
 	}
 	res := releaseResult{Lease: name, Fenced: resources}
 	fr, err := forcedrelease.Run(ctx, tx, name, resources, expected)
@@ -146,11 +154,11 @@ func (s *session) releaseLease(ctx context.Context, name string, resources []str
 	blockers := <-found
 	if forcedrelease.Deadlock(err) {
 		return withCode(ExitLockTimeout, "release lease %q: a transaction of the holder locked a fence row and then the lease row while this release held the lease row and waited for the fence row (PostgreSQL ended the release to break the deadlock; %s): retry; the holder should guard (Lease.GuardTx) before it fences",
-			name, describeBlockers(blockers))
+			name, describe(blockers))
 	}
 	if forcedrelease.LockTimeout(err) {
 		return withCode(ExitLockTimeout, "release lease %q: the lease row is locked by another transaction: a transaction-scoped holder (Lessor.RunLocked), a guarded transaction of its holder (Lease.GuardTx, Lease.FenceTx) or a grant in flight (else a fenced write holding a fence row); %s; gave up after --lock-timeout %v: retry once it ends, or raise --lock-timeout",
-			name, describeBlockers(blockers), lockTimeout)
+			name, describe(blockers), lockTimeout)
 	}
 	if err != nil {
 		return dbError(fmt.Sprintf("release lease %q", name), err)

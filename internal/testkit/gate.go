@@ -2,8 +2,9 @@ package testkit
 
 import "sync"
 
-// Gate holds back what passes through it while it is shut: a caller of Pass waits, in the
-// order it came, until the gate opens. Tests put one on each direction of a proxied
+// Gate holds back what passes through it while it is shut: a caller of Pass waits until the
+// gate opens, and Open lets every waiting caller go at once (order is kept where one reader
+// passes each direction, as in a proxy's pipe). Tests put one on each direction of a proxied
 // connection, to stall a statement or its reply at a chosen moment and let it go on later,
 // with nothing lost. The zero Gate is open. Safe for concurrent use.
 type Gate struct {
