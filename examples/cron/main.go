@@ -7,10 +7,14 @@
 // token), and works for up to 50 ms. Every 300 ms the parent kills one replica with SIGKILL,
 // wherever it is (a run killed midway leaves its slot crashed in the ledger; this job does not
 // retry crashed slots, so that slot is missed) and starts a new one. It kills only replicas
-// that are running the job (a replica says so once it has connected), and only while another
-// one is too: a fleet whose every replica is still starting (a process, a connection, on a
-// loaded machine seconds of them) runs no slot, and the slots it leaves without a row are the
-// machine's speed, not the job's. After the run it stops the replicas and counts, from the
+// that are running the job (a replica says so once it has connected), and never the first
+// one, the steady replica, which runs from before the first slot to after the last: every slot
+// in between is settled by it if not by another (run, found run, or given up past its horizon
+// and recorded missed), however far behind a loaded machine puts it. Without it, a slot whose
+// replicas were all killed before they reached it, with the next replica starting past its
+// horizon, was left with no row, which a loaded machine made common. After the run it stops
+// the other replicas, waits until every slot up to the last one run has its row in the
+// ledger (the steady replica catching up), stops the steady one, and counts, from the
 // database:
 //
 //	cron: slots=N runs=R duplicate_runs=D missed_slots=M
@@ -66,6 +70,7 @@ const (
 	jobTTL   = time.Second
 
 	replicaEnv = "FENCELOCK_CRON_REPLICA" // set in a child: its replica id
+	steady     = "replica-1"              // the replica never killed
 	readyLine  = "ready"                  // a replica's stdout line: connected, about to run the job
 	urlEnv     = "FENCELOCK_CRON_URL"
 )
@@ -196,6 +201,7 @@ func run(ctx context.Context) (_ *summary, err error) {
 		d, _ := waits.Load(c)
 		return d.(chan struct{})
 	}
+	steadyReady := make(chan struct{})
 	n := 0
 	start := func() error {
 		n++
@@ -227,6 +233,9 @@ func run(ctx context.Context) (_ *summary, err error) {
 					mu.Lock()
 					ready[id] = true
 					mu.Unlock()
+					if id == steady {
+						close(steadyReady)
+					}
 				}
 			}
 			_, _ = io.Copy(io.Discard, out) // the rest, should the scanner stop early
@@ -235,9 +244,12 @@ func run(ctx context.Context) (_ *summary, err error) {
 		}()
 		return nil
 	}
-	stopAll := func() {
+	stop := func(all bool) {
 		mu.Lock()
 		for id, c := range children {
+			if id == steady && !all {
+				continue
+			}
 			_ = c.Process.Signal(syscall.SIGTERM)
 			delete(children, id)
 			killLater := time.AfterFunc(5*time.Second, func() { _ = c.Process.Kill() }) // no grace beyond
@@ -245,17 +257,28 @@ func run(ctx context.Context) (_ *summary, err error) {
 		}
 		mu.Unlock()
 		wg.Wait()
-		for _, in := range stdins {
-			_ = in.Close()
+		if all {
+			for _, in := range stdins {
+				_ = in.Close()
+			}
 		}
 	}
-	defer stopAll()
-	for range replicas {
+	defer stop(true)
+	// The steady replica first, running the job before any other starts.
+	if err := start(); err != nil {
+		return nil, err
+	}
+	select {
+	case <-steadyReady:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("the steady replica never said it was ready: %w", ctx.Err())
+	}
+	for range replicas - 1 {
 		if err := start(); err != nil {
 			return nil, err
 		}
 	}
-	fmt.Printf("%d replicas run job %q, slots of %v, for %ds; one running it is killed every %v, while another runs it\n", replicas, jobName, every, seconds, killGap)
+	fmt.Printf("%d replicas run job %q, slots of %v, for %ds; one running it, not %s, is killed every %v\n", replicas, jobName, every, seconds, steady, killGap)
 	end := time.After(time.Duration(seconds) * time.Second)
 	tick := time.NewTicker(killGap)
 	defer tick.Stop()
@@ -268,15 +291,15 @@ loop:
 		case <-end:
 			break loop
 		case <-tick.C:
-			// A random one of the replicas running the job, while another one is too.
+			// A random one of the replicas running the job, not the steady one.
 			mu.Lock()
 			var up []string
 			for id := range children {
-				if ready[id] {
+				if ready[id] && id != steady {
 					up = append(up, id)
 				}
 			}
-			if len(up) < 2 {
+			if len(up) == 0 {
 				mu.Unlock()
 				spared++
 				continue
@@ -291,8 +314,30 @@ loop:
 			}
 		}
 	}
-	stopAll()
-	fmt.Printf("killed %d replicas with SIGKILL (%d times none was killed: fewer than two were running the job)\n", killed, spared)
+	stop(false)
+	fmt.Printf("killed %d replicas with SIGKILL (%d times none was killed: no replica but the steady one was running the job)\n", killed, spared)
+	// The steady replica catches up: every slot up to the last one run gets its row.
+	for {
+		var gaps int
+		if err := pool.QueryRow(ctx, `
+			WITH span AS (
+				SELECT min(slot) AS first, max(slot) AS last FROM fencelock.job_ledger WHERE job = $1
+			)
+			SELECT count(*) FROM span, generate_series(span.first, span.last, $2::interval) AS g
+			WHERE NOT EXISTS (SELECT 1 FROM fencelock.job_ledger AS l WHERE l.job = $1 AND l.slot = g)`,
+			jobName, every.String()).Scan(&gaps); err != nil {
+			return nil, fmt.Errorf("the ledger's gaps: %w", err)
+		}
+		if gaps == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("the steady replica did not settle %d slot(s) of the ledger: %w", gaps, ctx.Err())
+		case <-time.After(every / 4):
+		}
+	}
+	stop(true)
 
 	var s summary
 	// Every replica has exited: a run the ledger reads running lost its replica to a SIGKILL

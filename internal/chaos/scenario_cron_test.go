@@ -17,8 +17,8 @@ import (
 )
 
 // Scenario 13: examples/cron, run as a user would: five replica processes run a job on 200 ms
-// slots; every 300 ms one of those running the job is killed with SIGKILL wherever it is (while
-// another one runs it) and replaced. No slot runs twice, and every missed slot is one whose run
+// slots; every 300 ms one of those running the job is killed with SIGKILL wherever it is (never
+// the first, steady, replica, which settles every slot the others leave) and replaced. No slot runs twice, and every missed slot is one whose run
 // was killed (the job does not retry crashed slots): the example checks both from the
 // database, exits non-zero otherwise, and its last line counts them.
 //
@@ -27,7 +27,7 @@ import (
 // with at least one kill, or fails when cronDeadline passes first. Its replicas are processes
 // that start and connect while others are killed, which on a loaded machine eats much of a 4 s
 // run; how many slots a run covers is the machine's speed, not the job's correctness. A run in
-// which no replica was killed (fewer than two ever ran the job at once) judges nothing of the
+// which no replica was killed (none but the steady one ever ran the job) judges nothing of the
 // kills: its slots are not counted.
 func TestScenarioCronReplicasKilled(t *testing.T) {
 	t.Parallel()

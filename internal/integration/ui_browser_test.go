@@ -433,10 +433,15 @@ func (p *browserPage) requireNoErrors() {
 	require.Empty(p.t, p.errors, "the pages' console errors and uncaught exceptions")
 }
 
-// step returns a context for one action: 10 s at most.
+// step returns a context for one action: uiStepHang at most.
 func (p *browserPage) step() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(p.ctx, 10*time.Second)
+	return context.WithTimeout(p.ctx, uiStepHang)
 }
+
+// uiStepHang bounds one action on a page and each wait for what a page shows: a hang bound,
+// not the machine's speed (two copies of the suite under four busy loops made chromium take
+// more than 10 s over a forced release's clicks and waits, which then shared one bound).
+const uiStepHang = 30 * time.Second
 
 // open loads url and waits until its event stream has delivered a first update.
 func (p *browserPage) open(url string) {
@@ -492,9 +497,9 @@ func (p *browserPage) awaitValue(what, cond string, args ...any) string {
 	ctx, cancel := p.step()
 	defer cancel()
 	v, err := chromedp.Run(ctx, chromedp.PollFunction[string](cond,
-		chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(10*time.Second), chromedp.WithPollingArgs(args...)))
+		chromedp.WithPollingMutation(), chromedp.WithPollingTimeout(uiStepHang), chromedp.WithPollingArgs(args...)))
 	if err != nil {
-		p.t.Fatalf("the page did not show %s within 10s: %v; its live part:\n%s", what, err, p.live())
+		p.t.Fatalf("the page did not show %s within %v: %v; its live part:\n%s", what, uiStepHang, err, p.live())
 	}
 	return v
 }
@@ -546,6 +551,9 @@ func (p *browserPage) forceRelease(name, holder, token, secret string) {
 	var focused bool
 	p.eval(`document.activeElement.matches("button[data-release]") && document.activeElement.dataset.name === `+strconv.Quote(name), &focused)
 	require.True(p.t, focused, "the focused force release button of %q did not survive an update", name)
+	cancel()
+	ctx, cancel = p.step() // the dialog's steps, each bounded on their own
+	defer cancel()
 	require.NoError(p.t, chromedp.Do(ctx,
 		chromedp.Click(chromedp.CSS(`#leases tr[data-name="`+name+`"] button[data-release]`)),
 		chromedp.WaitVisible(chromedp.CSS("dialog#confirm[open]")),
