@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -50,15 +49,7 @@ func newHandler(t *testing.T, pool *pgxpool.Pool, opts ...ui.Option) *ui.Handler
 
 func get(t *testing.T, ctx context.Context, u string) string {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "GET %s: %s", u, body)
-	return string(body)
+	return testkit.Get(t, ctx, u)
 }
 
 // events opens a page's event stream and returns the data of each event as it comes.

@@ -135,7 +135,7 @@ func rebaseUntilWaiting(t *testing.T, ctx context.Context, primary *pgxpool.Pool
 		case <-time.After(2 * time.Millisecond):
 		}
 		rows, err := primary.Query(ctx, `SELECT pid || ' ' || query_start::text, query LIKE '%pg_current_xact_id%'
-			FROM pg_stat_activity WHERE application_name = $1 AND query_start IS NOT NULL
+			FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1 AND query_start IS NOT NULL
 			  AND (query LIKE 'WITH target AS%' OR query LIKE '%pg_current_xact_id%')`, rebaseWaitingApp)
 		require.NoError(t, err)
 		for rows.Next() {

@@ -3,8 +3,6 @@ package integration
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"net/url"
 	"os"
 	"regexp"
@@ -20,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/fencelock/fencelock"
+	"github.com/fencelock/fencelock/internal/testkit"
 	"github.com/fencelock/fencelock/internal/testkit/fencetest"
 	"github.com/fencelock/fencelock/pgtest"
 )
@@ -221,15 +220,8 @@ var servedPoll = regexp.MustCompile(`data-poll="(\d+)"`)
 // serves it now: the view's last poll, or the next one if that is old (liveview's Fresh).
 func uiServedPoll(t *testing.T, b *bundle, base string) int64 {
 	t.Helper()
-	req, err := http.NewRequestWithContext(b.Ctx, http.MethodGet, base+"leases", nil)
-	require.NoError(t, err)
-	resp, err := http.DefaultClient.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", body)
-	m := servedPoll.FindSubmatch(body)
+	body := testkit.Get(t, b.Ctx, base+"leases")
+	m := servedPoll.FindSubmatch([]byte(body))
 	require.NotNil(t, m, "no poll number in the leases page:\n%s", body)
 	n, err := strconv.ParseInt(string(m[1]), 10, 64)
 	require.NoError(t, err)
