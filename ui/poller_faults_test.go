@@ -124,6 +124,10 @@ func TestListsCutAtMaxRows(t *testing.T) {
 	}
 
 	full := serve(t, newHandler(t, b.Pool, ui.WithMaxRows(100_000)))
+	// A page shows the last poll that succeeded: the first poll of 12,000 rows, beside a loaded
+	// machine's other work, can outlast its 10 s bound (a page with no data then, as the run
+	// of 2026-12-02 saw). Await a poll that read them all; the 2 min bound is against a hang.
+	awaitEvent(t, events(t, b.Ctx, full, "leases", ""), 2*time.Minute, "the full list", contains("bulk:012000"))
 	start := time.Now()
 	page := get(t, b.Ctx, full)
 	t.Logf("a full page of 12,000 leases: %d bytes in %v", len(page), time.Since(start))
