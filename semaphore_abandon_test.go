@@ -271,8 +271,11 @@ func TestSemaphoreAbandonedAttemptSparesSiblings(t *testing.T) {
 
 // cutShortOnBlockedRow calls call (a TryAcquire or an Acquire with a 10 s TTL) on semaphore
 // name (limit 1) of a lessor of holder whose cancel requests are lost, while the semaphore's
-// row is locked FOR UPDATE for 300 ms, with a ctx that ends after 100 ms: the call must
-// return ctx's error; the statement goes on on the server once the row is free.
+// row is locked FOR UPDATE by a transaction of the test, and ends its ctx once the statement is
+// seen waiting for that lock; then the transaction commits. The call must return ctx's error;
+// the statement goes on on the server once the row is free. (It ended ctx after 100 ms, with
+// the row held for 300 ms: under four busy loops beside a second suite the statement was not
+// sent within those 100 ms, nothing was granted, and the test saw no permit to end.)
 func cutShortOnBlockedRow(t *testing.T, b *bundle, holder, name string, call func(*fencelock.Semaphore, context.Context, time.Duration) (*fencelock.Lease, error)) {
 	t.Helper()
 	pool, refuseNextDial := poolRefusingCancel(t, b)
@@ -280,12 +283,28 @@ func cutShortOnBlockedRow(t *testing.T, b *bundle, holder, name string, call fun
 	require.NoError(t, err)
 	_, err = s.SetLimit(b.Ctx, 1) // the row to block on, when the semaphore is new
 	require.NoError(t, err)
-	t.Cleanup(holdFor(t, b, 300*time.Millisecond, `SELECT 1 FROM fencelock.semaphores WHERE name = '`+name+`' FOR UPDATE`))
-	ctx, cancel := context.WithTimeout(b.Ctx, 100*time.Millisecond)
+	tx, err := b.Pool.Begin(b.Ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.Ctx) }()
+	_, err = tx.Exec(b.Ctx, `SELECT 1 FROM fencelock.semaphores WHERE name = $1 FOR UPDATE`, name)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(b.Ctx)
 	defer cancel()
 	refuseNextDial()
-	_, err = call(s, ctx, 10*time.Second)
-	require.ErrorIs(t, err, context.DeadlineExceeded)
+	done := make(chan error, 1)
+	go func() {
+		_, err := call(s, ctx, 10*time.Second)
+		done <- err
+	}()
+	rvWaitLocked(t, b, "SemaphoreAcquire", 30*time.Second)
+	cancel()
+	require.NoError(t, tx.Commit(b.Ctx))
+	select {
+	case err = <-done:
+	case <-b.Ctx.Done():
+		t.Fatal("the call did not return")
+	}
+	require.ErrorIs(t, err, context.Canceled)
 }
 
 // holdFor runs sql in a transaction of its own and commits it d later, in the background: the
